@@ -1,0 +1,167 @@
+// Package apiv1 holds the wire types of torpor's REST API v1: the JSON bodies the
+// server sends and accepts, the error codes, and the OpenAPI 3 document that
+// describes them (served at /v1/openapi.json). The server, the Go client and the
+// CLI all use these types, so a field renamed here is renamed everywhere.
+package apiv1
+
+import "time"
+
+// State is a sandbox's lifecycle state. Transitions (DESIGN.md):
+//
+//	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	any -> error (the engine failed; the record says why)
+//
+// A deleted sandbox has no state: it is gone from the API (404).
+type State string
+
+const (
+	StateCreating    State = "creating"
+	StateRunning     State = "running"
+	StateHibernating State = "hibernating"
+	StateHibernated  State = "hibernated"
+	StateResuming    State = "resuming"
+	StateError       State = "error"
+)
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	// Image is an image name ("base") or digest ("sha256:…"). Default "base".
+	Image string `json:"image,omitempty"`
+	// MemoryMiB is the memory limit in MiB (default 512, 64..65536).
+	MemoryMiB int `json:"memory_mib,omitempty"`
+	// CPUs is the CPU limit in cores (default 1, 0.1..64).
+	CPUs float64 `json:"cpus,omitempty"`
+	// Env is set for every process the guest agent starts.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// Sandbox is a sandbox as the API reports it.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	State       State             `json:"state"`
+	Image       string            `json:"image"`        // the name asked for
+	ImageDigest string            `json:"image_digest"` // sha256:… of the image used
+	MemoryMiB   int               `json:"memory_mib"`
+	CPUs        float64           `json:"cpus"`
+	Env         map[string]string `json:"env,omitempty"`
+	// Generation changes on every resume and fork; it is kept outside the snapshot.
+	Generation int64 `json:"generation"`
+	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
+	ForkedFrom string `json:"forked_from,omitempty"`
+	// Snapshot is the latest committed snapshot, if any.
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
+	// Error says why the sandbox is in state "error".
+	Error string `json:"error,omitempty"`
+
+	CreatedAt       time.Time  `json:"created_at"`
+	StateChangedAt  time.Time  `json:"state_changed_at"`
+	LastHibernateAt *time.Time `json:"last_hibernate_at,omitempty"`
+	LastResumeAt    *time.Time `json:"last_resume_at,omitempty"`
+	// ResumeMS is the duration of the last resume in milliseconds.
+	ResumeMS int64 `json:"resume_ms,omitempty"`
+}
+
+// Snapshot describes one committed snapshot.
+type Snapshot struct {
+	ID string `json:"id"`
+	// SandboxID is the sandbox that was hibernated into it.
+	SandboxID string `json:"sandbox_id"`
+	// Bytes is the total size in bytes of the snapshot's files.
+	Bytes int64 `json:"bytes"`
+	// HibernateMS is how long the hibernate took, in milliseconds.
+	HibernateMS int64 `json:"hibernate_ms"`
+	// Parent is the snapshot this one follows, if any.
+	Parent    string    `json:"parent,omitempty"`
+	Engine    string    `json:"engine"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ListSandboxesResponse is the body of GET /v1/sandboxes.
+type ListSandboxesResponse struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Cmd   []string          `json:"cmd"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+	Stdin string            `json:"stdin,omitempty"` // bytes given to the process's stdin, then EOF
+	// TimeoutS kills the process (and its process group) after this many seconds; 0 = none.
+	TimeoutS float64 `json:"timeout_s,omitempty"`
+	// Background starts the process detached: the call returns at once with its pid,
+	// and the process outlives the call. Its output goes to /tmp/torpor-bg-<pid>.log.
+	Background bool `json:"background,omitempty"`
+}
+
+// ExecEvent is one line of the application/x-ndjson exec response. Output lines carry
+// Stream and Data (base64 in JSON, as []byte marshals); the last line carries ExitCode
+// (and Pid for background starts), or Error if the process could not be started.
+type ExecEvent struct {
+	Stream   string `json:"stream,omitempty"` // "stdout" or "stderr"
+	Data     []byte `json:"data,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Pid      int    `json:"pid,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// HibernateResponse is the body of POST /v1/sandboxes/{id}/hibernate.
+type HibernateResponse struct {
+	Sandbox
+}
+
+// ResumeResponse is the body of POST /v1/sandboxes/{id}/resume.
+type ResumeResponse struct {
+	Sandbox
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	Count int `json:"count"` // 1..16, default 1
+}
+
+// ForkResponse is the body of the fork call's 201 answer.
+type ForkResponse struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Image is a stored, read-only, content-addressed image.
+type Image struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"` // sha256:… of the root filesystem image file
+	Bytes     int64     `json:"bytes"`
+	Source    string    `json:"source"` // "mmdebstrap:python3,git", "import:file.tar"
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ListImagesResponse is the body of GET /v1/images.
+type ListImagesResponse struct {
+	Images []Image `json:"images"`
+}
+
+// BuildImageRequest is the body of POST /v1/images (build with mmdebstrap).
+type BuildImageRequest struct {
+	Name     string   `json:"name"`
+	Packages []string `json:"packages"`
+}
+
+// Error codes, each with its HTTP status.
+const (
+	CodeNotFound        = "not_found"        // 404
+	CodeInvalidArgument = "invalid_argument" // 400
+	CodeConflict        = "conflict"         // 409: the sandbox's state does not allow the call
+	CodeSnapshotCorrupt = "snapshot_corrupt" // 422: a snapshot file failed its checksum
+	CodeUnavailable     = "unavailable"      // 503
+	CodeInternal        = "internal"         // 500
+)
+
+// ErrorBody is the body of every error answer: {"error":{"code":…,"message":…}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail names what failed.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
