@@ -1,0 +1,94 @@
+// Package engine defines the interface between torpor's sandbox manager and a
+// sandboxing technology (gVisor today, a microVM later). Everything above this
+// interface is engine-neutral.
+//
+// # Lifecycle
+//
+// An instance is one running incarnation of a sandbox. The manager names it (ID) and
+// gives the engine a Spec:
+//
+//	Start(spec)                 -> instance running, guest agent listening on AgentPort
+//	Checkpoint(id, dir, false)  -> memory, processes and writable layer written to dir;
+//	                               the instance is gone afterwards (hibernate)
+//	Checkpoint(id, dir, true)   -> the same, and the instance keeps running (fork source)
+//	Restore(spec, dir)          -> a new instance continues from dir; one dir may be
+//	                               restored many times (forks), each restore is a clone
+//	Stop(id)                    -> the instance and everything the engine made for it
+//	                               (processes, network namespaces) is gone; idempotent
+//
+// The writable layer lives inside the instance's memory, so a checkpoint directory is
+// the whole sandbox: nothing else on the host has to be kept for a Restore except the
+// image and the guest directory named in the Spec.
+//
+// # Names
+//
+// ID is the engine-level instance id, unique per host and per incarnation (the manager
+// uses "<sandbox id>-<n>"). Dir is an absolute directory the engine owns while it
+// writes; the snapshot store owns it afterwards.
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// Spec is what an instance runs.
+type Spec struct {
+	// ID names the instance: [a-z0-9-]{1,60}.
+	ID string
+	// RootFS is the absolute path of the read-only image file (EROFS) the sandbox
+	// boots from.
+	RootFS string
+	// GuestDir is an absolute host directory mounted read-only at /.torpor in the
+	// sandbox; it holds the guest agent binary (/.torpor/torpor-agent), which is the
+	// sandbox's first process.
+	GuestDir string
+	// MemoryMiB is the memory limit in MiB; CPUs the CPU limit in cores.
+	MemoryMiB int
+	CPUs      float64
+	// Env is the guest agent's environment, which it passes to every process it starts.
+	Env map[string]string
+}
+
+// AgentPort is the TCP port the guest agent listens on inside every sandbox.
+const AgentPort = 49983
+
+// Info describes an instance the engine knows about.
+type Info struct {
+	ID      string
+	Running bool
+	// Pid is the host pid of the instance's outermost process (0 if none).
+	Pid int
+}
+
+// Engine runs sandboxes. Implementations must be safe for concurrent use on
+// different instance ids; the manager never runs two calls on one id at once.
+type Engine interface {
+	// Name and Version identify the engine in snapshot manifests ("gvisor",
+	// "runsc <version>"). A snapshot is restored only by the engine that wrote it.
+	Name() string
+	Version() string
+
+	// Start boots a new instance and returns once the engine has started it (the
+	// caller waits for the guest agent itself).
+	Start(ctx context.Context, spec Spec) error
+	// Checkpoint writes the instance's full state into dir (which must exist and be
+	// empty). Without leaveRunning the instance is stopped and removed afterwards.
+	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
+	// Restore starts a new instance named spec.ID from a checkpoint directory.
+	Restore(ctx context.Context, spec Spec, dir string) error
+	// Stop kills the instance and removes everything made for it. Stopping an
+	// unknown or already stopped instance returns nil.
+	Stop(ctx context.Context, id string) error
+
+	// Dial opens a TCP connection to port inside the instance (the guest agent or a
+	// user's server). Errors wrap ErrNotRunning when there is no such instance.
+	Dial(ctx context.Context, id string, port int) (net.Conn, error)
+	// List returns every instance this engine has on the host, including ones a
+	// previous server process left behind (for reconciliation on start-up).
+	List(ctx context.Context) ([]Info, error)
+}
+
+// ErrNotRunning is returned (wrapped) for calls on an instance that does not run.
+var ErrNotRunning = errors.New("instance not running")

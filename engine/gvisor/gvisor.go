@@ -1,0 +1,391 @@
+// Package gvisor is torpor's engine on gVisor (runsc), with the systrap platform.
+//
+// Every instance is one runsc sandbox with:
+//   - the image's EROFS file as the read-only root, and the writable overlay in
+//     sandbox memory (annotation dev.gvisor.spec.rootfs.overlay=memory), so the
+//     writable layer travels inside the memory checkpoint;
+//   - the guest agent as its first process, bind-mounted read-only at /.torpor;
+//   - its own pair of network namespaces (package sandboxnet);
+//   - a cgroup with the memory and CPU limits of its Spec.
+//
+// Checkpoint and restore are runsc's (runsc checkpoint / runsc restore). The
+// measured behaviour this package relies on is in ../shared/notes/engine-gvisor.md:
+// systrap because the KVM platform panics here; absolute image paths; restore
+// needs the guest namespace's address and route put back first (so every restore
+// gets a freshly made pair); the sandbox's stdio must not be pipes we wait on.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"debug/buildinfo"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/sandboxnet"
+)
+
+// Config configures the engine.
+type Config struct {
+	// Runsc is the path of the runsc binary.
+	Runsc string
+	// StateDir is a directory the engine owns: runsc's --root, bundles and logs live
+	// below it. Two engines on one host must use different StateDirs.
+	StateDir string
+	// Platform is runsc's --platform (default "systrap").
+	Platform string
+	// ExtraFlags are appended to runsc's global flags (e.g. "--debug").
+	ExtraFlags []string
+}
+
+// Engine implements engine.Engine with runsc.
+type Engine struct {
+	cfg     Config
+	runsc   string
+	version string
+	// scope prefixes every host-wide name (network namespaces, cgroups) so two
+	// engines with different StateDirs never collide.
+	scope string
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,59}$`)
+
+// New checks the runsc binary and prepares StateDir. It returns an error when runsc
+// is missing or not executable.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	path, err := exec.LookPath(cfg.Runsc)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: runsc %q: %w (run `make setup`)", cfg.Runsc, err)
+	}
+	path, _ = filepath.Abs(path)
+	dir, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = dir
+	for _, d := range []string{"root", "bundles", "logs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	e := &Engine{cfg: cfg, runsc: path, scope: Scope(dir)}
+	e.version = "runsc"
+	if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		e.version = "runsc " + bi.Main.Version
+	} else if bi != nil && bi.Path != "" {
+		e.version = "runsc " + bi.Path
+	}
+	return e, nil
+}
+
+// Scope returns the short host-wide prefix derived from a state directory: "tp" and
+// 6 hex digits of a hash of the path.
+func Scope(stateDir string) string {
+	var h uint32 = 2166136261
+	for _, c := range []byte(stateDir) {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return fmt.Sprintf("tp%06x", h&0xffffff)
+}
+
+// Name returns "gvisor".
+func (e *Engine) Name() string { return "gvisor" }
+
+// Version returns "runsc <module version>" read from the binary's build info.
+func (e *Engine) Version() string { return e.version }
+
+func (e *Engine) pair(id string) sandboxnet.Pair { return sandboxnet.For(e.scope, id) }
+
+func (e *Engine) bundle(id string) string { return filepath.Join(e.cfg.StateDir, "bundles", id) }
+
+// Start implements engine.Engine.
+func (e *Engine) Start(ctx context.Context, spec engine.Spec) error {
+	return e.launch(ctx, spec, "")
+}
+
+// Restore implements engine.Engine.
+func (e *Engine) Restore(ctx context.Context, spec engine.Spec, dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("gvisor: restore %s: image path %q is not absolute", spec.ID, dir)
+	}
+	return e.launch(ctx, spec, dir)
+}
+
+func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) (err error) {
+	if !idRE.MatchString(spec.ID) {
+		return fmt.Errorf("gvisor: invalid instance id %q", spec.ID)
+	}
+	if !filepath.IsAbs(spec.RootFS) || !filepath.IsAbs(spec.GuestDir) {
+		return fmt.Errorf("gvisor: %s: rootfs and guest dir must be absolute paths", spec.ID)
+	}
+	// A leftover with the same id (a crash mid-way) is removed first.
+	_ = e.Stop(ctx, spec.ID)
+	defer func() {
+		if err != nil {
+			_ = e.Stop(context.Background(), spec.ID)
+		}
+	}()
+	p := e.pair(spec.ID)
+	if err := sandboxnet.Create(ctx, p); err != nil {
+		return err
+	}
+	b := e.bundle(spec.ID)
+	if err := os.MkdirAll(filepath.Join(b, "rootfs"), 0o700); err != nil {
+		return err
+	}
+	cfg, err := json.MarshalIndent(e.ociSpec(spec, p), "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
+		return err
+	}
+	if imageDir == "" {
+		_, err = e.run(ctx, "run", "--bundle", b, "--detach", spec.ID)
+	} else {
+		_, err = e.run(ctx, "restore", "--image-path", imageDir, "--bundle", b, "--detach", spec.ID)
+	}
+	if err != nil {
+		what := "start"
+		if imageDir != "" {
+			what = "restore"
+		}
+		return fmt.Errorf("gvisor: %s %s: %w", what, spec.ID, err)
+	}
+	return nil
+}
+
+// Checkpoint implements engine.Engine.
+func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("gvisor: checkpoint %s: image path %q is not absolute", id, dir)
+	}
+	args := []string{"checkpoint", "--image-path", dir}
+	if leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	args = append(args, id)
+	if _, err := e.run(ctx, args...); err != nil {
+		return fmt.Errorf("gvisor: checkpoint %s: %w", id, err)
+	}
+	if !leaveRunning {
+		return e.Stop(ctx, id)
+	}
+	return nil
+}
+
+// Stop implements engine.Engine: runsc delete --force, then wait for the sandbox
+// process to be gone, then remove the namespaces and the bundle.
+func (e *Engine) Stop(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("gvisor: invalid instance id %q", id)
+	}
+	var errs []error
+	st, err := e.state(ctx, id)
+	if err == nil {
+		if _, err := e.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("delete: %w", err))
+		}
+		if st.Pid > 0 {
+			if err := waitGone(ctx, st.Pid, 5*time.Second); err != nil {
+				_ = syscall.Kill(st.Pid, syscall.SIGKILL)
+				if err := waitGone(ctx, st.Pid, 5*time.Second); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	if err := sandboxnet.Delete(ctx, e.pair(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(e.bundle(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Dial implements engine.Engine.
+func (e *Engine) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	c, err := e.pair(id).Dial(ctx, port)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("gvisor: dial %s:%d: %w", id, port, engine.ErrNotRunning)
+		}
+		return nil, fmt.Errorf("gvisor: dial %s:%d: %w", id, port, err)
+	}
+	return c, nil
+}
+
+// HostNetns returns the name (under /run/netns) of the instance's host-side network
+// namespace; a server started there is reachable from the guest at
+// sandboxnet.HostIP.
+func (e *Engine) HostNetns(id string) sandboxnet.Pair { return e.pair(id) }
+
+type runscState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
+	out, err := e.run(ctx, "state", id)
+	if err != nil {
+		return runscState{}, err
+	}
+	var st runscState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return runscState{}, fmt.Errorf("runsc state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// List implements engine.Engine: runsc's containers under this engine's root, plus
+// instances of which only a bundle or a network namespace is left.
+func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
+	out, err := e.run(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: list: %w", err)
+	}
+	var sts []runscState
+	if len(bytes.TrimSpace(out)) > 0 && !bytes.Equal(bytes.TrimSpace(out), []byte("null")) {
+		if err := json.Unmarshal(out, &sts); err != nil {
+			return nil, fmt.Errorf("gvisor: list: %w", err)
+		}
+	}
+	seen := map[string]engine.Info{}
+	for _, s := range sts {
+		seen[s.ID] = engine.Info{ID: s.ID, Pid: s.Pid, Running: s.Status == "running" && alive(s.Pid)}
+	}
+	if ents, err := os.ReadDir(filepath.Join(e.cfg.StateDir, "bundles")); err == nil {
+		for _, d := range ents {
+			if _, ok := seen[d.Name()]; !ok {
+				seen[d.Name()] = engine.Info{ID: d.Name()}
+			}
+		}
+	}
+	names, _ := sandboxnet.List(e.scope)
+	for _, n := range names {
+		id := strings.TrimPrefix(n, e.scope+"-")
+		id = strings.TrimSuffix(strings.TrimSuffix(id, "-g"), "-h")
+		if _, ok := seen[id]; !ok && idRE.MatchString(id) {
+			seen[id] = engine.Info{ID: id}
+		}
+	}
+	res := make([]engine.Info, 0, len(seen))
+	for _, i := range seen {
+		res = append(res, i)
+	}
+	sort.Slice(res, func(a, b int) bool { return res[a].ID < res[b].ID })
+	return res, nil
+}
+
+func (e *Engine) globalFlags() []string {
+	f := []string{
+		"--root", filepath.Join(e.cfg.StateDir, "root"),
+		"--platform", e.cfg.Platform,
+		"--network", "sandbox",
+	}
+	return append(f, e.cfg.ExtraFlags...)
+}
+
+// run runs runsc with the engine's global flags. The sandbox inherits stdio from
+// `runsc run/restore --detach`, so stdin and stdout are /dev/null and stderr is a
+// temporary regular file (never a pipe: the sandbox would hold its write end and a
+// reader would never see EOF).
+func (e *Engine) run(ctx context.Context, args ...string) ([]byte, error) {
+	errf, err := os.CreateTemp(filepath.Join(e.cfg.StateDir, "logs"), "runsc-stderr-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(errf.Name())
+	defer errf.Close()
+	cmd := exec.CommandContext(ctx, e.runsc, append(e.globalFlags(), args...)...)
+	var out bytes.Buffer
+	detach := false
+	for _, a := range args {
+		if a == "--detach" {
+			detach = true
+		}
+	}
+	if detach {
+		cmd.Stdout = nil // /dev/null
+	} else {
+		cmd.Stdout = &out
+	}
+	cmd.Stderr = errf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	t0 := time.Now()
+	err = cmd.Run()
+	if os.Getenv("TORPOR_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "runsc %s: %v\n", args[0], time.Since(t0))
+	}
+	if err != nil {
+		msg, _ := os.ReadFile(errf.Name())
+		return out.Bytes(), fmt.Errorf("runsc %s: %v: %s", args[0], err, lastLines(string(msg), 5))
+	}
+	return out.Bytes(), nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+func isNotExist(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found"))
+}
+
+// alive reports whether pid exists and is not a zombie. Sandbox processes are
+// reparented to the host's init when runsc exits, and a zombie waits there until
+// init reaps it: it runs nothing and holds no resources but its pid.
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// Field 3, after the parenthesised command name, is the state.
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+func waitGone(ctx context.Context, pid int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox process %d still alive after %s", pid, d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}

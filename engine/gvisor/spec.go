@@ -1,0 +1,139 @@
+package gvisor
+
+import (
+	"sort"
+
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/sandboxnet"
+)
+
+// The OCI runtime spec subset runsc reads (opencontainers/runtime-spec, config.md).
+type ociSpec struct {
+	OCIVersion  string            `json:"ociVersion"`
+	Process     ociProcess        `json:"process"`
+	Root        ociRoot           `json:"root"`
+	Hostname    string            `json:"hostname"`
+	Mounts      []ociMount        `json:"mounts"`
+	Annotations map[string]string `json:"annotations"`
+	Linux       ociLinux          `json:"linux"`
+}
+
+type ociProcess struct {
+	User         ociUser             `json:"user"`
+	Args         []string            `json:"args"`
+	Env          []string            `json:"env"`
+	Cwd          string              `json:"cwd"`
+	Capabilities map[string][]string `json:"capabilities"`
+	Rlimits      []ociRlimit         `json:"rlimits"`
+}
+
+type ociUser struct {
+	UID int `json:"uid"`
+	GID int `json:"gid"`
+}
+
+type ociRlimit struct {
+	Type string `json:"type"`
+	Hard uint64 `json:"hard"`
+	Soft uint64 `json:"soft"`
+}
+
+type ociRoot struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+type ociMount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options,omitempty"`
+}
+
+type ociLinux struct {
+	Namespaces  []ociNamespace `json:"namespaces"`
+	Resources   *ociResources  `json:"resources,omitempty"`
+	CgroupsPath string         `json:"cgroupsPath,omitempty"`
+}
+
+type ociNamespace struct {
+	Type string `json:"type"`
+	Path string `json:"path,omitempty"`
+}
+
+type ociResources struct {
+	Memory *ociMemory `json:"memory,omitempty"`
+	CPU    *ociCPU    `json:"cpu,omitempty"`
+}
+
+type ociMemory struct {
+	Limit int64 `json:"limit"`
+}
+
+type ociCPU struct {
+	Quota  int64  `json:"quota"`
+	Period uint64 `json:"period"`
+}
+
+// The capabilities Docker grants a container's root by default (moby's
+// oci/caps/defaults.go), so that root inside a sandbox behaves as users expect
+// (chown, apt-get, binding port 80).
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+const cpuPeriodUS = 100000
+
+func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+	keys := make([]string, 0, len(spec.Env))
+	for k := range spec.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+spec.Env[k])
+	}
+	caps := map[string][]string{"bounding": defaultCaps, "effective": defaultCaps, "permitted": defaultCaps}
+	res := &ociResources{}
+	if spec.MemoryMiB > 0 {
+		res.Memory = &ociMemory{Limit: int64(spec.MemoryMiB) << 20}
+	}
+	if spec.CPUs > 0 {
+		res.CPU = &ociCPU{Quota: int64(spec.CPUs * cpuPeriodUS), Period: cpuPeriodUS}
+	}
+	return ociSpec{
+		OCIVersion: "1.0.0",
+		Process: ociProcess{
+			Args:         []string{"/.torpor/torpor-agent"},
+			Env:          env,
+			Cwd:          "/",
+			Capabilities: caps,
+			Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+		},
+		Root:     ociRoot{Path: "rootfs", Readonly: true},
+		Hostname: "sandbox",
+		Mounts: []ociMount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
+		},
+		// gVisor reads an EROFS root from these annotations (notes/engine-gvisor.md);
+		// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
+		Annotations: map[string]string{
+			"dev.gvisor.spec.rootfs.source":  spec.RootFS,
+			"dev.gvisor.spec.rootfs.type":    "erofs",
+			"dev.gvisor.spec.rootfs.overlay": "memory",
+		},
+		Linux: ociLinux{
+			Namespaces: []ociNamespace{
+				{Type: "pid"}, {Type: "network", Path: p.GuestPath()}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"},
+			},
+			Resources:   res,
+			CgroupsPath: "/torpor-" + e.scope + "/" + spec.ID,
+		},
+	}
+}

@@ -1,0 +1,321 @@
+// Package local is the snapshot store on a local directory: the embedded default.
+//
+// Layout under the store's directory:
+//
+//	<id>/manifest.json   the commit record; written last (temp file, fsync, rename)
+//	<id>/<file>          the engine's checkpoint files
+//	.staging/<id>/       a snapshot being written; never opened
+//
+// Commit renames the staging directory to <id> only after every file and the
+// manifest are synced, so a directory named <id> with a manifest is a complete
+// snapshot, and anything else is debris that Recover removes.
+package local
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Store implements snapshot.Store on a directory.
+type Store struct {
+	dir string
+}
+
+var _ snapshot.Store = (*Store)(nil)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+// New opens (creating if needed) a store in dir.
+func New(dir string) (*Store, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(abs, ".staging"), 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot store %s: %w", abs, err)
+	}
+	return &Store{dir: abs}, nil
+}
+
+func (s *Store) staged(id string) string { return filepath.Join(s.dir, ".staging", id) }
+func (s *Store) final(id string) string  { return filepath.Join(s.dir, id) }
+
+func checkID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("snapshot id %q: invalid", id)
+	}
+	return nil
+}
+
+// Stage implements snapshot.Store.
+func (s *Store) Stage(ctx context.Context, id string) (string, error) {
+	if err := checkID(id); err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(s.final(id)); err == nil {
+		return "", fmt.Errorf("snapshot %s: already committed", id)
+	}
+	if err := os.Mkdir(s.staged(id), 0o700); err != nil {
+		return "", fmt.Errorf("snapshot %s: stage: %w", id, err)
+	}
+	return s.staged(id), nil
+}
+
+// Commit implements snapshot.Store.
+func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+	if err := checkID(id); err != nil {
+		return m, err
+	}
+	if m.ID != id {
+		return m, fmt.Errorf("snapshot %s: manifest id %q differs", id, m.ID)
+	}
+	dir := s.staged(id)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.Type().IsRegular() && e.Name() != "manifest.json" {
+			names = append(names, e.Name())
+		}
+	}
+	if len(names) == 0 {
+		return m, fmt.Errorf("snapshot %s: commit: no files staged", id)
+	}
+	sort.Strings(names)
+	files, err := hashAll(ctx, dir, names, true)
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	m.Files, m.Bytes = files, 0
+	for _, f := range files {
+		m.Bytes += f.Bytes
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return m, err
+	}
+	if err := writeSynced(filepath.Join(dir, "manifest.json"), b); err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return m, err
+	}
+	if err := os.Rename(dir, s.final(id)); err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// Abort implements snapshot.Store.
+func (s *Store) Abort(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	return os.RemoveAll(s.staged(id))
+}
+
+// Manifest implements snapshot.Store.
+func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, error) {
+	var m snapshot.Manifest
+	if err := checkID(id); err != nil {
+		return m, err
+	}
+	b, err := os.ReadFile(filepath.Join(s.final(id), "manifest.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, fmt.Errorf("snapshot %s: %w", id, snapshot.ErrNotFound)
+	}
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: err.Error()}
+	}
+	return m, nil
+}
+
+// Open implements snapshot.Store. Files are hashed in parallel (one goroutine per
+// file, at most 4) so verification costs about one read of the largest file.
+func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest, error) {
+	m, err := s.Manifest(ctx, id)
+	if err != nil {
+		return "", m, err
+	}
+	dir := s.final(id)
+	names := make([]string, len(m.Files))
+	for i, f := range m.Files {
+		names[i] = f.Name
+		st, err := os.Stat(filepath.Join(dir, f.Name))
+		if err != nil {
+			return "", m, &snapshot.CorruptError{Snapshot: id, File: f.Name, Reason: "missing"}
+		}
+		if st.Size() != f.Bytes {
+			return "", m, &snapshot.CorruptError{Snapshot: id, File: f.Name, Reason: fmt.Sprintf("size %d != %d", st.Size(), f.Bytes)}
+		}
+	}
+	got, err := hashAll(ctx, dir, names, false)
+	if err != nil {
+		return "", m, fmt.Errorf("snapshot %s: verify: %w", id, err)
+	}
+	for i, f := range m.Files {
+		if got[i].SHA256 != f.SHA256 {
+			return "", m, &snapshot.CorruptError{Snapshot: id, File: f.Name,
+				Reason: fmt.Sprintf("sha256 mismatch: want %s, got %s", f.SHA256, got[i].SHA256)}
+		}
+	}
+	return dir, m, nil
+}
+
+// Delete implements snapshot.Store.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	// Remove the manifest first: from that instant the snapshot no longer exists.
+	if err := os.Remove(filepath.Join(s.final(id), "manifest.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
+	_ = syncDir(s.final(id))
+	if err := os.RemoveAll(s.final(id)); err != nil {
+		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
+	return os.RemoveAll(s.staged(id))
+}
+
+// List implements snapshot.Store.
+func (s *Store) List(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == ".staging" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(s.dir, e.Name(), "manifest.json")); err == nil {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Recover implements snapshot.Store: it empties .staging and removes directories
+// without a manifest.
+func (s *Store) Recover(ctx context.Context) error {
+	if err := os.RemoveAll(filepath.Join(s.dir, ".staging")); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, ".staging"), 0o700); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == ".staging" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(s.dir, e.Name(), "manifest.json")); errors.Is(err, os.ErrNotExist) {
+			_ = os.RemoveAll(filepath.Join(s.dir, e.Name()))
+		}
+	}
+	return nil
+}
+
+// hashAll hashes the named files of dir concurrently; with sync it also fsyncs each.
+func hashAll(ctx context.Context, dir string, names []string, sync_ bool) ([]snapshot.File, error) {
+	out := make([]snapshot.File, len(names))
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i], errs[i] = hashFile(ctx, filepath.Join(dir, n), sync_)
+			out[i].Name = n
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+func hashFile(ctx context.Context, path string, sync_ bool) (snapshot.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return snapshot.File{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return snapshot.File{}, err
+		}
+		k, err := f.Read(buf)
+		h.Write(buf[:k])
+		n += int64(k)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return snapshot.File{}, err
+		}
+	}
+	if sync_ {
+		if err := f.Sync(); err != nil {
+			return snapshot.File{}, err
+		}
+	}
+	return snapshot.File{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+func writeSynced(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

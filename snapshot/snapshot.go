@@ -1,0 +1,107 @@
+// Package snapshot defines torpor's snapshot store: where the bytes of a hibernated
+// sandbox end up, and how they are proven intact before a resume.
+//
+// # Lifecycle
+//
+//	Stage(id)          -> an empty directory; the engine writes its checkpoint there
+//	Commit(id, m)      -> every file is hashed (sha256) and synced, the manifest is
+//	                      written (temporary file, fsync, rename) and the snapshot is
+//	                      durable; only now may a sandbox be reported hibernated
+//	Abort(id)          -> a staged snapshot that will not be committed is removed
+//	Open(id)           -> every file is checked against the manifest; a directory
+//	                      with the verified files is returned for the engine's restore
+//	Delete(id)         -> the snapshot is gone
+//
+// A snapshot exists once, and only once, its manifest is committed: a crash during
+// Stage or Commit leaves at most a staging directory that Open never returns and the
+// next start removes (Store.Recover).
+//
+// # Words
+//
+// id names a snapshot ("snap-…"); file names are the engine's (gVisor writes
+// checkpoint.img, pages_meta.img and pages.img); a manifest is the JSON record of a
+// snapshot: the sandbox spec it restores to, its image digest, engine and version,
+// sizes and the sha256 of every file, and its parent snapshot.
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// File is one file of a snapshot.
+type File struct {
+	Name   string `json:"name"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"` // lowercase hex
+}
+
+// SandboxSpec is what a snapshot restores to: enough to start the sandbox again.
+type SandboxSpec struct {
+	Image       string            `json:"image"`
+	ImageDigest string            `json:"image_digest"`
+	MemoryMiB   int               `json:"memory_mib"`
+	CPUs        float64           `json:"cpus"`
+	Env         map[string]string `json:"env,omitempty"`
+	// GuestDigest is the sha256 of the guest agent binary the sandbox runs; the
+	// restore mounts the same binary.
+	GuestDigest string `json:"guest_digest"`
+}
+
+// Manifest describes one committed snapshot.
+type Manifest struct {
+	ID            string      `json:"id"`
+	SandboxID     string      `json:"sandbox_id"`
+	Parent        string      `json:"parent,omitempty"`
+	Engine        string      `json:"engine"`
+	EngineVersion string      `json:"engine_version"`
+	Spec          SandboxSpec `json:"spec"`
+	Files         []File      `json:"files"`
+	// Bytes is the sum of the files' sizes in bytes.
+	Bytes int64 `json:"bytes"`
+	// HibernateMS is how long the capture took, in ms (set by the caller).
+	HibernateMS int64     `json:"hibernate_ms"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Store keeps snapshots. Implementations are safe for concurrent use on
+// different ids.
+type Store interface {
+	// Stage creates an empty directory for snapshot id and returns its absolute
+	// path. It fails if id is already staged or committed.
+	Stage(ctx context.Context, id string) (dir string, err error)
+	// Commit makes a staged snapshot durable. m's ID must be id; Commit fills in
+	// Files and Bytes and returns the stored manifest.
+	Commit(ctx context.Context, id string, m Manifest) (Manifest, error)
+	// Abort removes a staged, uncommitted snapshot. Unknown ids are not an error.
+	Abort(ctx context.Context, id string) error
+	// Open verifies every file of a committed snapshot and returns the directory
+	// that holds them. Errors: ErrNotFound (wrapped) when id is not committed;
+	// *CorruptError when a file is missing, has the wrong size or the wrong sha256.
+	Open(ctx context.Context, id string) (dir string, m Manifest, err error)
+	// Manifest returns a committed snapshot's manifest without verifying its files.
+	Manifest(ctx context.Context, id string) (Manifest, error)
+	// Delete removes a committed or staged snapshot. Unknown ids are not an error.
+	Delete(ctx context.Context, id string) error
+	// List returns the ids of all committed snapshots.
+	List(ctx context.Context) ([]string, error)
+	// Recover removes what crashed Stage/Commit calls left behind; call it once at
+	// start-up, before any Stage.
+	Recover(ctx context.Context) error
+}
+
+// ErrNotFound is wrapped by errors for snapshots that do not exist.
+var ErrNotFound = errors.New("snapshot not found")
+
+// CorruptError says which snapshot file failed verification and why.
+type CorruptError struct {
+	Snapshot string
+	File     string
+	Reason   string // "missing", "size 12 != 34", "sha256 mismatch: want …, got …"
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("snapshot %s: file %s: %s", e.Snapshot, e.File, e.Reason)
+}

@@ -1,0 +1,173 @@
+// Package storetest is the conformance suite every snapshot.Store implementation
+// runs: commit and open, corruption detection naming the file, crash debris
+// removed by Recover, delete, and concurrent use on different ids.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Run runs the suite against stores made by newStore (a fresh, empty store per call).
+func Run(t *testing.T, newStore func(t *testing.T) snapshot.Store) {
+	ctx := context.Background()
+	write := func(t *testing.T, s snapshot.Store, id string, files map[string][]byte) snapshot.Manifest {
+		t.Helper()
+		dir, err := s.Stage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, b := range files {
+			if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := s.Commit(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-test", Engine: "test", CreatedAt: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	files := func() map[string][]byte {
+		big := make([]byte, 3<<20+17)
+		rand.Read(big)
+		return map[string][]byte{"checkpoint.img": []byte("kernel state"), "pages.img": big}
+	}
+
+	t.Run("CommitOpen", func(t *testing.T) {
+		s := newStore(t)
+		f := files()
+		m := write(t, s, "snap-a", f)
+		if m.Bytes != int64(len(f["checkpoint.img"])+len(f["pages.img"])) || len(m.Files) != 2 {
+			t.Fatalf("manifest sizes: %+v", m)
+		}
+		dir, m2, err := s.Open(ctx, "snap-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m2.Bytes != m.Bytes {
+			t.Fatalf("manifest differs after open")
+		}
+		for n, want := range f {
+			got, err := os.ReadFile(filepath.Join(dir, n))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("file %s differs after open (%v)", n, err)
+			}
+		}
+		ids, err := s.List(ctx)
+		if err != nil || len(ids) != 1 || ids[0] != "snap-a" {
+			t.Fatalf("list = %v, %v", ids, err)
+		}
+		if _, err := s.Stage(ctx, "snap-a"); err == nil {
+			t.Fatal("staging a committed id succeeded")
+		}
+	})
+
+	t.Run("FlippedByteNamed", func(t *testing.T) {
+		s := newStore(t)
+		write(t, s, "snap-b", files())
+		dir, _, err := s.Open(ctx, "snap-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, "pages.img")
+		b, _ := os.ReadFile(p)
+		b[len(b)/2] ^= 0x01
+		os.WriteFile(p, b, 0o600)
+		_, _, err = s.Open(ctx, "snap-b")
+		var ce *snapshot.CorruptError
+		if !errors.As(err, &ce) || ce.Snapshot != "snap-b" || ce.File != "pages.img" {
+			t.Fatalf("open of corrupt snapshot: %v", err)
+		}
+	})
+
+	t.Run("MissingFileNamed", func(t *testing.T) {
+		s := newStore(t)
+		write(t, s, "snap-c", files())
+		dir, _, _ := s.Open(ctx, "snap-c")
+		os.Remove(filepath.Join(dir, "checkpoint.img"))
+		_, _, err := s.Open(ctx, "snap-c")
+		var ce *snapshot.CorruptError
+		if !errors.As(err, &ce) || ce.File != "checkpoint.img" {
+			t.Fatalf("open with missing file: %v", err)
+		}
+	})
+
+	t.Run("UncommittedInvisible", func(t *testing.T) {
+		s := newStore(t)
+		dir, err := s.Stage(ctx, "snap-d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "pages.img"), []byte("half"), 0o600)
+		if _, _, err := s.Open(ctx, "snap-d"); !errors.Is(err, snapshot.ErrNotFound) {
+			t.Fatalf("open of staged snapshot: %v", err)
+		}
+		if err := s.Recover(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Stage(ctx, "snap-d"); err != nil {
+			t.Fatalf("stage after recover: %v", err)
+		}
+		if err := s.Abort(ctx, "snap-d"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Delete", func(t *testing.T) {
+		s := newStore(t)
+		write(t, s, "snap-e", files())
+		if err := s.Delete(ctx, "snap-e"); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Open(ctx, "snap-e"); !errors.Is(err, snapshot.ErrNotFound) {
+			t.Fatalf("open after delete: %v", err)
+		}
+		if err := s.Delete(ctx, "snap-e"); err != nil {
+			t.Fatalf("second delete: %v", err)
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		s := newStore(t)
+		for _, id := range []string{"", "../x", "a/b", ".staging"} {
+			if _, err := s.Stage(ctx, id); err == nil {
+				t.Errorf("stage %q succeeded", id)
+			}
+		}
+		if _, err := s.Commit(ctx, "snap-none", snapshot.Manifest{ID: "snap-none"}); err == nil {
+			t.Error("commit of unstaged id succeeded")
+		}
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		s := newStore(t)
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("snap-p%d", i)
+				write(t, s, id, files())
+				if _, _, err := s.Open(ctx, id); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		ids, _ := s.List(ctx)
+		if len(ids) != 8 {
+			t.Fatalf("list after concurrent commits: %v", ids)
+		}
+	})
+}
