@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+const (
+	// Port is the TCP port the agent listens on inside the sandbox.
+	Port = 49983
+	// GuestDir is where the host mounts the agent's directory, read-only, in the sandbox.
+	GuestDir = "/.torpor"
+	// BinaryPath is the agent binary's path inside the sandbox.
+	BinaryPath = "/.torpor/torpor-agent"
+	// LogPath is where Run writes the agent's own log inside the sandbox.
+	LogPath = "/tmp/torpor-agent.log"
+	// DefaultPath is the PATH commands get unless the sandbox env or the request sets one.
+	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// drainWait is how long an exec keeps reading its pipes after the main process exited.
+const drainWait = 50 * time.Millisecond
+
+var startedAt = time.Now()
+
+// Options configure Serve. The zero value is what Run uses inside a sandbox.
+type Options struct {
+	// Env is the sandbox env: set for every command, over the defaults (PATH, HOME,
+	// LANG) and under the request's Env. Nil means the agent's own process environment
+	// (os.Environ() at Serve time), which is how the host passes the sandbox's env.
+	Env map[string]string
+	// ReapAll makes the agent wait for every child, not only those it started. It is
+	// always on when the agent is PID 1. The reaper is process-wide and its mode is
+	// fixed by the first Serve call of the process.
+	ReapAll bool
+	// Log receives the agent's log lines; nil discards them.
+	Log *log.Logger
+}
+
+// Run listens on addr (":49983" in a sandbox), appends its log to LogPath, and serves
+// the agent API until ctx is cancelled; then it returns nil. It returns an error if
+// it cannot listen or serving fails.
+func Run(ctx context.Context, addr string) error {
+	var lg *log.Logger
+	if f, err := os.OpenFile(LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err == nil {
+		defer f.Close()
+		lg = log.New(f, "torpor-agent ", log.LstdFlags|log.Lmicroseconds)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	if lg != nil {
+		lg.Printf("pid %d listening on %s", os.Getpid(), ln.Addr())
+	}
+	return Serve(ctx, ln, Options{Log: lg})
+}
+
+// Serve answers the agent API on ln until ctx is cancelled, then closes ln and returns
+// nil (running execs are given 2 s, then their connections are closed, which kills
+// their commands). It returns the error if serving fails otherwise.
+func Serve(ctx context.Context, ln net.Listener, opts Options) error {
+	s := newServer(opts)
+	srv := &http.Server{
+		Handler:           s.handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       10 * time.Minute,
+		ErrorLog:          s.log,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if srv.Shutdown(sctx) != nil {
+			srv.Close()
+		}
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+}
+
+type server struct {
+	env    map[string]string // sandbox env
+	reaper *reaper
+	log    *log.Logger
+}
+
+func newServer(opts Options) *server {
+	lg := opts.Log
+	if lg == nil {
+		lg = log.New(io.Discard, "", 0)
+	}
+	env := opts.Env
+	if env == nil {
+		env = make(map[string]string)
+		for _, kv := range os.Environ() {
+			if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+				env[k] = v
+			}
+		}
+	}
+	return &server{env: env, reaper: getReaper(opts.ReapAll, lg), log: lg}
+}
+
+func (s *server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("POST /exec", s.handleExec)
+	mux.HandleFunc("GET /files", s.handleGetFile)
+	mux.HandleFunc("PUT /files", s.handlePutFile)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health", "/exec", "/files":
+			writeError(w, http.StatusMethodNotAllowed, apiv1.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
+		default:
+			writeError(w, http.StatusNotFound, apiv1.CodeNotFound, "no such endpoint: "+r.URL.Path)
+		}
+	})
+	return mux
+}
+
+// healthBody is the body of GET /health.
+type healthBody struct {
+	OK        bool   `json:"ok"`
+	Pid       int    `json:"pid"`
+	StartedAt string `json:"started_at"`
+}
+
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, healthBody{OK: true, Pid: os.Getpid(), StartedAt: startedAt.UTC().Format(time.RFC3339Nano)})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: code, Message: msg}})
+}

@@ -1,0 +1,153 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// maxUnsizedRead bounds files whose stat size is 0 (procfs and the like), read whole.
+const maxUnsizedRead = 64 << 20
+
+// filePath returns the cleaned absolute ?path= of r, or writes a 400 and returns "".
+func filePath(w http.ResponseWriter, r *http.Request) string {
+	p := r.URL.Query().Get("path")
+	if p == "" || !filepath.IsAbs(p) {
+		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "path must be absolute: "+strconv.Quote(p))
+		return ""
+	}
+	return filepath.Clean(p)
+}
+
+func (s *server) handleGetFile(w http.ResponseWriter, r *http.Request) {
+	p := filePath(w, r)
+	if p == "" {
+		return
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	if st.IsDir() {
+		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, p+" is a directory")
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if size := st.Size(); size > 0 && st.Mode().IsRegular() {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		w.WriteHeader(http.StatusOK)
+		io.CopyN(w, f, size)
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxUnsizedRead))
+	if err != nil {
+		fileError(w, err)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+}
+
+func (s *server) handlePutFile(w http.ResponseWriter, r *http.Request) {
+	p := filePath(w, r)
+	if p == "" {
+		return
+	}
+	mode := os.FileMode(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		v, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || v > 0o7777 {
+			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "mode must be octal, e.g. 0644: "+strconv.Quote(m))
+			return
+		}
+		mode = os.FileMode(v & 0o777)
+		if v&0o4000 != 0 {
+			mode |= os.ModeSetuid
+		}
+		if v&0o2000 != 0 {
+			mode |= os.ModeSetgid
+		}
+		if v&0o1000 != 0 {
+			mode |= os.ModeSticky
+		}
+	}
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, p+" is a directory")
+		return
+	}
+	if err := writeFileAtomic(p, r.Body, mode); err != nil {
+		s.log.Printf("put %s: %v", p, err)
+		fileError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// writeFileAtomic replaces p with the bytes of src: temporary file in p's directory,
+// fsync, chmod, rename, fsync of the directory. Missing parents are created 0755.
+func writeFileAtomic(p string, src io.Reader, mode os.FileMode) error {
+	dir := filepath.Dir(p)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".torpor-put-*")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := io.Copy(tmp, src); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return err
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func fileError(w http.ResponseWriter, err error) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, err.Error())
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, fs.ErrInvalid), errors.Is(err, syscall.ENOTDIR),
+		errors.Is(err, syscall.EISDIR), errors.As(err, &mbe):
+		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, apiv1.CodeInternal, err.Error())
+	}
+}

@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"log"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// reaper is the one place that calls wait4. Every process the agent starts is forked
+// by reaper.start, which holds mu across fork and registration, so a reap pass (which
+// also holds mu) can never collect a status before its waiter is registered.
+type reaper struct {
+	mu      sync.Mutex
+	all     bool // reap every child (PID 1), not only registered ones
+	waiters map[int]chan syscall.WaitStatus
+	log     *log.Logger
+}
+
+var (
+	reaperOnce sync.Once
+	theReaper  *reaper
+)
+
+// getReaper returns the process-wide reaper, starting it on first use. all (or being
+// PID 1) selects reap-everything mode; it only counts on the first call.
+func getReaper(all bool, lg *log.Logger) *reaper {
+	reaperOnce.Do(func() {
+		r := &reaper{
+			all:     all || os.Getpid() == 1,
+			waiters: make(map[int]chan syscall.WaitStatus),
+			log:     lg,
+		}
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGCHLD)
+		go func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-sig:
+				case <-tick.C:
+				}
+				r.reap()
+			}
+		}()
+		theReaper = r
+	})
+	return theReaper
+}
+
+// start forks argv0 with attr and registers the child. The returned channel receives
+// the child's wait status once (it is buffered; nobody has to read it).
+func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pid, err := syscall.ForkExec(argv0, argv, attr)
+	if err != nil {
+		return 0, nil, err
+	}
+	ch := make(chan syscall.WaitStatus, 1)
+	r.waiters[pid] = ch
+	return pid, ch, nil
+}
+
+func (r *reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.all {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				return
+			}
+			if ch, ok := r.waiters[pid]; ok {
+				ch <- ws
+				delete(r.waiters, pid)
+			} else if r.log != nil {
+				r.log.Printf("reaped orphan pid %d (status %#x)", pid, uint32(ws))
+			}
+		}
+	}
+	for pid, ch := range r.waiters {
+		var ws syscall.WaitStatus
+		got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		for err == syscall.EINTR {
+			got, err = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
+		switch {
+		case got == pid:
+			ch <- ws
+			delete(r.waiters, pid)
+		case err == syscall.ECHILD:
+			// Someone else collected it; report exit status 255.
+			ch <- syscall.WaitStatus(255 << 8)
+			delete(r.waiters, pid)
+		}
+	}
+}

@@ -1,0 +1,335 @@
+// Package agentclient is the host side of the guest agent protocol (package
+// github.com/torpor/torpor/guest/agent): a Go client that reaches one sandbox's agent
+// through a caller-supplied dial function and keeps its connections alive.
+package agentclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// baseURL is the URL prefix of every request; the host name is never resolved, the
+// dial function decides where connections go.
+const baseURL = "http://torpor-agent"
+
+// Client talks to one agent. It is safe for concurrent use.
+type Client struct {
+	tr *http.Transport
+	hc *http.Client
+}
+
+// New returns a client whose connections are made by dial (for a sandbox: a TCP
+// connection to the sandbox IP, port 49983, made from the sandbox's network namespace).
+// Connections are kept alive, at most 4 idle ones.
+func New(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx)
+		},
+		MaxIdleConns:        4,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+// TCPDialer returns a dial function for New that makes TCP connections to addr
+// ("host:port") from the caller's own network namespace.
+func TCPDialer(addr string) func(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return func(ctx context.Context) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
+// CloseIdleConnections closes the client's idle connections (e.g. before the sandbox
+// is hibernated). Later calls dial again.
+func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
+
+// Error is an error answer of the agent: HTTP status, apiv1 error code ("not_found",
+// "invalid_argument", "internal", …) and message.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("torpor agent: %s: %s (HTTP %d)", e.Code, e.Message, e.Status)
+}
+
+// IsNotFound reports whether err is an agent answer with code "not_found".
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == apiv1.CodeNotFound
+}
+
+// StartError says the agent could not start a command (not found, bad cwd, …); the
+// exec's exit code is 127.
+type StartError struct {
+	Message string
+}
+
+func (e *StartError) Error() string { return "torpor agent: cannot start command: " + e.Message }
+
+// errorFrom turns a non-2xx response into an *Error and closes its body.
+func errorFrom(resp *http.Response) error {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var eb apiv1.ErrorBody
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	code := apiv1.CodeInternal
+	switch resp.StatusCode {
+	case http.StatusNotFound:
+		code = apiv1.CodeNotFound
+	case http.StatusBadRequest:
+		code = apiv1.CodeInvalidArgument
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		msg = resp.Status
+	}
+	return &Error{Status: resp.StatusCode, Code: code, Message: msg}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, size int64, ctype string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.ContentLength = size
+		if size == 0 {
+			req.Body = http.NoBody
+		}
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, errorFrom(resp)
+	}
+	return resp, nil
+}
+
+// HealthInfo is the body of GET /health.
+type HealthInfo struct {
+	OK        bool      `json:"ok"`
+	Pid       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Info returns the agent's health answer: its pid (1 in a sandbox) and start time.
+func (c *Client) Info(ctx context.Context) (HealthInfo, error) {
+	var h HealthInfo
+	resp, err := c.do(ctx, http.MethodGet, "/health", nil, 0, "")
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("torpor agent: health: %w", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if !h.OK {
+		return h, errors.New("torpor agent: health: not ok")
+	}
+	return h, nil
+}
+
+// Health returns nil if the agent answers GET /health with ok.
+func (c *Client) Health(ctx context.Context) error {
+	_, err := c.Info(ctx)
+	return err
+}
+
+// WaitReady polls Health until it succeeds, ctx is done or timeout passes; it polls
+// every 5 ms at first, backing off to every 50 ms. Each attempt is bounded by 1 s.
+// On failure it returns the last Health error.
+func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	delay := 5 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		err := c.Health(actx)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("torpor agent not ready after %v: %w", timeout, err)
+		case <-t.C:
+		}
+		if delay = delay * 3 / 2; delay > 50*time.Millisecond {
+			delay = 50 * time.Millisecond
+		}
+	}
+}
+
+// ExecStream is a running exec's answer, read event by event. Close it when done;
+// closing it before the last event drops the connection, which makes the agent kill
+// the command's process group.
+type ExecStream struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+	done bool
+	err  error
+}
+
+// Exec starts req in the sandbox and returns its event stream. An agent error answer
+// (e.g. empty cmd: 400 invalid_argument) is an *Error. A command that cannot be
+// started is not an error here: the stream's only event carries Error and exit code 127.
+func (c *Client) Exec(ctx context.Context, req apiv1.ExecRequest) (*ExecStream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/exec", bytes.NewReader(b), int64(len(b)), "application/json")
+	if err != nil {
+		return nil, err
+	}
+	return &ExecStream{body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+}
+
+// Next returns the next event: output chunks (Stream, Data), then a last event with
+// ExitCode (foreground), Pid (background start) or Error (not started). After the last
+// event it returns io.EOF; if the stream breaks before it, io.ErrUnexpectedEOF or the
+// read error.
+func (s *ExecStream) Next() (apiv1.ExecEvent, error) {
+	var ev apiv1.ExecEvent
+	if s.done {
+		return ev, io.EOF
+	}
+	if s.err != nil {
+		return ev, s.err
+	}
+	if err := s.dec.Decode(&ev); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		s.err = err
+		return apiv1.ExecEvent{}, err
+	}
+	if ev.ExitCode != nil || ev.Pid != 0 || ev.Error != "" {
+		s.done = true
+		// Read to the end so the connection goes back to the idle pool.
+		io.Copy(io.Discard, io.LimitReader(s.body, 4096))
+	}
+	return ev, nil
+}
+
+// Close releases the stream.
+func (s *ExecStream) Close() error { return s.body.Close() }
+
+// Run executes req and collects its output. exitCode is the command's exit code (124
+// on timeout, 128+sig when killed by a signal). If the command could not be started,
+// err is a *StartError and exitCode 127. For a background start use Start.
+func (c *Client) Run(ctx context.Context, req apiv1.ExecRequest) (stdout, stderr []byte, exitCode int, err error) {
+	st, err := c.Exec(ctx, req)
+	if err != nil {
+		return nil, nil, -1, err
+	}
+	defer st.Close()
+	var out, errb bytes.Buffer
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			return out.Bytes(), errb.Bytes(), -1, err
+		}
+		switch ev.Stream {
+		case "stdout":
+			out.Write(ev.Data)
+		case "stderr":
+			errb.Write(ev.Data)
+		}
+		if ev.Error != "" {
+			code := 127
+			if ev.ExitCode != nil {
+				code = *ev.ExitCode
+			}
+			return out.Bytes(), errb.Bytes(), code, &StartError{Message: ev.Error}
+		}
+		if ev.ExitCode != nil {
+			return out.Bytes(), errb.Bytes(), *ev.ExitCode, nil
+		}
+		if ev.Pid != 0 {
+			return out.Bytes(), errb.Bytes(), 0, nil
+		}
+	}
+}
+
+// Start runs req in the background (it sets req.Background) and returns the pid of
+// the detached process; its output goes to /tmp/torpor-bg-<pid>.log in the sandbox.
+func (c *Client) Start(ctx context.Context, req apiv1.ExecRequest) (int, error) {
+	req.Background = true
+	st, err := c.Exec(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	ev, err := st.Next()
+	if err != nil {
+		return 0, err
+	}
+	if ev.Error != "" {
+		return 0, &StartError{Message: ev.Error}
+	}
+	if ev.Pid == 0 {
+		return 0, errors.New("torpor agent: background start answered without a pid")
+	}
+	return ev.Pid, nil
+}
+
+// ReadFile opens the sandbox file at path (absolute) and returns its content and size
+// in bytes. The caller must close the reader. Missing: *Error with code "not_found";
+// relative path or directory: "invalid_argument".
+func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/files?path="+url.QueryEscape(path), nil, 0, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.Body, resp.ContentLength, nil
+}
+
+// WriteFile replaces the sandbox file at path (absolute) with size bytes read from r
+// (size < 0: unknown, sent chunked), atomically, with mode 0644, creating missing
+// parent directories. Relative path or directory: *Error "invalid_argument".
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, size int64) error {
+	return c.WriteFileMode(ctx, path, r, size, 0o644)
+}
+
+// WriteFileMode is WriteFile with the file's permission bits (e.g. 0755).
+func (c *Client) WriteFileMode(ctx context.Context, path string, r io.Reader, size int64, mode uint32) error {
+	if r == nil {
+		r = http.NoBody
+	}
+	q := "/files?path=" + url.QueryEscape(path) + "&mode=" + strconv.FormatUint(uint64(mode&0o7777), 8)
+	resp, err := c.do(ctx, http.MethodPut, q, r, size, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return nil
+}
