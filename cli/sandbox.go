@@ -1,0 +1,231 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+func (a *app) createCommand() *cobra.Command {
+	var (
+		req     apiv1.CreateSandboxRequest
+		envs    []string
+		asJSON  bool
+		created apiv1.Sandbox
+	)
+	cmd := &cobra.Command{
+		Use:   "create [--image base] [--memory 512] [--cpus 1] [--env K=V ...]",
+		Short: "Create and start a sandbox; prints its id",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := parseEnv(envs)
+			if err != nil {
+				return err
+			}
+			req.Env = env
+			sp := a.newSpinner("creating sandbox")
+			created, err = a.client().CreateSandbox(cmd.Context(), req)
+			sp.done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, created)
+			}
+			_, err = fmt.Fprintln(a.stdout, created.ID)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Image, "image", "base", "image name or digest")
+	f.IntVar(&req.MemoryMiB, "memory", 512, "memory limit in MiB")
+	f.Float64Var(&req.CPUs, "cpus", 1, "CPU limit in cores")
+	f.StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE for every process (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) lsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Args:    usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sbs, err := a.client().ListSandboxes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if sbs == nil {
+					sbs = []apiv1.Sandbox{}
+				}
+				return printJSON(a.stdout, sbs)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tMEM\tGEN\tSNAPSHOT\tAGE")
+			now := time.Now()
+			for _, sb := range sbs {
+				snap := "-"
+				if sb.Snapshot != nil {
+					snap = fmt.Sprintf("%s (%s)", sb.Snapshot.ID, mib(sb.Snapshot.Bytes))
+				}
+				state := string(sb.State)
+				if sb.State == apiv1.StateError && sb.Error != "" {
+					state += ": " + truncate(sb.Error, 40)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%d\t%s\t%s\n",
+					sb.ID, state, sb.Image, sb.MemoryMiB, sb.Generation, snap, humanAge(now.Sub(sb.CreatedAt)))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandboxes as a JSON array")
+	return cmd
+}
+
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func (a *app) inspectCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Print a sandbox as JSON",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := a.client().GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(a.stdout, sb)
+		},
+	}
+}
+
+func (a *app) hibernateCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "hibernate ID",
+		Short: "Hibernate a running sandbox to a snapshot and release its compute",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sp := a.newSpinner("hibernating " + args[0])
+			sb, err := a.client().Hibernate(cmd.Context(), args[0])
+			sp.done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			if sb.Snapshot == nil {
+				_, err = fmt.Fprintf(a.stdout, "hibernated %s\n", sb.ID)
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "hibernated %s: snapshot %s, %s, %d ms\n",
+				sb.ID, sb.Snapshot.ID, mib(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) resumeCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "resume ID",
+		Short: "Resume a hibernated sandbox from its snapshot",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sp := a.newSpinner("resuming " + args[0])
+			sb, err := a.client().Resume(cmd.Context(), args[0])
+			sp.done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			_, err = fmt.Fprintf(a.stdout, "resumed %s in %d ms (generation %d)\n", sb.ID, sb.ResumeMS, sb.Generation)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) forkCommand() *cobra.Command {
+	var (
+		count  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "fork ID [--count N]",
+		Short: "Start new sandboxes from a sandbox's snapshot; prints their ids",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 {
+				return usagef("--count %d: want at least 1", count)
+			}
+			sp := a.newSpinner("forking " + args[0])
+			sbs, err := a.client().Fork(cmd.Context(), args[0], count)
+			sp.done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if sbs == nil {
+					sbs = []apiv1.Sandbox{}
+				}
+				return printJSON(a.stdout, sbs)
+			}
+			for _, sb := range sbs {
+				if _, err := fmt.Fprintln(a.stdout, sb.ID); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of clones")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandboxes as a JSON array")
+	return cmd
+}
+
+func (a *app) rmCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Destroy sandboxes and their snapshots",
+		Args:    usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			failed := 0
+			for _, id := range args {
+				if err := a.client().DeleteSandbox(cmd.Context(), id); err != nil {
+					failed++
+					fmt.Fprintf(a.stderr, "torpor: %s: %s\n", id, a.message(err))
+					if err := cmd.Context().Err(); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintln(a.stdout, id)
+			}
+			if failed > 0 {
+				return silentError{}
+			}
+			return nil
+		},
+	}
+}

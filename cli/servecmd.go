@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// serveConfig is what `torpor serve` hands to server.Run (see serve.go).
+type serveConfig struct {
+	DataDir   string
+	Listen    string
+	RunscPath string
+	AgentPath string
+}
+
+func (a *app) serveCommand() *cobra.Command {
+	var cfg serveConfig
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the torpor server (API, sandbox manager, engine)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.RunscPath == "" {
+				cfg.RunscPath = defaultRunsc()
+			}
+			if cfg.AgentPath == "" {
+				cfg.AgentPath = defaultAgent()
+			}
+			return runServe(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH)")
+	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
+	return cmd
+}
+
+func defaultRunsc() string {
+	if p := os.Getenv("TORPOR_RUNSC"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return "runsc"
+}
+
+func defaultAgent() string {
+	if p := os.Getenv("TORPOR_AGENT"); p != "" {
+		return p
+	}
+	if exe, err := os.Executable(); err == nil {
+		if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = resolved
+		}
+		return filepath.Join(filepath.Dir(exe), "torpor-agent")
+	}
+	return "torpor-agent"
+}
+
+func (a *app) quickstartCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "quickstart",
+		Short: "Walk through create, exec, hibernate, resume and fork against a running server",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runQuickstart(cmd.Context(), a.serverURL(), a.stdout)
+		},
+	}
+}
+
+// benchResumeOptions is what `torpor bench resume` hands to bench.Resume (bench.go).
+type benchResumeOptions struct {
+	URL            string
+	Cycles         int
+	WorkingSetsMiB []int
+	JSON           bool
+}
+
+func (a *app) benchCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	var (
+		o          benchResumeOptions
+		workingSet string
+	)
+	resume := &cobra.Command{
+		Use:   "resume [--cycles 20] [--working-set 64MiB,512MiB] [--json]",
+		Short: "Measure hibernate and resume times over cycles, per working-set size",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Cycles < 1 {
+				return usagef("--cycles %d: want at least 1", o.Cycles)
+			}
+			sets, err := parseSizesMiB(workingSet)
+			if err != nil {
+				return usagef("--working-set: %v", err)
+			}
+			o.WorkingSetsMiB = sets
+			o.URL = a.serverURL()
+			return runBenchResume(cmd.Context(), o, a.stdout)
+		},
+	}
+	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles per working-set size")
+	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
+	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	cmd.AddCommand(resume)
+	return cmd
+}
+
+// parseSizesMiB parses "64MiB,512MiB,1GiB,128" into MiB.
+func parseSizesMiB(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		num, mult := part, 1
+		lower := strings.ToLower(part)
+		for _, u := range []struct {
+			suffix string
+			mult   int
+		}{{"mib", 1}, {"mb", 1}, {"m", 1}, {"gib", 1024}, {"gb", 1024}, {"g", 1024}} {
+			if strings.HasSuffix(lower, u.suffix) {
+				num, mult = strings.TrimSpace(part[:len(part)-len(u.suffix)]), u.mult
+				break
+			}
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad size %q (want e.g. 64MiB or 1GiB)", part)
+		}
+		out = append(out, n*mult)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no sizes in %q", s)
+	}
+	return out, nil
+}

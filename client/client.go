@@ -1,0 +1,398 @@
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// DefaultURL is the server address used when neither New's argument nor TORPOR_URL
+// names one.
+const DefaultURL = "http://127.0.0.1:7070"
+
+// Client talks to one torpor server. It is safe for concurrent use.
+type Client struct {
+	// BaseURL is the server's address without a trailing slash, e.g. http://127.0.0.1:7070.
+	BaseURL string
+	// HTTP is the client used for every request. It has no overall timeout.
+	HTTP *http.Client
+}
+
+// New returns a client for baseURL; "" means env TORPOR_URL, else DefaultURL.
+func New(baseURL string) *Client {
+	if baseURL == "" {
+		baseURL = os.Getenv("TORPOR_URL")
+	}
+	if baseURL == "" {
+		baseURL = DefaultURL
+	}
+	if !strings.Contains(baseURL, "://") {
+		baseURL = "http://" + baseURL
+	}
+	tr := &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:        32,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Client{
+		BaseURL: strings.TrimRight(baseURL, "/"),
+		HTTP:    &http.Client{Transport: tr},
+	}
+}
+
+// APIError is an error answer of the server: {"error":{"code":…,"message":…}}.
+type APIError struct {
+	Status  int    // HTTP status
+	Code    string // apiv1.Code…
+	Message string
+}
+
+func (e *APIError) Error() string { return "torpor: " + e.Code + ": " + e.Message }
+
+// IsNotFound reports whether err is an APIError with code not_found.
+func IsNotFound(err error) bool { return hasCode(err, apiv1.CodeNotFound) }
+
+// IsConflict reports whether err is an APIError with code conflict.
+func IsConflict(err error) bool { return hasCode(err, apiv1.CodeConflict) }
+
+// IsSnapshotCorrupt reports whether err is an APIError with code snapshot_corrupt.
+func IsSnapshotCorrupt(err error) bool { return hasCode(err, apiv1.CodeSnapshotCorrupt) }
+
+func hasCode(err error, code string) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// Do sends a request to path (relative to BaseURL, e.g. "/v1/sandboxes/x/ports/8080/")
+// and returns the raw answer, whatever its status. It is the way to use the port proxy.
+// The caller closes the body.
+func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, header http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path), body)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	return c.HTTP.Do(req)
+}
+
+func (c *Client) url(path string) string {
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	return c.BaseURL + path
+}
+
+// PortURL is the address at which the server proxies to port inside sandbox id,
+// e.g. http://127.0.0.1:7070/v1/sandboxes/ID/ports/8080/path.
+func (c *Client) PortURL(id string, port int, path string) string {
+	return c.BaseURL + "/v1/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port) + "/" + strings.TrimLeft(path, "/")
+}
+
+func sandboxPath(id string, rest ...string) string {
+	p := "/v1/sandboxes/" + url.PathEscape(id)
+	for _, r := range rest {
+		p += "/" + r
+	}
+	return p
+}
+
+// send does one request; a JSON body is marshalled from in when in is not nil and not
+// an io.Reader. A non-2xx answer becomes an *APIError. On success the open response
+// is returned.
+func (c *Client) send(ctx context.Context, method, path string, in any, contentType string) (*http.Response, error) {
+	var body io.Reader
+	var size int64 = -1
+	switch v := in.(type) {
+	case nil:
+	case io.Reader:
+		body = v
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+		size = int64(len(b))
+		if contentType == "" {
+			contentType = "application/json"
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path), body)
+	if err != nil {
+		return nil, err
+	}
+	if size >= 0 {
+		req.ContentLength = size
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	req.Header.Set("Accept", "application/json, application/x-ndjson")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+// decodeError turns an error answer into an *APIError; a body that is not an
+// ErrorBody still gives one, with a code derived from the status.
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var eb apiv1.ErrorBody
+	if err := json.Unmarshal(b, &eb); err == nil && eb.Error.Code != "" {
+		return &APIError{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		msg = resp.Status
+	}
+	return &APIError{Status: resp.StatusCode, Code: codeForStatus(resp.StatusCode), Message: msg}
+}
+
+func codeForStatus(status int) string {
+	switch status {
+	case http.StatusNotFound:
+		return apiv1.CodeNotFound
+	case http.StatusBadRequest:
+		return apiv1.CodeInvalidArgument
+	case http.StatusConflict:
+		return apiv1.CodeConflict
+	case http.StatusUnprocessableEntity:
+		return apiv1.CodeSnapshotCorrupt
+	case http.StatusServiceUnavailable:
+		return apiv1.CodeUnavailable
+	}
+	return apiv1.CodeInternal
+}
+
+// call does a JSON request and decodes a JSON answer into out (nil: discard).
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	resp, err := c.send(ctx, method, path, in, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("torpor: decoding %s %s answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// Health calls GET /healthz and returns nil if the server answers ok.
+func (c *Client) Health(ctx context.Context) error {
+	var h struct {
+		OK bool `json:"ok"`
+	}
+	if err := c.call(ctx, http.MethodGet, "/healthz", nil, &h); err != nil {
+		return err
+	}
+	if !h.OK {
+		return &APIError{Status: http.StatusOK, Code: apiv1.CodeUnavailable, Message: "server reports not ok"}
+	}
+	return nil
+}
+
+// CreateSandbox creates and starts a sandbox.
+func (c *Client) CreateSandbox(ctx context.Context, req apiv1.CreateSandboxRequest) (apiv1.Sandbox, error) {
+	var sb apiv1.Sandbox
+	err := c.call(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
+	return sb, err
+}
+
+// ListSandboxes lists every sandbox.
+func (c *Client) ListSandboxes(ctx context.Context) ([]apiv1.Sandbox, error) {
+	var r apiv1.ListSandboxesResponse
+	err := c.call(ctx, http.MethodGet, "/v1/sandboxes", nil, &r)
+	return r.Sandboxes, err
+}
+
+// GetSandbox returns one sandbox.
+func (c *Client) GetSandbox(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	var sb apiv1.Sandbox
+	err := c.call(ctx, http.MethodGet, sandboxPath(id), nil, &sb)
+	return sb, err
+}
+
+// DeleteSandbox destroys a sandbox and its snapshots.
+func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
+	return c.call(ctx, http.MethodDelete, sandboxPath(id), nil, nil)
+}
+
+// Hibernate captures a running sandbox to a snapshot and releases its compute. The
+// returned sandbox is hibernated, with Snapshot filled.
+func (c *Client) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	var sb apiv1.Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "hibernate"), nil, &sb)
+	return sb, err
+}
+
+// Resume brings a hibernated sandbox back; the answer carries ResumeMS.
+func (c *Client) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	var sb apiv1.Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "resume"), nil, &sb)
+	return sb, err
+}
+
+// Fork starts count new sandboxes (0 means 1) from sandbox id's snapshot.
+func (c *Client) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandbox, error) {
+	if count <= 0 {
+		count = 1
+	}
+	var r apiv1.ForkResponse
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "fork"), apiv1.ForkRequest{Count: count}, &r)
+	return r.Sandboxes, err
+}
+
+// ReadFile returns the contents of the file at the absolute path inside sandbox id.
+// The caller closes the reader.
+func (c *Client) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, error) {
+	resp, err := c.send(ctx, http.MethodGet, sandboxPath(id, "files")+"?path="+url.QueryEscape(path), nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// WriteFile creates or replaces the file at the absolute path inside sandbox id with
+// the bytes of r.
+func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader) error {
+	if r == nil {
+		r = bytes.NewReader(nil)
+	}
+	resp, err := c.send(ctx, http.MethodPut, sandboxPath(id, "files")+"?path="+url.QueryEscape(path), nopReadCloser(r), "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// nopReadCloser hides the concrete type of r so that net/http does not close a
+// caller's file; bytes/strings readers keep their type so their length is sent.
+func nopReadCloser(r io.Reader) io.Reader {
+	switch r.(type) {
+	case *bytes.Reader, *bytes.Buffer, *strings.Reader:
+		return r
+	}
+	return struct{ io.Reader }{r}
+}
+
+// ListImages lists the stored images.
+func (c *Client) ListImages(ctx context.Context) ([]apiv1.Image, error) {
+	var r apiv1.ListImagesResponse
+	err := c.call(ctx, http.MethodGet, "/v1/images", nil, &r)
+	return r.Images, err
+}
+
+// buildEvent is one line of the POST /v1/images/build answer.
+type buildEvent struct {
+	Log   string             `json:"log,omitempty"`
+	Image *apiv1.Image       `json:"image,omitempty"`
+	Error *apiv1.ErrorDetail `json:"error,omitempty"`
+}
+
+// BuildImage builds an image and waits for it. Each log line of the build is passed
+// to progress (which may be nil).
+func (c *Client) BuildImage(ctx context.Context, req apiv1.BuildImageRequest, progress func(line string)) (apiv1.Image, error) {
+	resp, err := c.send(ctx, http.MethodPost, "/v1/images/build", req, "")
+	if err != nil {
+		return apiv1.Image{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var ev buildEvent
+		if err := json.Unmarshal(line, &ev); err != nil {
+			return apiv1.Image{}, fmt.Errorf("torpor: bad image build line %q: %w", line, err)
+		}
+		switch {
+		case ev.Error != nil:
+			return apiv1.Image{}, &APIError{Status: resp.StatusCode, Code: ev.Error.Code, Message: ev.Error.Message}
+		case ev.Image != nil:
+			return *ev.Image, nil
+		default:
+			if progress != nil {
+				progress(ev.Log)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if ctx.Err() != nil {
+			return apiv1.Image{}, ctx.Err()
+		}
+		return apiv1.Image{}, fmt.Errorf("torpor: image build stream: %w", err)
+	}
+	return apiv1.Image{}, errors.New("torpor: image build stream ended without a result")
+}
+
+// ImportImage uploads a tar archive of a root filesystem as image name. size is the
+// archive's length in bytes, or -1 if unknown (the body is then sent chunked).
+func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader, size int64) (apiv1.Image, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/import?name="+url.QueryEscape(name)), nopReadCloser(r))
+	if err != nil {
+		return apiv1.Image{}, err
+	}
+	req.ContentLength = size
+	if size == 0 {
+		req.Body = http.NoBody
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return apiv1.Image{}, ctx.Err()
+		}
+		return apiv1.Image{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return apiv1.Image{}, decodeError(resp)
+	}
+	var img apiv1.Image
+	if err := json.NewDecoder(resp.Body).Decode(&img); err != nil {
+		return apiv1.Image{}, fmt.Errorf("torpor: decoding image import answer: %w", err)
+	}
+	return img, nil
+}
