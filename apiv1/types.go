@@ -139,10 +139,18 @@ type ListImagesResponse struct {
 	Images []Image `json:"images"`
 }
 
-// BuildImageRequest is the body of POST /v1/images (build with mmdebstrap).
+// BuildImageRequest is the body of POST /v1/images/build (build with mmdebstrap).
 type BuildImageRequest struct {
 	Name     string   `json:"name"`
 	Packages []string `json:"packages"`
+}
+
+// BuildEvent is one line of the application/x-ndjson answer of POST
+// /v1/images/build: progress lines carry Log; the last line carries Image or Error.
+type BuildEvent struct {
+	Log   string       `json:"log,omitempty"`
+	Image *Image       `json:"image,omitempty"`
+	Error *ErrorDetail `json:"error,omitempty"`
 }
 
 // Error codes, each with its HTTP status.
@@ -152,6 +160,7 @@ const (
 	CodeConflict        = "conflict"         // 409: the sandbox's state does not allow the call
 	CodeSnapshotCorrupt = "snapshot_corrupt" // 422: a snapshot file failed its checksum
 	CodeUnavailable     = "unavailable"      // 503
+	CodeBadGateway      = "bad_gateway"      // 502: nothing answers on the proxied port
 	CodeInternal        = "internal"         // 500
 )
 

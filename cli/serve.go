@@ -1,5 +1,3 @@
-//go:build torpor_server
-
 package cli
 
 import (

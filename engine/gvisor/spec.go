@@ -113,7 +113,7 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 			Capabilities: caps,
 			Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
 		},
-		Root:     ociRoot{Path: "rootfs", Readonly: true},
+		Root:     ociRoot{Path: "rootfs", Readonly: false}, // writes go to the memory overlay
 		Hostname: "sandbox",
 		Mounts: []ociMount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},

@@ -1,0 +1,843 @@
+// Package manager is the sandbox manager: the only code that changes a sandbox's
+// state. It runs the lifecycle state machine
+//
+//	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	(any of them) -> error
+//
+// on top of an engine (engine.Engine), a snapshot store (snapshot.Store), the image
+// store and the metadata database. Rules it keeps:
+//
+//   - One lock per sandbox serializes every call that changes or uses it; a call that
+//     finds the sandbox hibernating or resuming waits for the lock and then proceeds.
+//   - Every transition is written to the database before it is acknowledged, and
+//     before the engine is asked to do anything irreversible.
+//   - A sandbox is reported hibernated only after its snapshot is committed.
+//   - Delete marks the record deleting (persisted), stops the engine instance and
+//     waits for its processes to be gone, and only then removes the record.
+//   - On start-up Reconcile makes the database and the host agree: no engine
+//     instance without a running sandbox, no running sandbox without an instance.
+package manager
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Config wires a Manager to its parts.
+type Config struct {
+	Engine engine.Engine
+	Store  snapshot.Store
+	DB     *metadata.DB
+	Images *image.Store
+	// GuestDir is the host directory holding one sub-directory per guest agent
+	// version (named by the binary's sha256), each mounted read-only at /.torpor.
+	GuestDir string
+	// AgentPath is the guest agent binary (static, linux/amd64) to install there.
+	AgentPath string
+	// AgentTimeout bounds the wait for the guest agent after a start or restore
+	// (default 30 s).
+	AgentTimeout time.Duration
+	Logger       *slog.Logger
+	Metrics      *Metrics
+	// TestResumeDelay, when set, sleeps in the resume path after the sandbox is
+	// marked resuming and before the engine restores it: tests use it to race
+	// other calls against a resume. Zero in production.
+	TestResumeDelay time.Duration
+}
+
+// Manager owns all sandboxes of one server.
+type Manager struct {
+	cfg         Config
+	log         *slog.Logger
+	guestDigest string
+
+	mu    sync.Mutex
+	locks map[string]*sandboxLock
+	live  map[string]*agentclient.Client // sandbox id -> agent client, while running
+}
+
+type sandboxLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+// Limits of a sandbox spec.
+const (
+	MinMemoryMiB     = 64
+	MaxMemoryMiB     = 65536
+	DefaultMemoryMiB = 512
+	MinCPUs          = 0.1
+	MaxCPUs          = 64
+	DefaultCPUs      = 1
+	MaxForkCount     = 16
+)
+
+// New installs the guest agent and returns a Manager. Call Reconcile before
+// serving requests.
+func New(cfg Config) (*Manager, error) {
+	if cfg.AgentTimeout == 0 {
+		cfg.AgentTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{}}
+	d, err := installAgent(cfg.AgentPath, cfg.GuestDir)
+	if err != nil {
+		return nil, err
+	}
+	m.guestDigest = d
+	return m, nil
+}
+
+// installAgent copies the agent binary to GuestDir/<sha256>/torpor-agent (once per
+// version) and returns the digest. Old versions are kept: snapshots taken with them
+// restore with the same binary mounted.
+func installAgent(src, guestDir string) (string, error) {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("guest agent %s: %w (build it with `make build`)", src, err)
+	}
+	sum := sha256.Sum256(b)
+	digest := hex.EncodeToString(sum[:])
+	dir := filepath.Join(guestDir, digest)
+	dst := filepath.Join(dir, "torpor-agent")
+	if _, err := os.Stat(dst); err == nil {
+		return digest, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o555); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", err
+	}
+	return digest, nil
+}
+
+// lock takes the sandbox's lock, waiting while another call holds it. It returns
+// ctx's error if ctx ends first.
+func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
+	m.mu.Lock()
+	l := m.locks[id]
+	if l == nil {
+		l = &sandboxLock{ch: make(chan struct{}, 1)}
+		m.locks[id] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	release := func() {
+		m.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(m.locks, id)
+		}
+		m.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
+}
+
+var idRE = regexp.MustCompile(`^sbx-[a-z0-9]{12}$`)
+
+func newID(prefix string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return prefix + string(b)
+}
+
+func (m *Manager) get(ctx context.Context, id string) (*metadata.Sandbox, error) {
+	if !idRE.MatchString(id) {
+		return nil, notFound("sandbox", id)
+	}
+	s, err := m.cfg.DB.GetSandbox(ctx, id)
+	if errors.Is(err, metadata.ErrNotFound) || (err == nil && s.Deleting) {
+		return nil, notFound("sandbox", id)
+	}
+	return s, err
+}
+
+// setState persists a state change (and whatever else changed in s).
+func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st apiv1.State) error {
+	s.State = st
+	s.StateChangedAt = time.Now().UTC()
+	if st != apiv1.StateError {
+		s.Error = ""
+	}
+	// Persist even if the caller's context ended: the engine already acted.
+	return m.cfg.DB.PutSandbox(context.WithoutCancel(ctx), s)
+}
+
+func (m *Manager) fail(ctx context.Context, s *metadata.Sandbox, cause error) {
+	s.Error = cause.Error()
+	s.Instance = ""
+	_ = m.setState(ctx, s, apiv1.StateError)
+}
+
+// Get returns a sandbox as the API shows it.
+func (m *Manager) Get(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	return m.view(ctx, s), nil
+}
+
+// List returns all sandboxes, oldest first.
+func (m *Manager) List(ctx context.Context) ([]apiv1.Sandbox, error) {
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]apiv1.Sandbox, 0, len(all))
+	for _, s := range all {
+		if !s.Deleting {
+			out = append(out, m.view(ctx, s))
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) apiv1.Sandbox {
+	v := apiv1.Sandbox{
+		ID: s.ID, State: s.State, Image: s.Image, ImageDigest: s.ImageDigest,
+		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation,
+		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt,
+		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
+		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
+	}
+	if s.SnapshotID != "" {
+		if snap, err := m.cfg.DB.GetSnapshot(ctx, s.SnapshotID); err == nil {
+			v.Snapshot = &apiv1.Snapshot{ID: snap.ID, SandboxID: snap.SandboxID, Bytes: snap.Bytes,
+				HibernateMS: snap.HibernateMS, Parent: snap.Parent, Engine: snap.Engine, CreatedAt: snap.CreatedAt}
+		}
+	}
+	return v
+}
+
+func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
+	return engine.Spec{
+		ID:        s.Instance,
+		RootFS:    rootfs,
+		GuestDir:  filepath.Join(m.cfg.GuestDir, s.GuestDigest),
+		MemoryMiB: s.MemoryMiB,
+		CPUs:      s.CPUs,
+		Env:       s.Env,
+	}
+}
+
+func (m *Manager) agentFor(instance string) *agentclient.Client {
+	return agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		return m.cfg.Engine.Dial(ctx, instance, engine.AgentPort)
+	})
+}
+
+// waitAgent waits for the guest agent of s's current instance and records it live.
+func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
+	c := m.agentFor(s.Instance)
+	if err := c.WaitReady(ctx, m.cfg.AgentTimeout); err != nil {
+		c.CloseIdleConnections()
+		return fmt.Errorf("guest agent of %s did not answer: %w", s.ID, err)
+	}
+	m.mu.Lock()
+	m.live[s.ID] = c
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) dropLive(id string) {
+	m.mu.Lock()
+	if c := m.live[id]; c != nil {
+		c.CloseIdleConnections()
+		delete(m.live, id)
+	}
+	m.mu.Unlock()
+}
+
+// Create validates req, persists a sandbox in state creating, starts it and waits
+// for its guest agent. Errors: ErrInvalidArgument for a bad spec or unknown image.
+// If the engine fails the sandbox is left in state error and the error returned.
+func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (apiv1.Sandbox, error) {
+	if req.Image == "" {
+		req.Image = "base"
+	}
+	if req.MemoryMiB == 0 {
+		req.MemoryMiB = DefaultMemoryMiB
+	}
+	if req.CPUs == 0 {
+		req.CPUs = DefaultCPUs
+	}
+	if req.MemoryMiB < MinMemoryMiB || req.MemoryMiB > MaxMemoryMiB {
+		return apiv1.Sandbox{}, invalid("memory_mib %d: must be between %d and %d", req.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+	}
+	if req.CPUs < MinCPUs || req.CPUs > MaxCPUs {
+		return apiv1.Sandbox{}, invalid("cpus %g: must be between %g and %d", req.CPUs, MinCPUs, MaxCPUs)
+	}
+	for k := range req.Env {
+		if !envKeyRE.MatchString(k) {
+			return apiv1.Sandbox{}, invalid("env key %q: must match %s", k, envKeyRE)
+		}
+	}
+	var img apiv1.Image
+	var path string
+	var err error
+	if req.Image == "base" {
+		if _, err = m.cfg.Images.EnsureBase(ctx, io.Discard); err != nil {
+			return apiv1.Sandbox{}, fmt.Errorf("image base: %w", err)
+		}
+	}
+	img, path, err = m.cfg.Images.Get(ctx, req.Image)
+	if errors.Is(err, image.ErrNotFound) {
+		return apiv1.Sandbox{}, invalid("image %q: not found (see `torpor image ls`)", req.Image)
+	}
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	now := time.Now().UTC()
+	s := &metadata.Sandbox{
+		ID: newID("sbx-"), State: apiv1.StateCreating, Image: req.Image, ImageDigest: img.Digest,
+		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
+		CreatedAt: now, StateChangedAt: now,
+	}
+	unlock, err := m.lock(ctx, s.ID)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	defer unlock()
+	if s.Generation, err = m.cfg.DB.NextGeneration(ctx); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	s.Seq = 1
+	s.Instance = fmt.Sprintf("%s-%d", s.ID, s.Seq)
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
+	if err := m.cfg.Engine.Start(ctx, m.spec(s, path)); err != nil {
+		m.fail(ctx, s, err)
+		return m.view(ctx, s), err
+	}
+	if err := m.waitAgent(ctx, s); err != nil {
+		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		m.fail(ctx, s, err)
+		return m.view(ctx, s), err
+	}
+	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	m.cfg.Metrics.created.Inc()
+	return m.view(ctx, s), nil
+}
+
+var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Delete stops the sandbox (if it runs), removes its snapshots that nothing else
+// uses and its record. Deleting an unknown id returns ErrNotFound.
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	return m.deleteLocked(ctx, s)
+}
+
+func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
+	s.Deleting = true
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return err
+	}
+	m.dropLive(s.ID)
+	if s.Instance != "" {
+		if err := m.cfg.Engine.Stop(ctx, s.Instance); err != nil {
+			return fmt.Errorf("delete %s: %w", s.ID, err)
+		}
+	}
+	if err := m.cfg.DB.DeleteSandbox(ctx, s.ID); err != nil {
+		return err
+	}
+	m.collectSnapshots(ctx)
+	return nil
+}
+
+// collectSnapshots deletes snapshots that no sandbox resumes from any more.
+func (m *Manager) collectSnapshots(ctx context.Context) {
+	ids, err := m.cfg.DB.UnreferencedSnapshots(ctx)
+	if err != nil {
+		m.log.Warn("snapshot collection", "err", err)
+		return
+	}
+	for _, id := range ids {
+		if err := m.cfg.Store.Delete(ctx, id); err != nil {
+			m.log.Warn("delete snapshot", "snapshot", id, "err", err)
+			continue
+		}
+		_ = m.cfg.DB.DeleteSnapshot(ctx, id)
+	}
+}
+
+// Hibernate captures a running sandbox into a new snapshot and releases its
+// compute. It returns once the snapshot is committed and the state hibernated is
+// persisted. A hibernated sandbox is returned as it is. Errors: ErrNotFound;
+// ErrConflict for a sandbox in state creating or error.
+func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	switch s.State {
+	case apiv1.StateHibernated:
+		return m.view(ctx, s), nil
+	case apiv1.StateRunning:
+	default:
+		return apiv1.Sandbox{}, conflict("sandbox %s is %s; only a running sandbox can be hibernated", id, s.State)
+	}
+	ctx = context.WithoutCancel(ctx)
+	if _, err := m.snapshotLocked(ctx, s, false); err != nil {
+		return m.view(ctx, s), err
+	}
+	return m.view(ctx, s), nil
+}
+
+// snapshotLocked checkpoints s's instance into a new committed snapshot. Without
+// leaveRunning the sandbox ends hibernated; with it the sandbox keeps running (a
+// fork source). The caller holds s's lock.
+func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leaveRunning bool) (string, error) {
+	start := time.Now()
+	snapID := newID("snap-")
+	prevState := s.State
+	s.PendingSnapshot = snapID
+	if !leaveRunning {
+		s.State = apiv1.StateHibernating
+	}
+	s.StateChangedAt = time.Now().UTC()
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return "", err
+	}
+	undo := func(cause error) (string, error) {
+		_ = m.cfg.Store.Abort(ctx, snapID)
+		s.PendingSnapshot = ""
+		if leaveRunning {
+			_ = m.cfg.DB.PutSandbox(ctx, s)
+			return "", cause
+		}
+		// The engine stops the instance only after a complete checkpoint; if it
+		// still answers, the sandbox still runs.
+		if c := m.liveClient(s.ID); c != nil && c.Health(ctx) == nil {
+			_ = m.setState(ctx, s, prevState)
+		} else {
+			m.dropLive(s.ID)
+			_ = m.cfg.Engine.Stop(ctx, s.Instance)
+			m.fail(ctx, s, cause)
+		}
+		return "", cause
+	}
+	dir, err := m.cfg.Store.Stage(ctx, snapID)
+	if err != nil {
+		return undo(err)
+	}
+	if !leaveRunning {
+		m.dropLive(s.ID) // connections to the agent do not survive a checkpoint
+	}
+	if err := m.cfg.Engine.Checkpoint(ctx, s.Instance, dir, leaveRunning); err != nil {
+		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
+	}
+	now := time.Now().UTC()
+	man := snapshot.Manifest{
+		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
+		Engine: m.cfg.Engine.Name(), EngineVersion: m.cfg.Engine.Version(),
+		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
+			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
+		CreatedAt: now,
+	}
+	man.HibernateMS = time.Since(start).Milliseconds()
+	man, err = m.cfg.Store.Commit(ctx, snapID, man)
+	if err != nil {
+		if leaveRunning {
+			return undo(fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
+		}
+		// The instance is gone and its snapshot did not commit: the memory is lost.
+		_ = m.cfg.Store.Abort(ctx, snapID)
+		s.PendingSnapshot = ""
+		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
+		return "", err
+	}
+	elapsed := time.Since(start)
+	s.SnapshotID = snapID
+	s.PendingSnapshot = ""
+	if !leaveRunning {
+		s.State = apiv1.StateHibernated
+		s.Instance = ""
+		s.LastHibernateAt = &now
+	}
+	s.StateChangedAt = now
+	snapRec := &metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
+		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}
+	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
+		return "", err
+	}
+	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
+	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
+	m.collectSnapshots(ctx)
+	return snapID, nil
+}
+
+func (m *Manager) liveClient(id string) *agentclient.Client {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
+// Resume restores a hibernated sandbox from its snapshot and waits for its guest
+// agent. A running sandbox is returned as it is. Errors: ErrNotFound;
+// ErrConflict for a sandbox in state creating or error; ErrSnapshotCorrupt (with
+// the snapshot and file named) when verification fails, in which case the sandbox
+// stays hibernated.
+func (m *Manager) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	if err := m.resumeLocked(context.WithoutCancel(ctx), s); err != nil {
+		return m.view(ctx, s), err
+	}
+	return m.view(ctx, s), nil
+}
+
+func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
+	switch s.State {
+	case apiv1.StateRunning:
+		return nil
+	case apiv1.StateHibernated:
+	default:
+		return conflict("sandbox %s is %s; only a hibernated sandbox can be resumed", s.ID, s.State)
+	}
+	start := time.Now()
+	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
+		return err
+	}
+	if m.cfg.TestResumeDelay > 0 {
+		time.Sleep(m.cfg.TestResumeDelay)
+	}
+	back := func(cause error) error {
+		s.Instance = ""
+		s.Error = ""
+		_ = m.setState(ctx, s, apiv1.StateHibernated)
+		s.Error = cause.Error()
+		return cause
+	}
+	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
+	if err != nil {
+		var ce *snapshot.CorruptError
+		if errors.As(err, &ce) {
+			err = fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err)
+		} else {
+			err = fmt.Errorf("resume %s: %w", s.ID, err)
+		}
+		return back(err)
+	}
+	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	if err != nil {
+		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
+	}
+	gen, err := m.cfg.DB.NextGeneration(ctx)
+	if err != nil {
+		return back(err)
+	}
+	s.Seq++
+	s.Instance = fmt.Sprintf("%s-%d", s.ID, s.Seq)
+	s.GuestDigest = man.Spec.GuestDigest
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return back(err)
+	}
+	if err := m.cfg.Engine.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
+		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		return back(fmt.Errorf("resume %s: %w", s.ID, err))
+	}
+	if err := m.waitAgent(ctx, s); err != nil {
+		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		return back(fmt.Errorf("resume %s: %w", s.ID, err))
+	}
+	now := time.Now().UTC()
+	s.Generation = gen
+	s.LastResumeAt = &now
+	s.ResumeMS = time.Since(start).Milliseconds()
+	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+		return err
+	}
+	m.cfg.Metrics.resume.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// Fork makes count clones from the sandbox's snapshot. A running source is first
+// checkpointed in place (it keeps running); a hibernated one is cloned from its
+// latest snapshot. Each clone is a new sandbox with forked_from set and its own
+// generation. Errors: ErrInvalidArgument for count outside 1..MaxForkCount;
+// ErrConflict for a source that is neither running nor hibernated.
+func (m *Manager) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandbox, error) {
+	if count == 0 {
+		count = 1
+	}
+	if count < 1 || count > MaxForkCount {
+		return nil, invalid("count %d: must be between 1 and %d", count, MaxForkCount)
+	}
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	src, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	switch src.State {
+	case apiv1.StateRunning:
+		if _, err := m.snapshotLocked(ctx, src, true); err != nil {
+			return nil, err
+		}
+	case apiv1.StateHibernated:
+	default:
+		return nil, conflict("sandbox %s is %s; only a running or hibernated sandbox can be forked", id, src.State)
+	}
+	dir, man, err := m.cfg.Store.Open(ctx, src.SnapshotID)
+	if err != nil {
+		var ce *snapshot.CorruptError
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("%w: fork %s: %v", ErrSnapshotCorrupt, id, err)
+		}
+		return nil, err
+	}
+	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
+	}
+	clones := make([]*metadata.Sandbox, count)
+	now := time.Now().UTC()
+	for i := range clones {
+		gen, err := m.cfg.DB.NextGeneration(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c := &metadata.Sandbox{
+			ID: newID("sbx-"), State: apiv1.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
+			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env,
+			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
+			CreatedAt: now, StateChangedAt: now,
+		}
+		c.Instance = c.ID + "-1"
+		if err := m.cfg.DB.PutSandbox(ctx, c); err != nil {
+			return nil, err
+		}
+		clones[i] = c
+	}
+	// Restore the clones two at a time (the machines have 2 cores).
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 2)
+	errs := make([]error, count)
+	for i, c := range clones {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			unlockC, _ := m.lock(ctx, c.ID)
+			defer unlockC()
+			if err := m.cfg.Engine.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
+				_ = m.cfg.Engine.Stop(ctx, c.Instance)
+				m.fail(ctx, c, err)
+				errs[i] = err
+				return
+			}
+			if err := m.waitAgent(ctx, c); err != nil {
+				_ = m.cfg.Engine.Stop(ctx, c.Instance)
+				m.fail(ctx, c, err)
+				errs[i] = err
+				return
+			}
+			t := time.Now().UTC()
+			c.LastResumeAt = &t
+			errs[i] = m.setState(ctx, c, apiv1.StateRunning)
+		}()
+	}
+	wg.Wait()
+	out := make([]apiv1.Sandbox, count)
+	for i, c := range clones {
+		out[i] = m.view(ctx, c)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return out, fmt.Errorf("fork %s: %w", id, err)
+	}
+	m.cfg.Metrics.forked.Add(float64(count))
+	return out, nil
+}
+
+// acquire returns the agent client of a running sandbox, resuming it first if it
+// is hibernated. A call that arrives while the sandbox is hibernating or resuming
+// waits for that to finish.
+func (m *Manager) acquire(ctx context.Context, id string) (*metadata.Sandbox, *agentclient.Client, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch s.State {
+	case apiv1.StateRunning:
+	case apiv1.StateHibernated:
+		if err := m.resumeLocked(context.WithoutCancel(ctx), s); err != nil {
+			return nil, nil, err
+		}
+	default:
+		return nil, nil, conflict("sandbox %s is %s", id, s.State)
+	}
+	c := m.liveClient(id)
+	if c == nil {
+		return nil, nil, conflict("sandbox %s: no guest agent connection", id)
+	}
+	return s, c, nil
+}
+
+// Exec starts a command in the sandbox (waking it if hibernated) and returns the
+// guest agent's event stream. The caller must Close it.
+func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*agentclient.ExecStream, error) {
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return nil, invalid("cmd: must name a program")
+	}
+	if req.TimeoutS < 0 {
+		return nil, invalid("timeout_s %g: must not be negative", req.TimeoutS)
+	}
+	if req.Cwd != "" && !filepath.IsAbs(req.Cwd) {
+		return nil, invalid("cwd %q: must be an absolute path", req.Cwd)
+	}
+	_, c, err := m.acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.Exec(ctx, req)
+}
+
+func checkPath(p string) error {
+	if p == "" || !filepath.IsAbs(p) {
+		return invalid("path %q: must be an absolute path", p)
+	}
+	return nil
+}
+
+// ReadFile opens a file in the sandbox (waking it if hibernated). It returns the
+// content and its size in bytes; ErrNotFound for a missing file.
+func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error) {
+	if err := checkPath(path); err != nil {
+		return nil, 0, err
+	}
+	_, c, err := m.acquire(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	r, n, err := c.ReadFile(ctx, path)
+	return r, n, agentErr(err)
+}
+
+// WriteFile writes a file in the sandbox atomically (waking it if hibernated).
+func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, size int64) error {
+	if err := checkPath(path); err != nil {
+		return err
+	}
+	_, c, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	return agentErr(c.WriteFile(ctx, path, r, size))
+}
+
+func agentErr(err error) error {
+	var ae *agentclient.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case "not_found":
+			return fmt.Errorf("%w: %s", ErrNotFound, ae.Message)
+		case "invalid_argument":
+			return fmt.Errorf("%w: %s", ErrInvalidArgument, ae.Message)
+		}
+	}
+	return err
+}
+
+// DialPort connects to a TCP port inside the sandbox, waking it if hibernated.
+// Errors: ErrInvalidArgument for a port outside 1..65535.
+func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, invalid("port %d: must be between 1 and 65535", port)
+	}
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.get(ctx, id)
+	if err == nil {
+		switch s.State {
+		case apiv1.StateRunning:
+		case apiv1.StateHibernated:
+			err = m.resumeLocked(context.WithoutCancel(ctx), s)
+		default:
+			err = conflict("sandbox %s is %s", id, s.State)
+		}
+	}
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	return m.cfg.Engine.Dial(ctx, s.Instance, port)
+}

@@ -1,0 +1,74 @@
+package manager
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// Metrics are the manager's Prometheus metrics.
+type Metrics struct {
+	hibernate     prometheus.Histogram
+	resume        prometheus.Histogram
+	snapshotBytes prometheus.Counter
+	created       prometheus.Counter
+	forked        prometheus.Counter
+}
+
+// Buckets in seconds: 10 ms to ~40 s, for hibernate and resume durations
+// (measured: 0.1–1.5 s on this machine, notes/engine-gvisor.md).
+var durationBuckets = prometheus.ExponentialBuckets(0.01, 2, 13)
+
+// NewMetrics makes the metrics and registers them with reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		hibernate: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "torpor_hibernate_duration_seconds", Help: "Time from hibernate call to committed snapshot.", Buckets: durationBuckets}),
+		resume: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "torpor_resume_duration_seconds", Help: "Time from resume call to a guest agent answering.", Buckets: durationBuckets}),
+		snapshotBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_snapshot_bytes_written_total", Help: "Bytes of snapshot files committed."}),
+		created: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_sandboxes_created_total", Help: "Sandboxes created."}),
+		forked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_sandboxes_forked_total", Help: "Clones made by fork."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.hibernate, m.resume, m.snapshotBytes, m.created, m.forked)
+	}
+	return m
+}
+
+// StateCollector reports torpor_sandboxes{state=…}, read from the database at
+// scrape time so it can never drift from what the API reports.
+type StateCollector struct {
+	M    *Manager
+	desc *prometheus.Desc
+}
+
+// NewStateCollector returns a collector for m.
+func NewStateCollector(m *Manager) *StateCollector {
+	return &StateCollector{M: m, desc: prometheus.NewDesc("torpor_sandboxes", "Sandboxes by state.", []string{"state"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[apiv1.State]int{}
+	for _, st := range []apiv1.State{apiv1.StateCreating, apiv1.StateRunning, apiv1.StateHibernating,
+		apiv1.StateHibernated, apiv1.StateResuming, apiv1.StateError} {
+		counts[st] = 0
+	}
+	if all, err := c.M.List(context.Background()); err == nil {
+		for _, s := range all {
+			counts[s.State]++
+		}
+	}
+	for st, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), string(st))
+	}
+}

@@ -1,0 +1,385 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/manager"
+)
+
+// maxJSONBody bounds request bodies that are JSON documents (1 MiB).
+const maxJSONBody = 1 << 20
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(apiv1.OpenAPI)
+	})
+	mux.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	mux.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.fork)
+	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.proxy())
+	mux.Handle("/v1/sandboxes/{id}/ports/{port}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.Path+"/", http.StatusTemporaryRedirect)
+	}))
+	mux.HandleFunc("GET /v1/images", s.listImages)
+	mux.HandleFunc("POST /v1/images/build", s.buildImage)
+	mux.HandleFunc("POST /v1/images/import", s.importImage)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: code, Message: msg}})
+}
+
+// classify maps an error to its HTTP status and API code.
+func classify(err error) (int, string) {
+	switch {
+	case errors.Is(err, manager.ErrNotFound), errors.Is(err, image.ErrNotFound):
+		return http.StatusNotFound, apiv1.CodeNotFound
+	case errors.Is(err, manager.ErrInvalidArgument), errors.Is(err, image.ErrInvalid):
+		return http.StatusBadRequest, apiv1.CodeInvalidArgument
+	case errors.Is(err, manager.ErrConflict):
+		return http.StatusConflict, apiv1.CodeConflict
+	case errors.Is(err, manager.ErrSnapshotCorrupt):
+		return http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, apiv1.CodeUnavailable
+	}
+	return http.StatusInternalServerError, apiv1.CodeInternal
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := classify(err)
+	if status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, code, manager.Message(err))
+}
+
+// decode reads a JSON body into v: unknown fields, trailing data and bodies over
+// 1 MiB are errors. An empty body leaves v as it is when allowEmpty.
+func decode(r *http.Request, v any, allowEmpty bool) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
+	if err != nil {
+		return fmt.Errorf("%w: reading body: %v", manager.ErrInvalidArgument, err)
+	}
+	if len(b) > maxJSONBody {
+		return fmt.Errorf("%w: body larger than %d bytes", manager.ErrInvalidArgument, maxJSONBody)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		if allowEmpty {
+			return nil
+		}
+		return fmt.Errorf("%w: empty body; a JSON object is required", manager.ErrInvalidArgument)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: malformed JSON body: %v", manager.ErrInvalidArgument, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: malformed JSON body: data after the object", manager.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.CreateSandboxRequest
+	if err := decode(r, &req, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.Manager.Create(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	all, err := s.Manager.List(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.ListSandboxesResponse{Sandboxes: all})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.Manager.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.Manager.Delete(r.Context(), r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.Manager.Hibernate(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: sb})
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.Manager.Resume(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.ResumeResponse{Sandbox: sb})
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.ForkRequest
+	if err := decode(r, &req, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, apiv1.ForkResponse{Sandboxes: out})
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.ExecRequest
+	if err := decode(r, &req, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	stream, err := s.Manager.Exec(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer stream.Close()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	for {
+		ev, err := stream.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			code := 255
+			enc.Encode(apiv1.ExecEvent{Error: "exec stream broken: " + err.Error(), ExitCode: &code})
+			return
+		}
+		if err := enc.Encode(ev); err != nil {
+			return // the client went away; closing the stream kills the process
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
+	rc, n, err := s.Manager.ReadFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if n >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	}
+	io.Copy(w, rc)
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
+	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
+	imgs, err := s.Images.List(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if imgs == nil {
+		imgs = []apiv1.Image{}
+	}
+	writeJSON(w, http.StatusOK, apiv1.ListImagesResponse{Images: imgs})
+}
+
+// lineWriter turns written text into {"log": line} events.
+type lineWriter struct {
+	enc *json.Encoder
+	fl  http.Flusher
+	buf []byte
+}
+
+func (l *lineWriter) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.TrimRight(string(l.buf[:i]), "\r")
+		l.buf = l.buf[i+1:]
+		if line != "" {
+			l.enc.Encode(apiv1.BuildEvent{Log: line})
+			if l.fl != nil {
+				l.fl.Flush()
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
+	var req apiv1.BuildImageRequest
+	if err := decode(r, &req, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !image.ValidName(req.Name) {
+		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, req.Name))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	lw := &lineWriter{enc: enc, fl: fl}
+	img, err := s.Images.Build(r.Context(), req.Name, req.Packages, lw)
+	if err != nil {
+		_, code := classify(err)
+		enc.Encode(apiv1.BuildEvent{Error: &apiv1.ErrorDetail{Code: code, Message: err.Error()}})
+		return
+	}
+	enc.Encode(apiv1.BuildEvent{Image: &img})
+}
+
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("name")
+	if !image.ValidName(name) {
+		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, name))
+		return
+	}
+	img, err := s.Images.Import(r.Context(), name, r.Body, io.Discard)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, img)
+}
+
+type proxyKey struct{}
+
+type proxyTarget struct {
+	id   string
+	port int
+}
+
+// proxy forwards /v1/sandboxes/{id}/ports/{port}/{path...} to port inside the
+// sandbox. The dial goes through the manager, which resumes a hibernated sandbox
+// and waits out a hibernate or resume in progress, so such a request is answered
+// once the sandbox runs. Connections are not pooled: a pooled connection would not
+// survive a hibernate.
+func (s *Server) proxy() http.Handler {
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "sandbox"
+			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				t := ctx.Value(proxyKey{}).(proxyTarget)
+				return s.Manager.DialPort(ctx, t.id, t.port)
+			},
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			status, code := classify(err)
+			if status == http.StatusInternalServerError && isDialError(err) {
+				status, code = http.StatusBadGateway, apiv1.CodeBadGateway
+			}
+			writeError(w, status, code, manager.Message(err))
+		},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		port, err := strconv.Atoi(r.PathValue("port"))
+		if err != nil || port < 1 || port > 65535 {
+			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, fmt.Sprintf("port %q: must be a number between 1 and 65535", r.PathValue("port")))
+			return
+		}
+		if _, err := s.Manager.Get(r.Context(), r.PathValue("id")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		ctx := context.WithValue(r.Context(), proxyKey{}, proxyTarget{id: r.PathValue("id"), port: port})
+		rp.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, syscall.ECONNREFUSED)
+}

@@ -1,0 +1,151 @@
+// Package server is torpor's HTTP server: REST API v1 (apiv1), the port proxy that
+// wakes hibernated sandboxes, /healthz and Prometheus /metrics. It wires the
+// embedded defaults — SQLite metadata, the local snapshot store, the image store,
+// the gVisor engine — into a sandbox manager and serves it.
+//
+// Data directory layout (default /var/lib/torpor):
+//
+//	torpor.db        metadata (SQLite)
+//	images/          content-addressed EROFS images
+//	snapshots/       committed snapshots, one directory each
+//	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
+//	gvisor/          runsc state, bundles and logs
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/torpor/torpor/engine/gvisor"
+	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/snapshot/local"
+)
+
+// Config configures a server.
+type Config struct {
+	// DataDir holds everything the server keeps (default /var/lib/torpor).
+	DataDir string
+	// Listen is the API address (default 127.0.0.1:7070).
+	Listen string
+	// RunscPath is the runsc binary; AgentPath the static guest agent binary.
+	RunscPath string
+	AgentPath string
+	Logger    *slog.Logger
+	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
+	TestResumeDelay time.Duration
+}
+
+// Server is a torpor server with its parts opened.
+type Server struct {
+	Manager *manager.Manager
+	Images  *image.Store
+	Engine  *gvisor.Engine
+	db      *metadata.DB
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	handler http.Handler
+}
+
+// New opens the data directory, reconciles the host with the database (see
+// manager.Reconcile) and returns a server ready to serve. Errors name the part
+// that failed (database, runsc, agent binary).
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.DataDir == "" {
+		cfg.DataDir = "/var/lib/torpor"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("data dir %s: %w", dir, err)
+	}
+	db, err := metadata.Open(filepath.Join(dir, "torpor.db"))
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Server, error) { db.Close(); return nil, err }
+	images, err := image.Open(filepath.Join(dir, "images"), db.SQL)
+	if err != nil {
+		return fail(err)
+	}
+	store, err := local.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		return fail(err)
+	}
+	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
+	if err != nil {
+		return fail(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mgr, err := manager.New(manager.Config{
+		Engine: eng, Store: store, DB: db, Images: images,
+		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
+		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg), TestResumeDelay: cfg.TestResumeDelay,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	reg.MustRegister(manager.NewStateCollector(mgr))
+	if err := mgr.Reconcile(ctx); err != nil {
+		return fail(err)
+	}
+	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Handler returns the HTTP handler of the API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close closes the database. Running sandboxes keep running; the next server on
+// the same data directory reattaches them.
+func (s *Server) Close() error { return s.db.Close() }
+
+// Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
+// (in-flight requests get 10 s).
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:7070"
+	}
+	s, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version())
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
