@@ -1,0 +1,40 @@
+// Package image stores the read-only, content-addressed root filesystems that
+// torpor sandboxes start from.
+//
+// An image is one EROFS file at <dir>/sha256/<hex>.erofs, where <hex> is the
+// SHA-256 of that file; the digest "sha256:<hex>" is the image's identity. The
+// files are written once (temp file, fsync, rename) with mode 0444 and are never
+// changed or deleted by this package, so a digest recorded in a snapshot stays
+// valid even after its name has been given to a newer build. Names ("base",
+// "py-git") map to digests in the SQLite table "images", which Open creates.
+//
+// Images come from two sources:
+//
+//   - Build runs mmdebstrap (Debian bookworm, variant minbase, plus the given
+//     packages) into a temporary directory.
+//   - Import takes a "docker save" archive, an OCI image-layout archive or a
+//     plain root-filesystem tarball (each optionally gzip-compressed), flattens
+//     the layers with go-containerregistry and extracts them safely.
+//
+// Both then prepare the tree for gVisor (runsc) and pack it with
+// "mkfs.erofs -E noinline_data" without compression, because gVisor's EROFS
+// reader supports no incompatible features (notes/engine-gvisor.md). Preparing
+// means:
+//
+//   - /.torpor exists, is empty and has mode 0755: the engine bind-mounts the
+//     guest agent there;
+//   - /etc/hostname is "sandbox" and /etc/hosts maps localhost (127.0.0.1 and
+//     ::1) and "sandbox", so getfqdn() and friends answer at once;
+//   - /etc/resolv.conf names no nameserver, so DNS lookups fail fast instead of
+//     timing out (a sandbox has no reachable resolver);
+//   - /tmp exists with mode 1777.
+//
+// The engine gives gVisor the file as the root filesystem with the annotations
+// dev.gvisor.spec.rootfs.source=<Store.Path(digest)>,
+// dev.gvisor.spec.rootfs.type=erofs and dev.gvisor.spec.rootfs.overlay=memory.
+//
+// Temporary files and trees live in <dir>/tmp (same file system as the store,
+// so the final rename is atomic); Open removes what a crashed process left
+// there. The package needs root for Build (mmdebstrap) and to keep file
+// ownership on Import.
+package image
