@@ -91,6 +91,17 @@ func (s *Store) build(ctx context.Context, name string, pkgs []string, progress 
 	}
 
 	start := time.Now()
+	if cached, err := s.fromCache(source); err != nil {
+		fmt.Fprintf(progress, "image cache: %v\n", err)
+	} else if cached != "" {
+		defer os.Remove(cached)
+		img, err := s.store(ctx, name, source, cached, progress)
+		if err != nil {
+			return apiv1.Image{}, fmt.Errorf("build: %w", err)
+		}
+		fmt.Fprintf(progress, "image %s: from the build cache %s\n", name, s.cacheDir)
+		return img, nil
+	}
 	work, err := os.MkdirTemp(s.tmpDir(), "build-"+name+"-")
 	if err != nil {
 		return apiv1.Image{}, fmt.Errorf("build image %q: %w", name, err)
@@ -121,6 +132,7 @@ func (s *Store) build(ctx context.Context, name string, pkgs []string, progress 
 	if err != nil {
 		return apiv1.Image{}, fmt.Errorf("build: %w", err)
 	}
+	s.toCache(source, s.Path(img.Digest), progress)
 	fmt.Fprintf(progress, "image %s: built in %s\n", name, time.Since(start).Round(100*time.Millisecond))
 	return img, nil
 }

@@ -44,6 +44,8 @@ type Store struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per image name
+
+	cacheDir string // see SetBuildCache
 }
 
 // Open opens (creating if needed) the image store in dir, e.g.
@@ -252,6 +254,12 @@ func (s *Store) commit(ctx context.Context, name, source, root string, progress 
 	if err := runTool(ctx, progress, "mkfs.erofs", mkfsArgs(tmpPath, root)...); err != nil {
 		return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
 	}
+	return s.store(ctx, name, source, tmpPath, progress)
+}
+
+// store moves the EROFS file at tmpPath into the store under its digest and
+// points name at it.
+func (s *Store) store(ctx context.Context, name, source, tmpPath string, progress io.Writer) (apiv1.Image, error) {
 	digest, size, err := hashAndSync(tmpPath)
 	if err != nil {
 		return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)

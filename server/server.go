@@ -43,6 +43,8 @@ type Config struct {
 	RunscPath string
 	AgentPath string
 	Logger    *slog.Logger
+	// ImageCache is the host-wide image build cache ("" = image.BuildCacheFromEnv()).
+	ImageCache string
 	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
 	TestResumeDelay time.Duration
 }
@@ -84,6 +86,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if cfg.ImageCache == "" {
+		cfg.ImageCache = image.BuildCacheFromEnv()
+	}
+	images.SetBuildCache(cfg.ImageCache)
 	store, err := local.New(filepath.Join(dir, "snapshots"))
 	if err != nil {
 		return fail(err)
