@@ -1,12 +1,15 @@
 package image
 
 import (
+	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // prepareVersion changes whenever prepareTree or mkfsArgs change what a build
@@ -99,4 +102,37 @@ func copyToTemp(src, dir string) (string, error) {
 		return "", err
 	}
 	return out.Name(), out.Close()
+}
+
+// WarmBuildCache builds the default image "base" into the build cache cacheDir,
+// unless it is there already, without a server or data directory (`make setup`
+// runs it through `torpor image warm`). It needs root, mmdebstrap and
+// mkfs.erofs; progress gets the build's output.
+func WarmBuildCache(ctx context.Context, cacheDir string, progress io.Writer) error {
+	if cacheDir == "" {
+		return invalidf("warm image cache: no cache directory")
+	}
+	work, err := os.MkdirTemp("", "torpor-warm-")
+	if err != nil {
+		return err
+	}
+	defer removeTree(work)
+	db, err := sql.Open("sqlite", filepath.Join(work, "images.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	s, err := Open(filepath.Join(work, "images"), db)
+	if err != nil {
+		return err
+	}
+	s.SetBuildCache(cacheDir)
+	if p := s.cachePath(buildSource(slices.Sorted(slices.Values(BasePackages)))); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			fmt.Fprintf(progress, "image base: already in the build cache (%s)\n", p)
+			return nil
+		}
+	}
+	_, err = s.EnsureBase(ctx, progress)
+	return err
 }
