@@ -135,7 +135,9 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 		return fmt.Errorf("gvisor: %s: rootfs and guest dir must be absolute paths", spec.ID)
 	}
 	// A leftover with the same id (a crash mid-way) is removed first.
-	_ = e.Stop(ctx, spec.ID)
+	if e.exists(spec.ID) {
+		_ = e.Stop(ctx, spec.ID)
+	}
 	defer func() {
 		if err != nil {
 			_ = e.Stop(context.Background(), spec.ID)
@@ -168,8 +170,33 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 		}
 		return fmt.Errorf("gvisor: %s %s: %w", what, spec.ID, err)
 	}
+	if err := e.applyCPU(spec); err != nil {
+		return fmt.Errorf("gvisor: %s: cpu limit: %w", spec.ID, err)
+	}
 	return nil
 }
+
+// applyCPU writes the CPU quota of spec into the sandbox's cgroup (cgroup v1
+// cpu controller, or cgroup v2 cpu.max), which runsc made from the spec's
+// cgroupsPath.
+func (e *Engine) applyCPU(spec engine.Spec) error {
+	if spec.CPUs <= 0 {
+		return nil
+	}
+	quota := int64(spec.CPUs * cpuPeriodUS)
+	rel := e.cgroupPath(spec.ID)
+	if st, err := os.Stat("/sys/fs/cgroup/cpu"); err == nil && st.IsDir() {
+		dir := filepath.Join("/sys/fs/cgroup/cpu", rel)
+		if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(fmt.Sprint(cpuPeriodUS)), 0); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(fmt.Sprint(quota)), 0)
+	}
+	return os.WriteFile(filepath.Join("/sys/fs/cgroup", rel, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, cpuPeriodUS)), 0)
+}
+
+// cgroupPath is the instance's cgroup, relative to each controller's root.
+func (e *Engine) cgroupPath(id string) string { return "/torpor-" + e.scope + "/" + id }
 
 // Checkpoint implements engine.Engine.
 func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
@@ -197,8 +224,9 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
 	var errs []error
-	st, err := e.state(ctx, id)
-	if err == nil {
+	if !e.hasRunscState(id) {
+		// Nothing for runsc to delete; only our own leftovers (if any) below.
+	} else if st, err := e.state(ctx, id); err == nil {
 		if _, err := e.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("delete: %w", err))
 		}
@@ -221,6 +249,30 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
 	}
 	return nil
+}
+
+// hasRunscState reports whether runsc keeps state for id under the engine's root.
+func (e *Engine) hasRunscState(id string) bool {
+	m, _ := filepath.Glob(filepath.Join(e.cfg.StateDir, "root", id+"_sandbox:*.state"))
+	return len(m) > 0
+}
+
+// exists reports whether anything of instance id is on the host: runsc state, a
+// bundle or a network namespace.
+func (e *Engine) exists(id string) bool {
+	if e.hasRunscState(id) {
+		return true
+	}
+	if _, err := os.Stat(e.bundle(id)); err == nil {
+		return true
+	}
+	p := e.pair(id)
+	for _, n := range []string{p.Guest, p.Host} {
+		if _, err := os.Stat("/run/netns/" + n); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Dial implements engine.Engine.
