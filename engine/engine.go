@@ -23,7 +23,8 @@
 // # Names
 //
 // ID is the engine-level instance id, unique per host and per incarnation (the manager
-// uses "<sandbox id>-<n>"). Dir is an absolute directory the engine owns while it
+// uses "<sandbox id>-<n>" with n zero-padded). No id may be a prefix of another
+// live id: runsc resolves container ids by prefix. Dir is an absolute directory the engine owns while it
 // writes; the snapshot store owns it afterwards.
 package engine
 

@@ -170,6 +170,10 @@ func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
 
 var idRE = regexp.MustCompile(`^sbx-[a-z0-9]{12}$`)
 
+// instanceID names a sandbox's seq-th engine instance. Every instance id has the
+// same length, so none is a prefix of another (runsc matches ids by prefix).
+func instanceID(sandbox string, seq int64) string { return fmt.Sprintf("%s-%08d", sandbox, seq) }
+
 func newID(prefix string) string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 	b := make([]byte, 12)
@@ -342,7 +346,7 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		return apiv1.Sandbox{}, err
 	}
 	s.Seq = 1
-	s.Instance = fmt.Sprintf("%s-%d", s.ID, s.Seq)
+	s.Instance = instanceID(s.ID, s.Seq)
 	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
 		return apiv1.Sandbox{}, err
 	}
@@ -575,6 +579,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		s.Error = cause.Error()
 		return cause
 	}
+	tVerify := time.Now()
 	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
 	if err != nil {
 		var ce *snapshot.CorruptError
@@ -585,6 +590,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		}
 		return back(err)
 	}
+	verifyDur := time.Since(tVerify)
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {
 		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
@@ -594,19 +600,25 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return back(err)
 	}
 	s.Seq++
-	s.Instance = fmt.Sprintf("%s-%d", s.ID, s.Seq)
+	s.Instance = instanceID(s.ID, s.Seq)
 	s.GuestDigest = man.Spec.GuestDigest
 	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
 		return back(err)
 	}
+	tRestore := time.Now()
 	if err := m.cfg.Engine.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
 		_ = m.cfg.Engine.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
+	restoreDur := time.Since(tRestore)
+	tAgent := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
 		_ = m.cfg.Engine.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
+	m.log.Info("resumed", "sandbox", s.ID, "total_ms", time.Since(start).Milliseconds(),
+		"verify_ms", verifyDur.Milliseconds(), "restore_ms", restoreDur.Milliseconds(),
+		"agent_ms", time.Since(tAgent).Milliseconds())
 	now := time.Now().UTC()
 	s.Generation = gen
 	s.LastResumeAt = &now
@@ -674,7 +686,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandb
 			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
 			CreatedAt: now, StateChangedAt: now,
 		}
-		c.Instance = c.ID + "-1"
+		c.Instance = instanceID(c.ID, 1)
 		if err := m.cfg.DB.PutSandbox(ctx, c); err != nil {
 			return nil, err
 		}

@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -224,19 +225,25 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
 	var errs []error
-	if !e.hasRunscState(id) {
-		// Nothing for runsc to delete; only our own leftovers (if any) below.
-	} else if st, err := e.state(ctx, id); err == nil {
+	if e.hasRunscState(id) {
+		st, _ := e.state(ctx, id) // pid to wait for; 0 if runsc cannot say
 		if _, err := e.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("delete: %w", err))
 		}
 		if st.Pid > 0 {
 			if err := waitGone(ctx, st.Pid, 5*time.Second); err != nil {
 				_ = syscall.Kill(st.Pid, syscall.SIGKILL)
-				if err := waitGone(ctx, st.Pid, 5*time.Second); err != nil {
-					errs = append(errs, err)
-				}
 			}
+		}
+	}
+	// runsc does not always kill what it started (seen after a --leave-running
+	// checkpoint: `runsc state` fails and `delete --force` leaves the sandbox
+	// process running). Whatever still runs with this instance's bundle under
+	// this engine's root is killed.
+	for _, pid := range e.processes()[id] {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if err := waitGone(ctx, pid, 5*time.Second); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := sandboxnet.Delete(ctx, e.pair(id)); err != nil {
@@ -334,6 +341,11 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 			}
 		}
 	}
+	for id, pids := range e.processes() {
+		if i, ok := seen[id]; !ok || !i.Running {
+			seen[id] = engine.Info{ID: id, Pid: pids[0], Running: true}
+		}
+	}
 	names, _ := sandboxnet.List(e.scope)
 	for _, n := range names {
 		id := strings.TrimPrefix(n, e.scope+"-")
@@ -407,6 +419,48 @@ func lastLines(s string, n int) string {
 
 func isNotExist(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "not found"))
+}
+
+// processes returns, by instance id, the host pids of runsc processes (sandbox,
+// gofer) started under this engine's root: their command lines carry
+// --root=<root> and --bundle=<bundles>/<id>.
+func (e *Engine) processes() map[string][]int {
+	root := "--root=" + filepath.Join(e.cfg.StateDir, "root")
+	bundlePrefix := "--bundle=" + filepath.Join(e.cfg.StateDir, "bundles") + "/"
+	out := map[string][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(b, []byte(root)) {
+			continue
+		}
+		var hasRoot bool
+		var id string
+		for _, a := range strings.Split(string(b), "\x00") {
+			hasRoot = hasRoot || a == root
+			if strings.HasPrefix(a, bundlePrefix) {
+				id = strings.TrimPrefix(a, bundlePrefix)
+			}
+		}
+		if hasRoot && id != "" && alive(pid) {
+			out[id] = append(out[id], pid)
+		}
+	}
+	return out
+}
+
+// Close releases what runsc keeps mounted in the engine's root (its null-netns
+// file). Call it only when no instance of this engine runs any more (tests).
+func (e *Engine) Close() error {
+	p := filepath.Join(e.cfg.StateDir, "root", "null-netns")
+	if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("gvisor: unmount %s: %w", p, err)
+	}
+	return nil
 }
 
 // alive reports whether pid exists and is not a zombie. Sandbox processes are

@@ -113,7 +113,11 @@ func Start(t testing.TB, opts Options) *Server {
 		if !opts.KeepSandboxes {
 			s.DeleteAll(t)
 		}
+		eng := s.Engine
 		s.Stop()
+		if !opts.KeepSandboxes && eng != nil {
+			eng.Close() // unmount runsc's null-netns so the temp dir can be removed
+		}
 	})
 	return s
 }

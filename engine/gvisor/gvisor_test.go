@@ -1,0 +1,57 @@
+package gvisor_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/engine/enginetest"
+	"github.com/torpor/torpor/engine/gvisor"
+	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/server/servertest"
+)
+
+func TestConformance(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	e, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: filepath.Join(dir, "gvisor")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() }) // after the suite's own cleanup (LIFO)
+	db, err := sql.Open("sqlite", filepath.Join(dir, "images.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	images, err := image.Open(filepath.Join(dir, "images"), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	images.SetBuildCache(image.BuildCacheFromEnv())
+	img, err := images.EnsureBase(context.Background(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := os.ReadFile(servertest.AgentBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(agent)
+	guest := filepath.Join(dir, "guest", hex.EncodeToString(sum[:]))
+	os.MkdirAll(guest, 0o755)
+	if err := os.WriteFile(filepath.Join(guest, "torpor-agent"), agent, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Run(t, enginetest.Setup{Engine: e, Spec: engine.Spec{
+		RootFS: images.Path(img.Digest), GuestDir: guest, MemoryMiB: 256, CPUs: 1,
+	}})
+}
