@@ -99,6 +99,22 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	// Snapshots committed in the store that no record knows (a crash between the
+	// store's commit and the database's) are removed; none can be resumed.
+	known, err := m.cfg.DB.SnapshotIDs(ctx)
+	if err == nil {
+		for _, id := range committed {
+			if !known[id] {
+				pending := false
+				for _, s := range all {
+					pending = pending || s.PendingSnapshot == id
+				}
+				if !pending {
+					_ = m.cfg.Store.Delete(ctx, id)
+				}
+			}
+		}
+	}
 	m.collectSnapshots(ctx)
 	return nil
 }
