@@ -1,10 +1,9 @@
-//go:build torpor_bench
-
 package cli
 
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/torpor/torpor/bench"
 )
@@ -16,5 +15,9 @@ func runBenchResume(ctx context.Context, o benchResumeOptions, out io.Writer) er
 		WorkingSetsMiB: o.WorkingSetsMiB,
 		JSON:           o.JSON,
 		Out:            out,
+		// Progress lines go to stderr so that --json output stays clean; the
+		// server's data dir (for the raw runsc measurement's image file) comes
+		// from $TORPOR_DATA_DIR, else /var/lib/torpor.
+		Progress: os.Stderr,
 	})
 }

@@ -1,5 +1,3 @@
-//go:build torpor_quickstart
-
 package cli
 
 import (

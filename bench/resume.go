@@ -1,0 +1,419 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/workload"
+)
+
+// Defaults of Options.
+const (
+	DefaultCycles      = 20
+	DefaultExecSamples = 30
+	DefaultDataDir     = "/var/lib/torpor"
+	// execWarmup execs are run and not counted before the exec samples.
+	execWarmup = 3
+)
+
+// DefaultWorkingSetsMiB are the working-set sizes measured when none are given.
+var DefaultWorkingSetsMiB = []int{64, 512}
+
+// Targets the benchmark checks.
+const (
+	TargetResumeRatio = 1.3 // torpor time to first request p50 ≤ 1.3 × raw restore p50
+	TargetExecP50MS   = 20.0
+)
+
+// Options configure Resume and Measure.
+type Options struct {
+	// URL is the torpor server ("" = $TORPOR_URL, else client.DefaultURL).
+	URL string
+	// Cycles is the number of hibernate/resume cycles per working set (default 20);
+	// the raw runsc measurement runs as many checkpoint/restore cycles.
+	Cycles int
+	// WorkingSetsMiB are the sizes of the workload's data, one measurement each
+	// (default 64 and 512).
+	WorkingSetsMiB []int
+	// JSON prints the results as JSON instead of tables.
+	JSON bool
+	// Out receives the results (nil = os.Stdout).
+	Out io.Writer
+	// Progress receives one line per phase (nil = Out for tables, nothing for JSON).
+	Progress io.Writer
+
+	// ExecSamples is the number of timed `true` execs per working set (default 30),
+	// after a few untimed ones.
+	ExecSamples int
+
+	// The raw runsc measurement needs root, runsc, the guest agent binary and the
+	// server's image file; without any of them it is skipped with a reason.
+	//
+	// DataDir is the server's data directory, where the image file of "base" is
+	// (default $TORPOR_DATA_DIR, else /var/lib/torpor).
+	DataDir string
+	// RunscPath is runsc (default $TORPOR_RUNSC, else runsc in PATH).
+	RunscPath string
+	// AgentPath is the torpor-agent binary (default $TORPOR_AGENT, else
+	// torpor-agent next to the running executable).
+	AgentPath string
+	// ScratchDir holds the raw engine's state and checkpoint images (default the
+	// system's temporary directory).
+	ScratchDir string
+	// SkipRaw leaves the raw runsc measurement out.
+	SkipRaw bool
+}
+
+// Result is the measurement of one working set. Times are in milliseconds.
+type Result struct {
+	WorkingSetMiB int
+	MemoryMiB     int
+	Cycles        int
+	// Resume is the time to first request: a proxied GET /count to a hibernated
+	// sandbox, until its answer.
+	Resume    Summary
+	Hibernate Summary
+	Exec      Summary
+	// SnapshotBytes is the median snapshot size.
+	SnapshotBytes int64
+	// Raw is runsc alone; nil when skipped (RawSkipped says why).
+	RawCheckpoint *Summary
+	RawRestore    *Summary
+	RawSkipped    string
+}
+
+// RatioP50 is Resume.P50 / RawRestore.P50 (0 without a raw measurement).
+func (r Result) RatioP50() float64 {
+	if r.RawRestore == nil || r.RawRestore.P50 == 0 {
+		return 0
+	}
+	return r.Resume.P50 / r.RawRestore.P50
+}
+
+func (o *Options) defaults() {
+	if o.Cycles <= 0 {
+		o.Cycles = DefaultCycles
+	}
+	if len(o.WorkingSetsMiB) == 0 {
+		o.WorkingSetsMiB = DefaultWorkingSetsMiB
+	}
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	if o.Progress == nil {
+		if o.JSON {
+			o.Progress = io.Discard
+		} else {
+			o.Progress = o.Out
+		}
+	}
+	if o.ExecSamples <= 0 {
+		o.ExecSamples = DefaultExecSamples
+	}
+	if o.DataDir == "" {
+		o.DataDir = os.Getenv("TORPOR_DATA_DIR")
+	}
+	if o.DataDir == "" {
+		o.DataDir = DefaultDataDir
+	}
+	if o.RunscPath == "" {
+		o.RunscPath = os.Getenv("TORPOR_RUNSC")
+	}
+	if o.RunscPath == "" {
+		if p, err := exec.LookPath("runsc"); err == nil {
+			o.RunscPath = p
+		}
+	}
+	if o.AgentPath == "" {
+		o.AgentPath = os.Getenv("TORPOR_AGENT")
+	}
+	if o.AgentPath == "" {
+		if exe, err := os.Executable(); err == nil {
+			if r, err := filepath.EvalSymlinks(exe); err == nil {
+				exe = r
+			}
+			o.AgentPath = filepath.Join(filepath.Dir(exe), "torpor-agent")
+		}
+	}
+}
+
+// Resume runs the resume benchmark and prints its results (tables, or JSON with
+// opts.JSON).
+func Resume(ctx context.Context, opts Options) error {
+	opts.defaults()
+	results, err := Measure(ctx, opts)
+	if len(results) > 0 {
+		var perr error
+		if opts.JSON {
+			perr = WriteJSON(opts.Out, results)
+		} else {
+			perr = WriteTables(opts.Out, results)
+		}
+		if err == nil {
+			err = perr
+		}
+	}
+	return err
+}
+
+// Measure runs the benchmark and returns one result per working set. A failure of
+// the raw part is returned as an error together with all results.
+func Measure(ctx context.Context, opts Options) ([]Result, error) {
+	opts.defaults()
+	c := client.New(opts.URL)
+	if err := c.Health(ctx); err != nil {
+		return nil, fmt.Errorf("bench: no torpor server answers at %s: %w", c.BaseURL, err)
+	}
+	var (
+		results []Result
+		rawErrs []error
+		raw     *rawEngine
+		rawWhy  string
+	)
+	defer func() {
+		if raw != nil {
+			raw.close()
+		}
+	}()
+	for _, ws := range opts.WorkingSetsMiB {
+		r, script, digest, err := measureTorpor(ctx, c, opts, ws)
+		if err != nil {
+			return results, err
+		}
+		switch {
+		case opts.SkipRaw:
+			r.RawSkipped = "not asked for"
+		case raw == nil && rawWhy == "":
+			raw, rawWhy = newRawEngine(opts, c, digest)
+		}
+		if raw == nil && r.RawSkipped == "" {
+			r.RawSkipped = rawWhy
+			fmt.Fprintf(opts.Progress, "%d MiB: raw runsc measurement skipped: %s\n", ws, rawWhy)
+		}
+		if raw != nil {
+			fmt.Fprintf(opts.Progress, "%d MiB: raw runsc checkpoint/restore, %d cycles…\n", ws, opts.Cycles)
+			ck, rs, err := raw.measure(ctx, ws, r.MemoryMiB, script, opts.Cycles)
+			if err != nil {
+				if ctx.Err() != nil {
+					return results, ctx.Err()
+				}
+				r.RawSkipped = "failed: " + err.Error()
+				rawErrs = append(rawErrs, fmt.Errorf("bench: raw runsc measurement at %d MiB: %w", ws, err))
+			} else {
+				cks, rss := Summarize(ck), Summarize(rs)
+				r.RawCheckpoint, r.RawRestore = &cks, &rss
+			}
+		}
+		results = append(results, r)
+	}
+	return results, errors.Join(rawErrs...)
+}
+
+// memoryFor is the sandbox memory for a working set: twice the data (the workload
+// briefly holds it twice while it starts: os.urandom's bytes and the bytearray
+// copy) plus 256 MiB of headroom, rounded up to a multiple of 512 MiB: 512 MiB
+// for 64 MiB, 1536 MiB for 512 MiB. With only the data plus 256 MiB (1024 MiB for
+// 512 MiB) the sandbox dies while the workload starts.
+func memoryFor(wsMiB int) int {
+	m := 2*wsMiB + 256
+	return (m + 511) / 512 * 512
+}
+
+// measureTorpor runs the torpor side for one working set. It also returns the
+// workload script as it is in the sandbox and the sandbox's image digest, for the
+// raw measurement.
+func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) (r Result, script []byte, digest string, err error) {
+	r = Result{WorkingSetMiB: ws, MemoryMiB: memoryFor(ws), Cycles: opts.Cycles}
+	fmt.Fprintf(opts.Progress, "%d MiB: creating a sandbox (memory %d MiB) and starting the workload…\n", ws, r.MemoryMiB)
+	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: r.MemoryMiB})
+	if err != nil {
+		return r, nil, "", fmt.Errorf("bench: create sandbox: %w", err)
+	}
+	id := sb.ID
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if derr := c.DeleteSandbox(dctx, id); derr != nil && err == nil {
+			err = fmt.Errorf("bench: delete sandbox %s: %w", id, derr)
+		}
+	}()
+	if err := workload.Start(ctx, c, id, ws); err != nil {
+		return r, nil, "", err
+	}
+	st, err := workload.Get(ctx, c, id, "/count")
+	if err != nil {
+		return r, nil, "", err
+	}
+	count := st.Count
+	rc, err := c.ReadFile(ctx, id, workload.ScriptPath)
+	if err != nil {
+		return r, nil, "", fmt.Errorf("bench: read workload script: %w", err)
+	}
+	script, err = io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return r, nil, "", fmt.Errorf("bench: read workload script: %w", err)
+	}
+
+	fmt.Fprintf(opts.Progress, "%d MiB: %d hibernate / resume-on-request cycles on %s…\n", ws, opts.Cycles, id)
+	var hib, res, snap []float64
+	for i := 0; i < opts.Cycles; i++ {
+		t0 := time.Now()
+		h, err := c.Hibernate(ctx, id)
+		if err != nil {
+			return r, nil, "", fmt.Errorf("bench: cycle %d: hibernate: %w", i+1, err)
+		}
+		hms := msOf(time.Since(t0))
+		if h.Snapshot != nil {
+			if h.Snapshot.HibernateMS > 0 {
+				hms = float64(h.Snapshot.HibernateMS)
+			}
+			snap = append(snap, float64(h.Snapshot.Bytes))
+		}
+		hib = append(hib, hms)
+
+		t0 = time.Now()
+		st, err := workload.Get(ctx, c, id, "/count")
+		d := time.Since(t0)
+		if err != nil {
+			return r, nil, "", fmt.Errorf("bench: cycle %d: first request after hibernate: %w", i+1, err)
+		}
+		if st.Count != count+1 {
+			return r, nil, "", fmt.Errorf("bench: cycle %d: the counter did not continue: %d before hibernate, %d after", i+1, count, st.Count)
+		}
+		count = st.Count
+		res = append(res, msOf(d))
+	}
+	r.Hibernate, r.Resume = Summarize(hib), Summarize(res)
+	r.SnapshotBytes = int64(Percentile(snap, 50))
+
+	fmt.Fprintf(opts.Progress, "%d MiB: exec latency of `true`, %d samples…\n", ws, opts.ExecSamples)
+	var ex []float64
+	for i := 0; i < execWarmup+opts.ExecSamples; i++ {
+		t0 := time.Now()
+		_, stderr, code, err := c.ExecCollect(ctx, id, apiv1.ExecRequest{Cmd: []string{"true"}})
+		d := time.Since(t0)
+		if err != nil {
+			return r, nil, "", fmt.Errorf("bench: exec true: %w", err)
+		}
+		if code != 0 {
+			return r, nil, "", fmt.Errorf("bench: exec true: exit code %d: %s", code, bytes.TrimSpace(stderr))
+		}
+		if i >= execWarmup {
+			ex = append(ex, msOf(d))
+		}
+	}
+	r.Exec = Summarize(ex)
+	return r, script, sb.ImageDigest, nil
+}
+
+// WriteTables prints one table per result.
+func WriteTables(w io.Writer, results []Result) error {
+	var b strings.Builder
+	for i, r := range results {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "working set %d MiB (sandbox memory %d MiB, %d cycles, snapshot %.1f MiB)\n",
+			r.WorkingSetMiB, r.MemoryMiB, r.Cycles, float64(r.SnapshotBytes)/(1<<20))
+		fmt.Fprintf(&b, "  %-34s %9s %9s %9s %9s %4s\n", "metric (ms)", "p50", "p90", "p99", "max", "n")
+		row := func(name string, s Summary) {
+			fmt.Fprintf(&b, "  %-34s %9.1f %9.1f %9.1f %9.1f %4d\n", name, s.P50, s.P90, s.P99, s.Max, s.N)
+		}
+		row("time to first request (resume)", r.Resume)
+		row("hibernate", r.Hibernate)
+		row("exec true", r.Exec)
+		if r.RawRestore != nil {
+			row("raw runsc restore to first answer", *r.RawRestore)
+			row("raw runsc checkpoint", *r.RawCheckpoint)
+		}
+		if r.RawRestore != nil {
+			ratio := r.RatioP50()
+			fmt.Fprintf(&b, "ratio_p50 (torpor resume / raw restore): %.2f\n", ratio)
+			fmt.Fprintf(&b, "target: resume p50 within %.1f× raw: %s (%.2f×)\n", TargetResumeRatio, passMiss(ratio <= TargetResumeRatio), ratio)
+		} else {
+			fmt.Fprintf(&b, "raw runsc measurement skipped: %s\n", r.RawSkipped)
+			fmt.Fprintf(&b, "target: resume p50 within %.1f× raw: not measured\n", TargetResumeRatio)
+		}
+		fmt.Fprintf(&b, "target: exec p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetExecP50MS, passMiss(r.Exec.P50 <= TargetExecP50MS), r.Exec.P50)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func passMiss(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}
+
+// jsonResult is the JSON form of a Result (field names are part of the CLI's
+// interface). Raw fields are null when the raw measurement was skipped.
+type jsonResult struct {
+	WorkingSetMiB      int      `json:"working_set_mib"`
+	ResumeP50MS        float64  `json:"resume_p50_ms"`
+	ResumeP90MS        float64  `json:"resume_p90_ms"`
+	ResumeP99MS        float64  `json:"resume_p99_ms"`
+	ResumeMaxMS        float64  `json:"resume_max_ms"`
+	RawRestoreP50MS    *float64 `json:"raw_restore_p50_ms"`
+	RawRestoreP90MS    *float64 `json:"raw_restore_p90_ms"`
+	RawCheckpointP50MS *float64 `json:"raw_checkpoint_p50_ms"`
+	RatioP50           *float64 `json:"ratio_p50"`
+	HibernateP50MS     float64  `json:"hibernate_p50_ms"`
+	HibernateP90MS     float64  `json:"hibernate_p90_ms"`
+	HibernateP99MS     float64  `json:"hibernate_p99_ms"`
+	SnapshotBytes      int64    `json:"snapshot_bytes"`
+	ExecP50MS          float64  `json:"exec_p50_ms"`
+	ExecP90MS          float64  `json:"exec_p90_ms"`
+	ExecP99MS          float64  `json:"exec_p99_ms"`
+	Cycles             int      `json:"cycles"`
+}
+
+// WriteJSON prints {"results":[…]} on one line.
+func WriteJSON(w io.Writer, results []Result) error {
+	out := struct {
+		Results []jsonResult `json:"results"`
+	}{Results: []jsonResult{}}
+	for _, r := range results {
+		j := jsonResult{
+			WorkingSetMiB: r.WorkingSetMiB,
+			ResumeP50MS:   round3(r.Resume.P50), ResumeP90MS: round3(r.Resume.P90),
+			ResumeP99MS: round3(r.Resume.P99), ResumeMaxMS: round3(r.Resume.Max),
+			HibernateP50MS: round3(r.Hibernate.P50), HibernateP90MS: round3(r.Hibernate.P90),
+			HibernateP99MS: round3(r.Hibernate.P99),
+			SnapshotBytes:  r.SnapshotBytes,
+			ExecP50MS:      round3(r.Exec.P50), ExecP90MS: round3(r.Exec.P90), ExecP99MS: round3(r.Exec.P99),
+			Cycles: r.Cycles,
+		}
+		if r.RawRestore != nil {
+			j.RawRestoreP50MS = ptr(round3(r.RawRestore.P50))
+			j.RawRestoreP90MS = ptr(round3(r.RawRestore.P90))
+			j.RawCheckpointP50MS = ptr(round3(r.RawCheckpoint.P50))
+			j.RatioP50 = ptr(round3(r.RatioP50()))
+		}
+		out.Results = append(out.Results, j)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+func ptr(v float64) *float64 { return &v }
