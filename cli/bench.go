@@ -15,9 +15,10 @@ func runBenchResume(ctx context.Context, o benchResumeOptions, out io.Writer) er
 		WorkingSetsMiB: o.WorkingSetsMiB,
 		JSON:           o.JSON,
 		Out:            out,
-		// Progress lines go to stderr so that --json output stays clean; the
-		// server's data dir (for the raw runsc measurement's image file) comes
-		// from $TORPOR_DATA_DIR, else /var/lib/torpor.
+		DataDir:        o.DataDir,
+		RunscPath:      o.RunscPath,
+		AgentPath:      o.AgentPath,
+		// Progress lines go to stderr so that --json output stays clean.
 		Progress: os.Stderr,
 	})
 }

@@ -83,6 +83,11 @@ type benchResumeOptions struct {
 	Cycles         int
 	WorkingSetsMiB []int
 	JSON           bool
+	// DataDir, RunscPath and AgentPath locate the server's image file, runsc and
+	// the guest agent for the raw runsc baseline measured in the same run.
+	DataDir   string
+	RunscPath string
+	AgentPath string
 }
 
 func (a *app) benchCommand() *cobra.Command {
@@ -110,12 +115,21 @@ func (a *app) benchCommand() *cobra.Command {
 			}
 			o.WorkingSetsMiB = sets
 			o.URL = a.serverURL()
+			if o.RunscPath == "" {
+				o.RunscPath = defaultRunsc()
+			}
+			if o.AgentPath == "" {
+				o.AgentPath = defaultAgent()
+			}
 			return runBenchResume(cmd.Context(), o, a.stdout)
 		},
 	}
 	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
+	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
+	resume.Flags().StringVar(&o.AgentPath, "agent", "", "torpor-agent for the raw baseline (default $TORPOR_AGENT, else next to torpor)")
 	cmd.AddCommand(resume)
 	return cmd
 }
@@ -149,4 +163,11 @@ func parseSizesMiB(s string) ([]int, error) {
 		return nil, fmt.Errorf("no sizes in %q", s)
 	}
 	return out, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
