@@ -64,6 +64,16 @@ type Manifest struct {
 	// HibernateMS is how long the capture took, in ms (set by the caller).
 	HibernateMS int64     `json:"hibernate_ms"`
 	CreatedAt   time.Time `json:"created_at"`
+
+	// Set by deduplicating stores (snapshot/chunked); zero for plain-file stores.
+	// LogicalBytes is the snapshot's size as the engine wrote it; StoredBytes the
+	// stored (compressed) size of the distinct chunks it references; NewBytes the
+	// stored bytes this snapshot added (chunks no earlier snapshot had); Chunks
+	// the number of chunks in its files.
+	LogicalBytes int64 `json:"logical_bytes,omitempty"`
+	StoredBytes  int64 `json:"stored_bytes,omitempty"`
+	NewBytes     int64 `json:"new_bytes,omitempty"`
+	Chunks       int   `json:"chunks,omitempty"`
 }
 
 // Store keeps snapshots. Implementations are safe for concurrent use on

@@ -18,9 +18,44 @@ import (
 	"github.com/torpor/torpor/snapshot"
 )
 
+// Options adapts the suite to a store whose system of record is not the
+// directory Open returns (a chunked store keeps chunks and rebuilds that
+// directory from them, so damaging the directory alone is repaired, not an error).
+type Options struct {
+	// Corrupt flips a byte of the stored content of file in committed snapshot id.
+	// Default: flip a byte in the middle of the file in the directory Open returned.
+	Corrupt func(t *testing.T, s snapshot.Store, id, file string)
+	// Remove deletes stored content of file in committed snapshot id.
+	// Default: remove the file from the directory Open returned.
+	Remove func(t *testing.T, s snapshot.Store, id, file string)
+}
+
 // Run runs the suite against stores made by newStore (a fresh, empty store per call).
 func Run(t *testing.T, newStore func(t *testing.T) snapshot.Store) {
+	RunWith(t, newStore, Options{})
+}
+
+// RunWith is Run with store-specific ways to damage a snapshot.
+func RunWith(t *testing.T, newStore func(t *testing.T) snapshot.Store, o Options) {
 	ctx := context.Background()
+	if o.Corrupt == nil {
+		o.Corrupt = func(t *testing.T, s snapshot.Store, id, file string) {
+			dir, _, err := s.Open(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, file)
+			b, _ := os.ReadFile(p)
+			b[len(b)/2] ^= 0x01
+			os.WriteFile(p, b, 0o600)
+		}
+	}
+	if o.Remove == nil {
+		o.Remove = func(t *testing.T, s snapshot.Store, id, file string) {
+			dir, _, _ := s.Open(ctx, id)
+			os.Remove(filepath.Join(dir, file))
+		}
+	}
 	write := func(t *testing.T, s snapshot.Store, id string, files map[string][]byte) snapshot.Manifest {
 		t.Helper()
 		dir, err := s.Stage(ctx, id)
@@ -76,15 +111,11 @@ func Run(t *testing.T, newStore func(t *testing.T) snapshot.Store) {
 	t.Run("FlippedByteNamed", func(t *testing.T) {
 		s := newStore(t)
 		write(t, s, "snap-b", files())
-		dir, _, err := s.Open(ctx, "snap-b")
-		if err != nil {
+		if _, _, err := s.Open(ctx, "snap-b"); err != nil {
 			t.Fatal(err)
 		}
-		p := filepath.Join(dir, "pages.img")
-		b, _ := os.ReadFile(p)
-		b[len(b)/2] ^= 0x01
-		os.WriteFile(p, b, 0o600)
-		_, _, err = s.Open(ctx, "snap-b")
+		o.Corrupt(t, s, "snap-b", "pages.img")
+		_, _, err := s.Open(ctx, "snap-b")
 		var ce *snapshot.CorruptError
 		if !errors.As(err, &ce) || ce.Snapshot != "snap-b" || ce.File != "pages.img" {
 			t.Fatalf("open of corrupt snapshot: %v", err)
@@ -94,8 +125,7 @@ func Run(t *testing.T, newStore func(t *testing.T) snapshot.Store) {
 	t.Run("MissingFileNamed", func(t *testing.T) {
 		s := newStore(t)
 		write(t, s, "snap-c", files())
-		dir, _, _ := s.Open(ctx, "snap-c")
-		os.Remove(filepath.Join(dir, "checkpoint.img"))
+		o.Remove(t, s, "snap-c", "checkpoint.img")
 		_, _, err := s.Open(ctx, "snap-c")
 		var ce *snapshot.CorruptError
 		if !errors.As(err, &ce) || ce.File != "checkpoint.img" {

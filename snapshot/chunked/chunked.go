@@ -1,0 +1,983 @@
+// Package chunked is the deduplicating snapshot store: every snapshot file is cut
+// into content-defined chunks (see chunker.go), each chunk is stored once under
+// the sha256 of its content, zstd-compressed, in a durable Backend (the local
+// filesystem, or an S3-compatible object store), and a manifest lists every
+// file's chunks in order. A second hibernate of the same sandbox writes only the
+// chunks that changed (a diff snapshot); forks of one template share chunks.
+//
+// # Layout
+//
+// In the backend:
+//
+//	chunks/<id[:2]>/<id>        a chunk: zstd frame of its bytes; id = sha256(bytes)
+//	manifests/<snapshot>.json   the commit record, written last
+//
+// On local disk under Config.Dir:
+//
+//	staging/<snapshot>/   a snapshot being written by the engine
+//	open/<snapshot>/      plain files of a committed snapshot, what Open returns
+//	                      (runsc restore needs plain files); rebuilt from chunks
+//	                      whenever missing or failing verification
+//	cache/                the chunk cache (Config.CacheBytes, LRU) in front of a
+//	                      remote backend
+//
+// # Commit and durability
+//
+// Commit hashes and stores every chunk the backend does not hold yet, makes them
+// durable (one syncfs for the filesystem backend; an S3 PUT is durable when it
+// returns), then writes the manifest. A snapshot exists once its manifest exists;
+// a failed Commit leaves the staging directory untouched, so it can be retried.
+//
+// # Verification
+//
+// Open re-hashes every chunk of the snapshot: from open/<snapshot> when present
+// (warm), otherwise while reassembling it from the cache or the backend (cold,
+// four parallel fetches). A chunk that fails in the cache is dropped and fetched
+// again from the backend; one that fails in the backend fails Open with a
+// *snapshot.CorruptError naming the snapshot, the file and the chunk id.
+//
+// # Garbage collection
+//
+// Delete removes a manifest; Collect deletes chunks that no live manifest
+// references. Collect is safe against concurrent Commits in this process: every
+// chunk a Commit uses is pinned in memory from before the Commit checks whether
+// the chunk exists until its manifest is written, pins released while a
+// collection runs stay protected until it ends, and a Commit that needs a chunk
+// Collect is deleting waits for the deletion and uploads it again. Several hosts
+// sharing one bucket would need a lease on top of this (not built).
+package chunked
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Dir holds staging, the opened snapshots and the chunk cache.
+	Dir string
+	// Backend is the durable tier; nil = a filesystem backend in Dir/store.
+	Backend Backend
+	// CacheBytes bounds the local chunk cache; 0 = no cache (right for the
+	// filesystem backend, which is local already).
+	CacheBytes int64
+	// Workers is the number of parallel chunk uploads/fetches (default 4).
+	Workers int
+	// AutoGC runs Collect in the background after Delete (coalesced). Close stops it.
+	AutoGC bool
+	Logger *slog.Logger
+}
+
+// Store implements snapshot.Store on chunks.
+type Store struct {
+	dir     string
+	b       Backend
+	cache   *Cache
+	workers int
+	enc     *zstd.Encoder
+	dec     *zstd.Decoder
+	log     *slog.Logger
+
+	mu        sync.Mutex
+	known     map[string]int64 // chunks in the backend -> stored size
+	pins      map[string]int
+	deleting  map[string]chan struct{}
+	gcActive  bool
+	protected map[string]bool
+	opening   map[string]*sync.Mutex
+
+	gcMu   sync.Mutex
+	gcKick chan struct{}
+	gcDone chan struct{}
+	closed chan struct{}
+}
+
+var _ snapshot.Store = (*Store)(nil)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+func checkID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("snapshot id %q: invalid", id)
+	}
+	return nil
+}
+
+// New opens a store. It lists the backend's chunks once, to know which exist.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	abs, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"staging", "open"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
+			return nil, fmt.Errorf("snapshot store %s: %w", abs, err)
+		}
+	}
+	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
+		pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
+		closed: make(chan struct{})}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.workers <= 0 {
+		s.workers = 4
+	}
+	if s.b == nil {
+		if s.b, err = NewFS(filepath.Join(abs, "store")); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.CacheBytes > 0 {
+		if s.cache, err = NewCache(filepath.Join(abs, "cache"), cfg.CacheBytes); err != nil {
+			return nil, err
+		}
+	}
+	s.enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	s.dec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<26))
+	if err := s.loadKnown(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.AutoGC {
+		s.gcKick = make(chan struct{}, 1)
+		s.gcDone = make(chan struct{})
+		go s.gcLoop()
+	}
+	return s, nil
+}
+
+// Backend returns the store's durable backend.
+func (s *Store) Backend() Backend { return s.b }
+
+// Cache returns the chunk cache (nil without one).
+func (s *Store) Cache() *Cache { return s.cache }
+
+// Close stops the background GC. The store is not usable afterwards.
+func (s *Store) Close() error {
+	select {
+	case <-s.closed:
+		return nil
+	default:
+	}
+	close(s.closed)
+	if s.gcDone != nil {
+		<-s.gcDone
+	}
+	return nil
+}
+
+func (s *Store) loadKnown(ctx context.Context) error {
+	objs, err := s.b.List(ctx, "chunks/")
+	if err != nil {
+		return fmt.Errorf("snapshot store: list chunks: %w", err)
+	}
+	known := make(map[string]int64, len(objs))
+	for _, o := range objs {
+		known[path.Base(o.Key)] = o.Size
+	}
+	s.mu.Lock()
+	s.known = known
+	s.mu.Unlock()
+	return nil
+}
+
+func chunkKey(id string) string    { return "chunks/" + id[:2] + "/" + id }
+func manifestKey(id string) string { return "manifests/" + id + ".json" }
+func (s *Store) staged(id string) string {
+	return filepath.Join(s.dir, "staging", id)
+}
+func (s *Store) opened(id string) string { return filepath.Join(s.dir, "open", id) }
+
+// doc is the manifest object stored in the backend.
+type doc struct {
+	Format   int               `json:"format"`
+	Chunking string            `json:"chunking"`
+	Manifest snapshot.Manifest `json:"manifest"`
+	Files    []fileChunks      `json:"chunks"`
+}
+
+type fileChunks struct {
+	Name   string     `json:"name"`
+	Chunks []chunkRef `json:"chunks"`
+}
+
+// chunkRef is one chunk of a file: ID "" is an all-zero chunk (not stored).
+type chunkRef struct {
+	ID  string `json:"id,omitempty"`
+	Len int64  `json:"len"`
+	// Stored is the chunk's stored (compressed) size.
+	Stored int64 `json:"stored,omitempty"`
+}
+
+// treeHash is what a chunked manifest records as a file's SHA256: the sha256 of
+// the file's chunk list ("<id or zero> <len>\n" per chunk), which pins the whole
+// content through the chunk hashes without a second, serial pass over the file.
+func treeHash(refs []chunkRef) string {
+	h := sha256.New()
+	for _, r := range refs {
+		id := r.ID
+		if id == "" {
+			id = "zero"
+		}
+		fmt.Fprintf(h, "%s %d\n", id, r.Len)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Stage implements snapshot.Store.
+func (s *Store) Stage(ctx context.Context, id string) (string, error) {
+	if err := checkID(id); err != nil {
+		return "", err
+	}
+	ok, err := s.b.Exists(ctx, manifestKey(id))
+	if err != nil {
+		return "", fmt.Errorf("snapshot %s: stage: %w", id, err)
+	}
+	if ok {
+		return "", fmt.Errorf("snapshot %s: already committed", id)
+	}
+	if err := os.Mkdir(s.staged(id), 0o700); err != nil {
+		return "", fmt.Errorf("snapshot %s: stage: %w", id, err)
+	}
+	return s.staged(id), nil
+}
+
+// Abort implements snapshot.Store.
+func (s *Store) Abort(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	return os.RemoveAll(s.staged(id))
+}
+
+// pin marks chunk id as used by an in-progress commit, waiting for a deletion of
+// it by Collect to finish first.
+func (s *Store) pin(id string) {
+	s.mu.Lock()
+	for {
+		ch, ok := s.deleting[id]
+		if !ok {
+			break
+		}
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+	}
+	s.pins[id]++
+	s.mu.Unlock()
+}
+
+func (s *Store) unpin(ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if s.pins[id]--; s.pins[id] <= 0 {
+			delete(s.pins, id)
+		}
+		if s.gcActive {
+			s.protected[id] = true
+		}
+	}
+}
+
+type job struct {
+	file, idx int
+	off       int64
+	data      []byte
+}
+
+type commitState struct {
+	mu       sync.Mutex
+	pinned   []string
+	newBytes int64
+}
+
+// Commit implements snapshot.Store.
+func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+	if err := checkID(id); err != nil {
+		return m, err
+	}
+	if m.ID != id {
+		return m, fmt.Errorf("snapshot %s: manifest id %q differs", id, m.ID)
+	}
+	dir := s.staged(id)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	if len(names) == 0 {
+		return m, fmt.Errorf("snapshot %s: commit: no files staged", id)
+	}
+	sort.Strings(names)
+
+	st := &commitState{}
+	defer func() { s.unpin(st.pinned) }()
+	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names))}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := make(chan job, 2*s.workers)
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	var refsMu sync.Mutex
+	for w := 0; w < s.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				if ctx.Err() != nil {
+					continue
+				}
+				ref, err := s.putChunk(ctx, st, j.data)
+				if err != nil {
+					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
+					continue
+				}
+				refsMu.Lock()
+				d.Files[j.file].Chunks[j.idx] = ref
+				refsMu.Unlock()
+			}
+		}()
+	}
+	var logical int64
+	func() {
+		defer close(jobs)
+		for fi, n := range names {
+			d.Files[fi].Name = n
+			f, err := os.Open(filepath.Join(dir, n))
+			if err != nil {
+				fail(err)
+				return
+			}
+			c := newChunker(f)
+			for idx := 0; ; idx++ {
+				b, off, err := c.next()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					f.Close()
+					fail(err)
+					return
+				}
+				logical += int64(len(b))
+				refsMu.Lock()
+				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: int64(len(b))})
+				refsMu.Unlock()
+				select {
+				case jobs <- job{file: fi, idx: idx, off: off, data: b}:
+				case <-ctx.Done():
+					f.Close()
+					return
+				}
+			}
+			f.Close()
+		}
+	}()
+	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, firstErr)
+	}
+	if sy, ok := s.b.(Syncer); ok {
+		if err := sy.Sync(ctx); err != nil {
+			return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
+		}
+	}
+	m.Files, m.Bytes = nil, 0
+	seen := map[string]bool{}
+	var stored int64
+	nchunks := 0
+	for _, fc := range d.Files {
+		var size int64
+		for _, r := range fc.Chunks {
+			size += r.Len
+			if r.ID != "" && !seen[r.ID] {
+				seen[r.ID] = true
+				stored += r.Stored
+			}
+			nchunks++
+		}
+		m.Files = append(m.Files, snapshot.File{Name: fc.Name, Bytes: size, SHA256: treeHash(fc.Chunks)})
+		m.Bytes += size
+	}
+	m.LogicalBytes, m.StoredBytes, m.NewBytes, m.Chunks = logical, stored, st.newBytes, nchunks
+	d.Manifest = m
+	b, err := json.Marshal(d)
+	if err != nil {
+		return m, err
+	}
+	if err := s.b.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: manifest: %w", id, err)
+	}
+	// Committed. The staged files become the opened copy (verified on Open).
+	_ = os.RemoveAll(s.opened(id))
+	if err := os.Rename(dir, s.opened(id)); err != nil {
+		_ = os.RemoveAll(dir)
+	}
+	return m, nil
+}
+
+// putChunk stores one chunk unless it is all zeros or already stored.
+func (s *Store) putChunk(ctx context.Context, st *commitState, data []byte) (chunkRef, error) {
+	ref := chunkRef{Len: int64(len(data))}
+	if allZero(data) {
+		return ref, nil
+	}
+	sum := sha256.Sum256(data)
+	ref.ID = hex.EncodeToString(sum[:])
+	s.pin(ref.ID)
+	st.mu.Lock()
+	st.pinned = append(st.pinned, ref.ID)
+	st.mu.Unlock()
+	s.mu.Lock()
+	z, ok := s.known[ref.ID]
+	s.mu.Unlock()
+	if ok {
+		ref.Stored = z
+		return ref, nil
+	}
+	comp := s.enc.EncodeAll(data, make([]byte, 0, len(data)+64))
+	if err := s.b.Put(ctx, chunkKey(ref.ID), bytes.NewReader(comp), int64(len(comp))); err != nil {
+		return ref, err
+	}
+	ref.Stored = int64(len(comp))
+	s.mu.Lock()
+	s.known[ref.ID] = ref.Stored
+	s.mu.Unlock()
+	st.mu.Lock()
+	st.newBytes += ref.Stored
+	st.mu.Unlock()
+	if s.cache != nil {
+		s.cache.Put(ref.ID, comp)
+	}
+	return ref, nil
+}
+
+func (s *Store) readDoc(ctx context.Context, id string) (doc, error) {
+	var d doc
+	if err := checkID(id); err != nil {
+		return d, err
+	}
+	r, err := s.b.Get(ctx, manifestKey(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return d, fmt.Errorf("snapshot %s: %w", id, snapshot.ErrNotFound)
+	}
+	if err != nil {
+		return d, fmt.Errorf("snapshot %s: manifest: %w", id, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return d, fmt.Errorf("snapshot %s: manifest: %w", id, err)
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: err.Error()}
+	}
+	if d.Format != 1 || d.Manifest.ID != id || len(d.Files) != len(d.Manifest.Files) {
+		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "inconsistent manifest"}
+	}
+	for i, fc := range d.Files {
+		if fc.Name != d.Manifest.Files[i].Name || treeHash(fc.Chunks) != d.Manifest.Files[i].SHA256 ||
+			strings.ContainsAny(fc.Name, "/\x00") || fc.Name == "." || fc.Name == ".." {
+			return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "chunk list of " + fc.Name + " does not match its digest"}
+		}
+	}
+	return d, nil
+}
+
+// Manifest implements snapshot.Store.
+func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, error) {
+	d, err := s.readDoc(ctx, id)
+	return d.Manifest, err
+}
+
+// List implements snapshot.Store.
+func (s *Store) List(ctx context.Context) ([]string, error) {
+	objs, err := s.b.List(ctx, "manifests/")
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, o := range objs {
+		if id, ok := strings.CutSuffix(path.Base(o.Key), ".json"); ok && checkID(id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// Delete implements snapshot.Store. The chunks stay until Collect finds them
+// unreferenced.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if err := s.b.Delete(ctx, manifestKey(id)); err != nil {
+		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
+	if sy, ok := s.b.(Syncer); ok {
+		_ = sy.Sync(ctx)
+	}
+	if err := os.RemoveAll(s.opened(id)); err != nil {
+		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
+	if err := os.RemoveAll(s.staged(id)); err != nil {
+		return err
+	}
+	if s.gcKick != nil {
+		select {
+		case s.gcKick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// Recover implements snapshot.Store: it empties staging and removes opened copies
+// and half-built directories of snapshots without a manifest.
+func (s *Store) Recover(ctx context.Context) error {
+	if err := os.RemoveAll(filepath.Join(s.dir, "staging")); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, "staging"), 0o700); err != nil {
+		return err
+	}
+	ids, err := s.List(ctx)
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, id := range ids {
+		live[id] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
+	for _, e := range ents {
+		if !live[e.Name()] {
+			_ = os.RemoveAll(filepath.Join(s.dir, "open", e.Name()))
+		}
+	}
+	return nil
+}
+
+func (s *Store) openLock(id string) func() {
+	s.mu.Lock()
+	l, ok := s.opening[id]
+	if !ok {
+		l = &sync.Mutex{}
+		s.opening[id] = l
+	}
+	s.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// Open implements snapshot.Store.
+func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest, error) {
+	d, err := s.readDoc(ctx, id)
+	if err != nil {
+		return "", d.Manifest, err
+	}
+	unlock := s.openLock(id)
+	defer unlock()
+	dir := s.opened(id)
+	if _, err := os.Stat(dir); err == nil {
+		if err := s.verifyDir(ctx, id, dir, d); err == nil {
+			return dir, d.Manifest, nil
+		} else if ctx.Err() != nil {
+			return "", d.Manifest, err
+		} else {
+			// The local copy is only a copy: set it aside (a restore may still
+			// read the old files) and rebuild it from the chunks.
+			s.log.Warn("snapshot copy failed verification; rebuilding from chunks", "snapshot", id, "err", err)
+			trash := filepath.Join(s.dir, "open", ".trash-"+id+"-"+rnd())
+			if err := os.Rename(dir, trash); err != nil {
+				return "", d.Manifest, err
+			}
+			_ = os.RemoveAll(trash)
+		}
+	}
+	build := filepath.Join(s.dir, "open", ".build-"+id+"-"+rnd())
+	if err := s.assemble(ctx, id, build, d, true); err != nil {
+		_ = os.RemoveAll(build)
+		return "", d.Manifest, err
+	}
+	if err := os.Rename(build, dir); err != nil {
+		_ = os.RemoveAll(build)
+		return "", d.Manifest, err
+	}
+	return dir, d.Manifest, nil
+}
+
+// Verify reads every chunk of snapshot id from the durable backend (not the
+// cache, not the opened copy) and checks its hash.
+func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error) {
+	d, err := s.readDoc(ctx, id)
+	if err != nil {
+		return d.Manifest, err
+	}
+	return d.Manifest, s.assemble(ctx, id, "", d, false)
+}
+
+func rnd() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type task struct {
+	file int
+	f    *os.File
+	off  int64
+	ref  chunkRef
+}
+
+// assemble fetches and verifies every chunk of d; with dir != "" it writes the
+// files there. useCache selects reading through the chunk cache.
+func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) error {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	tasks := make(chan task, 4*s.workers)
+	var firstErr error
+	var once sync.Once
+	fail := func(err error) { once.Do(func() { firstErr = err; cancel() }) }
+	var wg sync.WaitGroup
+	for w := 0; w < s.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for t := range tasks {
+				if ctx.Err() != nil {
+					continue
+				}
+				data, err := s.getChunk(ctx, id, d.Files[t.file].Name, t.off, t.ref, useCache)
+				if err != nil {
+					fail(err)
+					continue
+				}
+				if t.f != nil {
+					if _, err := t.f.WriteAt(data, t.off); err != nil {
+						fail(err)
+					}
+				}
+			}
+		}()
+	}
+	func() {
+		defer close(tasks)
+		for fi, fc := range d.Files {
+			var f *os.File
+			if dir != "" {
+				var err error
+				f, err = os.OpenFile(filepath.Join(dir, fc.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+				if err != nil {
+					fail(err)
+					return
+				}
+				files = append(files, f)
+				if err := f.Truncate(d.Manifest.Files[fi].Bytes); err != nil {
+					fail(err)
+					return
+				}
+			}
+			var off int64
+			for _, r := range fc.Chunks {
+				if r.ID != "" {
+					select {
+					case tasks <- task{file: fi, f: f, off: off, ref: r}:
+					case <-ctx.Done():
+						return
+					}
+				}
+				off += r.Len
+			}
+		}
+	}()
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+// getChunk returns the verified bytes of one chunk, from the cache when allowed
+// and valid, else from the backend (filling the cache).
+func (s *Store) getChunk(ctx context.Context, snap, file string, off int64, ref chunkRef, useCache bool) ([]byte, error) {
+	if useCache && s.cache != nil {
+		if comp, ok := s.cache.Get(ref.ID); ok {
+			if data, err := s.decode(comp, ref); err == nil {
+				return data, nil
+			}
+			s.cache.Remove(ref.ID)
+		}
+	}
+	corrupt := func(reason string) error {
+		return &snapshot.CorruptError{Snapshot: snap, File: file,
+			Reason: fmt.Sprintf("chunk %s at offset %d: %s", ref.ID, off, reason)}
+	}
+	r, err := s.b.Get(ctx, chunkKey(ref.ID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, corrupt("missing")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: chunk %s: %w", snap, ref.ID, err)
+	}
+	comp, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: chunk %s: %w", snap, ref.ID, err)
+	}
+	data, err := s.decode(comp, ref)
+	if err != nil {
+		return nil, corrupt(err.Error())
+	}
+	if useCache && s.cache != nil {
+		s.cache.Put(ref.ID, comp)
+	}
+	return data, nil
+}
+
+func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
+	data, err := s.dec.DecodeAll(comp, make([]byte, 0, ref.Len))
+	if err != nil {
+		return nil, fmt.Errorf("undecodable: %v", err)
+	}
+	if int64(len(data)) != ref.Len {
+		return nil, fmt.Errorf("size %d != %d", len(data), ref.Len)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != ref.ID {
+		return nil, fmt.Errorf("sha256 mismatch: got %s", hex.EncodeToString(sum[:]))
+	}
+	return data, nil
+}
+
+// verifyDir checks the opened copy of a snapshot chunk by chunk, in parallel.
+func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) error {
+	type vt struct {
+		f   *os.File
+		off int64
+		ref chunkRef
+		fn  string
+	}
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var all []vt
+	for i, fc := range d.Files {
+		f, err := os.Open(filepath.Join(dir, fc.Name))
+		if err != nil {
+			return &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: "missing"}
+		}
+		files = append(files, f)
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if st.Size() != d.Manifest.Files[i].Bytes {
+			return &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: fmt.Sprintf("size %d != %d", st.Size(), d.Manifest.Files[i].Bytes)}
+		}
+		var off int64
+		for _, r := range fc.Chunks {
+			all = append(all, vt{f, off, r, fc.Name})
+			off += r.Len
+		}
+	}
+	errs := make([]error, s.workers)
+	var wg sync.WaitGroup
+	for w := 0; w < s.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, maxChunk)
+			for i := w; i < len(all); i += s.workers {
+				t := all[i]
+				b := buf[:t.ref.Len]
+				if _, err := t.f.ReadAt(b, t.off); err != nil {
+					errs[w] = err
+					return
+				}
+				ok := false
+				if t.ref.ID == "" {
+					ok = allZero(b)
+				} else {
+					sum := sha256.Sum256(b)
+					ok = hex.EncodeToString(sum[:]) == t.ref.ID
+				}
+				if !ok {
+					errs[w] = &snapshot.CorruptError{Snapshot: id, File: t.fn, Reason: fmt.Sprintf("chunk %s at offset %d: sha256 mismatch", t.ref.ID, t.off)}
+					return
+				}
+				if i%256 == 0 && ctx.Err() != nil {
+					errs[w] = ctx.Err()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Stats is the store-wide view.
+type Stats struct {
+	Snapshots   int   `json:"snapshots"`
+	Chunks      int   `json:"chunks"`
+	StoredBytes int64 `json:"stored_bytes"`
+}
+
+// Stats counts the chunks the store knows in its backend.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	ids, err := s.List(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	st := Stats{Snapshots: len(ids)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, z := range s.known {
+		st.Chunks++
+		st.StoredBytes += z
+	}
+	return st, nil
+}
+
+// Collect deletes every chunk that no manifest of live references (live == nil:
+// every committed snapshot). A snapshot committed while Collect runs keeps its
+// chunks (see the package comment). It returns the number of chunks deleted.
+func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	s.mu.Lock()
+	s.gcActive, s.protected = true, map[string]bool{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.gcActive, s.protected = false, nil
+		s.mu.Unlock()
+	}()
+	if live == nil {
+		var err error
+		if live, err = s.List(ctx); err != nil {
+			return 0, err
+		}
+	}
+	ref := map[string]bool{}
+	for _, id := range live {
+		d, err := s.readDoc(ctx, id)
+		if errors.Is(err, snapshot.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("collect: %w", err) // never delete on uncertainty
+		}
+		for _, fc := range d.Files {
+			for _, r := range fc.Chunks {
+				if r.ID != "" {
+					ref[r.ID] = true
+				}
+			}
+		}
+	}
+	objs, err := s.b.List(ctx, "chunks/")
+	if err != nil {
+		return 0, fmt.Errorf("collect: %w", err)
+	}
+	n := 0
+	for _, o := range objs {
+		id := path.Base(o.Key)
+		if ref[id] {
+			continue
+		}
+		s.mu.Lock()
+		if s.pins[id] > 0 || s.protected[id] {
+			s.mu.Unlock()
+			continue
+		}
+		ch := make(chan struct{})
+		s.deleting[id] = ch
+		delete(s.known, id)
+		s.mu.Unlock()
+		err := s.b.Delete(ctx, o.Key)
+		if s.cache != nil {
+			s.cache.Remove(id)
+		}
+		s.mu.Lock()
+		delete(s.deleting, id)
+		close(ch)
+		if err != nil {
+			s.known[id] = o.Size // unsure: still there
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return n, fmt.Errorf("collect: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (s *Store) gcLoop() {
+	defer close(s.gcDone)
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-s.gcKick:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		t := time.Now()
+		n, err := s.Collect(ctx, nil)
+		cancel()
+		if err != nil {
+			s.log.Warn("snapshot chunk collection", "err", err)
+		} else if n > 0 {
+			s.log.Info("snapshot chunks collected", "deleted", n, "ms", time.Since(t).Milliseconds())
+		}
+	}
+}

@@ -1,0 +1,425 @@
+package chunked
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/snapshot"
+	"github.com/torpor/torpor/snapshot/chunked/s3test"
+	"github.com/torpor/torpor/snapshot/storetest"
+)
+
+var ctx = context.Background()
+
+func newFSStore(t *testing.T) *Store {
+	t.Helper()
+	s, err := New(ctx, Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var bucketSeq int
+var bucketMu sync.Mutex
+
+func newS3Backend(t *testing.T, srv *s3test.Server) *S3 {
+	t.Helper()
+	bucketMu.Lock()
+	bucketSeq++
+	bucket := fmt.Sprintf("torpor-%d", bucketSeq)
+	bucketMu.Unlock()
+	b, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true, CreateBucket: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newS3Store(t *testing.T, srv *s3test.Server, cacheBytes int64) *Store {
+	t.Helper()
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: newS3Backend(t, srv), CacheBytes: cacheBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// damage is storetest's way to corrupt or remove a file's stored content: it
+// changes one chunk of the file in the backend and drops every local copy.
+func damage(remove bool) func(t *testing.T, st snapshot.Store, id, file string) {
+	return func(t *testing.T, st snapshot.Store, id, file string) {
+		s := st.(*Store)
+		d, err := s.readDoc(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ref chunkRef
+		for _, fc := range d.Files {
+			if fc.Name == file {
+				ref = fc.Chunks[len(fc.Chunks)/2]
+			}
+		}
+		if ref.ID == "" {
+			t.Fatalf("no stored chunk for %s", file)
+		}
+		if remove {
+			if err := s.b.Delete(ctx, chunkKey(ref.ID)); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			corruptChunk(t, s, ref.ID)
+		}
+		dropLocal(t, s)
+	}
+}
+
+func corruptChunk(t *testing.T, s *Store, id string) {
+	t.Helper()
+	r, err := s.b.Get(ctx, chunkKey(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, _ := io.ReadAll(r)
+	r.Close()
+	data, err := s.dec.DecodeAll(comp, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 1
+	comp = s.enc.EncodeAll(data, nil)
+	if err := s.b.Put(ctx, chunkKey(id), bytes.NewReader(comp), int64(len(comp))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dropLocal empties the opened copies and the chunk cache: the next Open is cold.
+func dropLocal(t *testing.T, s *Store) {
+	t.Helper()
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(s.dir, "open", e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.cache != nil {
+		s.cache.Clear()
+	}
+}
+
+func TestConformanceFS(t *testing.T) {
+	storetest.RunWith(t, func(t *testing.T) snapshot.Store { return newFSStore(t) },
+		storetest.Options{Corrupt: damage(false), Remove: damage(true)})
+}
+
+func TestConformanceS3(t *testing.T) {
+	srv := s3test.Start(t)
+	storetest.RunWith(t, func(t *testing.T) snapshot.Store { return newS3Store(t, srv, 64<<20) },
+		storetest.Options{Corrupt: damage(false), Remove: damage(true)})
+}
+
+// memImage is synthetic data shaped like gVisor's pages.img: 4 KiB pages of random
+// bytes, with some all-zero pages.
+func memImage(pages int) []byte {
+	b := make([]byte, pages*pageSize)
+	fill(b)
+	for p := 0; p < pages; p += 50 {
+		clear(b[p*pageSize : (p+1)*pageSize])
+	}
+	return b
+}
+
+// mutate rewrites about frac of img's pages in runs of run pages (memory writes
+// land on neighbouring pages: heap arenas, stacks), seeded for repeatability.
+func mutate(img []byte, frac float64, run int, seed uint64) []byte {
+	out := bytes.Clone(img)
+	pages := len(img) / pageSize
+	r := mrand.New(mrand.NewPCG(seed, 1))
+	want := int(frac * float64(pages))
+	changed := map[int]bool{}
+	for len(changed) < want {
+		start := r.IntN(pages - run)
+		for p := start; p < start+run && len(changed) < want; p++ {
+			if !changed[p] {
+				changed[p] = true
+				fill(out[p*pageSize : (p+1)*pageSize])
+			}
+		}
+	}
+	return out
+}
+
+var seedMu sync.Mutex
+var seedN uint64
+
+// fill fills b with pseudo-random bytes (ChaCha8: fast, incompressible).
+func fill(b []byte) {
+	seedMu.Lock()
+	seedN++
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], seedN)
+	seedMu.Unlock()
+	mrand.NewChaCha8(seed).Read(b)
+}
+
+func commit(t *testing.T, s *Store, id string, files map[string][]byte) snapshot.Manifest {
+	t.Helper()
+	dir, err := s.Stage(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := s.Commit(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-t", Engine: "test", CreatedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func mustOpen(t *testing.T, s *Store, id string, want map[string][]byte) {
+	t.Helper()
+	dir, _, err := s.Open(ctx, id)
+	if err != nil {
+		t.Fatalf("open %s: %v", id, err)
+	}
+	for n, b := range want {
+		got, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("open %s: file %s differs (%v)", id, n, err)
+		}
+	}
+}
+
+func TestDiffSnapshot(t *testing.T) {
+	s := newFSStore(t)
+	img := memImage(4096) // 16 MiB
+	kern := make([]byte, 300_000)
+	rand.Read(kern)
+	m1 := commit(t, s, "snap-1", map[string][]byte{"pages.img": img, "checkpoint.img": kern})
+	img2 := mutate(img, 0.05, 16, 1)
+	kern2 := bytes.Clone(kern)
+	kern2[1000] ^= 1
+	m2 := commit(t, s, "snap-2", map[string][]byte{"pages.img": img2, "checkpoint.img": kern2})
+	t.Logf("first: logical %d stored %d new %d chunks %d", m1.LogicalBytes, m1.StoredBytes, m1.NewBytes, m1.Chunks)
+	t.Logf("diff (5%% of pages in runs of 16): logical %d new %d (%.1f%%)", m2.LogicalBytes, m2.NewBytes, 100*float64(m2.NewBytes)/float64(m2.LogicalBytes))
+	if m2.NewBytes > m2.LogicalBytes/10 {
+		t.Errorf("diff snapshot wrote %d new bytes of %d logical (> 10%%)", m2.NewBytes, m2.LogicalBytes)
+	}
+	if m1.NewBytes < m1.LogicalBytes*8/10 {
+		t.Errorf("first snapshot wrote only %d of %d bytes", m1.NewBytes, m1.LogicalBytes)
+	}
+	// An inserted page (gVisor maps new memory) shifts the rest of the file: the
+	// content-defined cut points re-synchronise right after it.
+	ins := append(bytes.Clone(img2[:100*pageSize]), make([]byte, pageSize)...)
+	rand.Read(ins[100*pageSize:])
+	ins = append(ins, img2[100*pageSize:]...)
+	m3 := commit(t, s, "snap-3", map[string][]byte{"pages.img": ins, "checkpoint.img": kern2})
+	t.Logf("one page inserted: new %d bytes", m3.NewBytes)
+	if m3.NewBytes > 4*maxChunk {
+		t.Errorf("one inserted page cost %d new bytes", m3.NewBytes)
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-1", map[string][]byte{"pages.img": img, "checkpoint.img": kern})
+	mustOpen(t, s, "snap-2", map[string][]byte{"pages.img": img2, "checkpoint.img": kern2})
+	mustOpen(t, s, "snap-3", map[string][]byte{"pages.img": ins})
+}
+
+func TestForksShareChunks(t *testing.T) {
+	s := newFSStore(t)
+	tmpl := memImage(4096) // 16 MiB
+	m0 := commit(t, s, "snap-tmpl", map[string][]byte{"pages.img": tmpl})
+	total := m0.NewBytes
+	for i := 0; i < 10; i++ {
+		f := mutate(tmpl, 0.005, 4, uint64(100+i))
+		m := commit(t, s, fmt.Sprintf("snap-fork%d", i), map[string][]byte{"pages.img": f})
+		total += m.NewBytes
+	}
+	st, _ := s.Stats(ctx)
+	t.Logf("template stored %d; template + 10 forks: %d new bytes, %d in the backend (%.2fx)", m0.StoredBytes, total, st.StoredBytes, float64(st.StoredBytes)/float64(m0.StoredBytes))
+	if st.StoredBytes > m0.StoredBytes*3/2 || total != st.StoredBytes {
+		t.Errorf("11 snapshots store %d bytes, one stores %d (limit 1.5x)", st.StoredBytes, m0.StoredBytes)
+	}
+}
+
+func TestCorruptChunkNamed(t *testing.T) {
+	s := newFSStore(t)
+	img := memImage(1024)
+	commit(t, s, "snap-c", map[string][]byte{"pages.img": img})
+	d, _ := s.readDoc(ctx, "snap-c")
+	bad := d.Files[0].Chunks[3].ID
+	corruptChunk(t, s, bad)
+	// The opened copy is still intact: Open uses it.
+	mustOpen(t, s, "snap-c", map[string][]byte{"pages.img": img})
+	// Verify reads the durable tier and names the chunk.
+	_, err := s.Verify(ctx, "snap-c")
+	var ce *snapshot.CorruptError
+	if !errors.As(err, &ce) || ce.Snapshot != "snap-c" || ce.File != "pages.img" || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("verify: %v", err)
+	}
+	// Without the local copy, Open fails naming snapshot, file and chunk.
+	dropLocal(t, s)
+	_, _, err = s.Open(ctx, "snap-c")
+	if !errors.As(err, &ce) || ce.Snapshot != "snap-c" || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("open: %v", err)
+	}
+	t.Logf("error: %v", err)
+	// A damaged local copy is repaired from the chunks, not reported.
+	s2 := newFSStore(t)
+	commit(t, s2, "snap-d", map[string][]byte{"pages.img": img})
+	dir, _, _ := s2.Open(ctx, "snap-d")
+	b, _ := os.ReadFile(filepath.Join(dir, "pages.img"))
+	b[5000] ^= 1
+	os.WriteFile(filepath.Join(dir, "pages.img"), b, 0o600)
+	mustOpen(t, s2, "snap-d", map[string][]byte{"pages.img": img})
+}
+
+func TestS3ColdCacheAndOutage(t *testing.T) {
+	srv := s3test.Start(t)
+	s := newS3Store(t, srv, 8<<20) // smaller than a snapshot: LRU evicts
+	img := memImage(4096)
+	files := map[string][]byte{"pages.img": img, "checkpoint.img": []byte("kernel")}
+	commit(t, s, "snap-a", files)
+	if used, _ := s.cache.Used(); used > 8<<20 {
+		t.Fatalf("cache holds %d bytes, limit %d", used, 8<<20)
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-a", files) // cold: every chunk from S3
+
+	// A fresh store on the same bucket (another host, or after a restart with an
+	// empty disk) resumes from S3 alone.
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: s.b, CacheBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOpen(t, s2, "snap-a", files)
+
+	// The S3 server goes away in the middle of a commit.
+	img2 := mutate(img, 0.3, 8, 7)
+	dir, err := s.Stage(ctx, "snap-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "pages.img"), img2, 0o600)
+	s.workers = 1
+	go func() { time.Sleep(30 * time.Millisecond); srv.Stop() }()
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	_, err = s.Commit(cctx, "snap-b", snapshot.Manifest{ID: "snap-b", Engine: "test"})
+	cancel()
+	if err == nil {
+		t.Fatal("commit succeeded while the S3 server was stopped")
+	}
+	t.Logf("commit during outage: %v", err)
+	srv.Restart()
+	if ids, _ := s.List(ctx); len(ids) != 1 {
+		t.Fatalf("after the failed commit: %v", ids)
+	}
+	if _, err := s.Manifest(ctx, "snap-b"); !errors.Is(err, snapshot.ErrNotFound) {
+		t.Fatalf("failed commit left a manifest: %v", err)
+	}
+	s.workers = 4
+	if _, err := s.Commit(ctx, "snap-b", snapshot.Manifest{ID: "snap-b", Engine: "test"}); err != nil {
+		t.Fatalf("retry after restart: %v", err)
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-b", map[string][]byte{"pages.img": img2})
+	mustOpen(t, s, "snap-a", files)
+}
+
+func TestGCConcurrentWithCommits(t *testing.T) {
+	rounds := 30
+	if testing.Short() {
+		rounds = 10
+	}
+	s := newFSStore(t)
+	base := memImage(512) // 2 MiB
+	var mu sync.Mutex
+	want := map[string][]byte{}
+	stop := make(chan struct{})
+	var gcRuns int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := s.Collect(ctx, nil); err != nil {
+				t.Error(err)
+				return
+			}
+			gcRuns++
+		}
+	}()
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prev := base
+			for i := 0; i < rounds; i++ {
+				id := fmt.Sprintf("snap-w%d-%d", w, i)
+				img := mutate(prev, 0.05, 8, uint64(w*1000+i))
+				commit(t, s, id, map[string][]byte{"pages.img": img})
+				mu.Lock()
+				want[id] = img
+				mu.Unlock()
+				// Keep the last two of each writer; delete older ones (their chunks
+				// are shared with the kept ones, partly).
+				if i >= 2 {
+					old := fmt.Sprintf("snap-w%d-%d", w, i-2)
+					if err := s.Delete(ctx, old); err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					delete(want, old)
+					mu.Unlock()
+				}
+				prev = img
+			}
+		}()
+	}
+	// Writers finish, then GC stops.
+	for {
+		mu.Lock()
+		n := len(want)
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		if ids, _ := s.List(ctx); n == 4 && len(ids) == 4 {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if _, err := s.Collect(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	dropLocal(t, s)
+	for id, img := range want {
+		if _, err := s.Verify(ctx, id); err != nil {
+			t.Fatalf("after %d GC runs: %v", gcRuns, err)
+		}
+		mustOpen(t, s, id, map[string][]byte{"pages.img": img})
+	}
+	t.Logf("%d GC runs during %d commits", gcRuns, 2*rounds)
+}

@@ -1,0 +1,160 @@
+package chunked
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3Config configures the S3 backend.
+type S3Config struct {
+	// Endpoint is host:port or a URL ("http://127.0.0.1:9000", "https://s3.amazonaws.com").
+	// Without a scheme, TLS is used unless Insecure is set.
+	Endpoint  string
+	Bucket    string
+	AccessKey string
+	SecretKey string
+	Region    string
+	// PathStyle selects path-style requests (http://host/bucket/key), which most
+	// self-hosted servers need.
+	PathStyle bool
+	// Insecure selects plain HTTP for an endpoint given without a scheme.
+	Insecure bool
+	// Prefix is prepended to every key ("" or "torpor/").
+	Prefix string
+	// CreateBucket creates the bucket when it does not exist.
+	CreateBucket bool
+}
+
+// S3 is the backend on an S3-compatible object store (minio-go client). A
+// successful PutObject is durable by the store's contract, so S3 needs no Sync.
+type S3 struct {
+	c      *minio.Client
+	bucket string
+	prefix string
+}
+
+var _ Backend = (*S3)(nil)
+
+// NewS3 connects to the object store and checks that the bucket exists (creating
+// it when cfg.CreateBucket is set).
+func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
+	if cfg.Endpoint == "" || cfg.Bucket == "" {
+		return nil, fmt.Errorf("s3 backend: endpoint and bucket are required")
+	}
+	host, secure := cfg.Endpoint, !cfg.Insecure
+	if strings.Contains(host, "://") {
+		u, err := url.Parse(host)
+		if err != nil {
+			return nil, fmt.Errorf("s3 endpoint %q: %w", cfg.Endpoint, err)
+		}
+		host, secure = u.Host, u.Scheme == "https"
+	}
+	lookup := minio.BucketLookupDNS
+	if cfg.PathStyle {
+		lookup = minio.BucketLookupPath
+	}
+	tr, err := minio.DefaultTransport(secure)
+	if err != nil {
+		return nil, err
+	}
+	tr.MaxIdleConnsPerHost = 32
+	c, err := minio.New(host, &minio.Options{
+		Creds:        credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
+		Secure:       secure,
+		Region:       cfg.Region,
+		BucketLookup: lookup,
+		Transport:    tr,
+		MaxRetries:   3,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3 backend: %w", err)
+	}
+	ok, err := c.BucketExists(ctx, cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("s3 backend %s bucket %s: %w", cfg.Endpoint, cfg.Bucket, err)
+	}
+	if !ok {
+		if !cfg.CreateBucket {
+			return nil, fmt.Errorf("s3 backend %s: bucket %s does not exist", cfg.Endpoint, cfg.Bucket)
+		}
+		if err := c.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
+			return nil, fmt.Errorf("s3 backend: create bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix}, nil
+}
+
+func notFound(err error) bool {
+	r := minio.ToErrorResponse(err)
+	return r.StatusCode == http.StatusNotFound || r.Code == "NoSuchKey"
+}
+
+// Put implements Backend.
+func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	_, err := b.c.PutObject(ctx, b.bucket, b.prefix+key, r, size, minio.PutObjectOptions{
+		ContentType:      "application/octet-stream",
+		DisableMultipart: true,
+	})
+	if err != nil {
+		return fmt.Errorf("s3 put %s: %w", key, err)
+	}
+	return nil
+}
+
+// Get implements Backend. The object is fetched whole (chunks and manifests are
+// small), so a missing object is reported here rather than on the first Read.
+func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+	}
+	if _, err := o.Stat(); err != nil {
+		o.Close()
+		if notFound(err) {
+			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
+		}
+		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+	}
+	return o, nil
+}
+
+// Exists implements Backend.
+func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
+	_, err := b.c.StatObject(ctx, b.bucket, b.prefix+key, minio.StatObjectOptions{})
+	if err == nil {
+		return true, nil
+	}
+	if notFound(err) {
+		return false, nil
+	}
+	return false, fmt.Errorf("s3 stat %s: %w", key, err)
+}
+
+// Delete implements Backend.
+func (b *S3) Delete(ctx context.Context, key string) error {
+	err := b.c.RemoveObject(ctx, b.bucket, b.prefix+key, minio.RemoveObjectOptions{})
+	if err != nil && !notFound(err) {
+		return fmt.Errorf("s3 delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// List implements Backend.
+func (b *S3) List(ctx context.Context, prefix string) ([]Object, error) {
+	var out []Object
+	for o := range b.c.ListObjects(ctx, b.bucket, minio.ListObjectsOptions{Prefix: b.prefix + prefix, Recursive: true}) {
+		if o.Err != nil {
+			return nil, fmt.Errorf("s3 list %s: %w", prefix, o.Err)
+		}
+		out = append(out, Object{Key: strings.TrimPrefix(o.Key, b.prefix), Size: o.Size})
+	}
+	return out, nil
+}
