@@ -44,7 +44,7 @@ run: setup
 	bin/torpor quickstart
 
 bench: setup
-	bin/torpor bench resume --cycles 20 --working-set 64MiB,512MiB
+	bash scripts/bench.sh --cycles 20 --working-set 64MiB,512MiB
 
 clean:
 	rm -rf bin

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the resume benchmark against a fresh server on a scratch data directory and
+# stops that server (by its pid) afterwards. Arguments go to `torpor bench resume`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
+port=${TORPOR_BENCH_PORT:-7079}
+bin/torpor serve --data-dir "$dir" --listen "127.0.0.1:$port" >"$dir/serve.log" 2>&1 &
+pid=$!
+cleanup() {
+  TORPOR_URL="http://127.0.0.1:$port" bin/torpor ls --json 2>/dev/null |
+    python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' 2>/dev/null |
+    while read -r id; do TORPOR_URL="http://127.0.0.1:$port" bin/torpor rm "$id" >/dev/null 2>&1 || true; done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  umount -l "$dir/gvisor/root/null-netns" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do
+  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@"
