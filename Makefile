@@ -1,5 +1,5 @@
 # torpor — set-up, build and test.
-#   make setup   install what torpor needs (Debian packages, pinned runsc); idempotent
+#   make setup   install what torpor needs (Debian packages, pinned runsc and versitygw); idempotent
 #   make build   build bin/torpor and bin/torpor-agent
 #   make test    setup + build + go test (real runsc sandboxes; run as root)
 #   make run     setup + build + the quickstart
@@ -10,16 +10,21 @@
 RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
 TOOLS         := $(CURDIR)/.tools
 RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)
+# versitygw (Apache-2.0) is the S3-compatible server the snapshot store's S3 tests
+# start; pinned, built once into .tools (snapshot/chunked/s3test.Version).
+VERSITYGW_VERSION ?= v1.8.0
+VERSITYGW     := $(TOOLS)/versitygw-$(VERSITYGW_VERSION)
 GO            ?= go
 export PATH   := $(CURDIR)/bin:$(TOOLS)/bin:/usr/local/go/bin:$(PATH)
 export TORPOR_RUNSC := $(RUNSC)
+export TORPOR_VERSITYGW := $(VERSITYGW)
 
 .PHONY: setup build test run bench clean packages
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
 # torpor binaries, and the default image in the host's build cache
 # (/var/cache/torpor/images; built once, ~1 min). Idempotent; seconds when done.
-setup: packages $(RUNSC) build
+setup: packages $(RUNSC) $(VERSITYGW) build
 	bin/torpor image warm
 
 packages:
@@ -31,6 +36,13 @@ $(RUNSC):
 	cd $(TOOLS)/build && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$(TOOLS)/build \
 		$(GO) install -ldflags='-s -w' gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
 	mv $(TOOLS)/build/runsc $(RUNSC)
+
+$(VERSITYGW):
+	@mkdir -p $(TOOLS)/build
+	@echo "building versitygw $(VERSITYGW_VERSION) (once; about 2 min)"
+	cd $(TOOLS)/build && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$(TOOLS)/build \
+		$(GO) install -ldflags='-s -w' github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	mv $(TOOLS)/build/versitygw $(VERSITYGW)
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/torpor-agent ./cmd/torpor-agent
