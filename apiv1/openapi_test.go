@@ -26,7 +26,7 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 	}
 	want := map[string][]string{
 		"/v1/sandboxes":                          {"post", "get"},
-		"/v1/sandboxes/{id}":                     {"get", "delete"},
+		"/v1/sandboxes/{id}":                     {"get", "delete", "patch"},
 		"/v1/sandboxes/{id}/exec":                {"post"},
 		"/v1/sandboxes/{id}/files":               {"get", "put"},
 		"/v1/sandboxes/{id}/hibernate":           {"post"},
@@ -34,6 +34,8 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/sandboxes/{id}/fork":                {"post"},
 		"/v1/sandboxes/{id}/ports/{port}/{path}": {"get", "post", "put", "delete", "patch", "head", "options"},
 		"/v1/images":                             {"get"},
+		"/v1/volumes":                            {"post", "get"},
+		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},
 		"/healthz":                               {"get"},
@@ -115,13 +117,17 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	}
 	code := 0
 	cases := map[string]any{
-		"CreateSandboxRequest":  CreateSandboxRequest{Image: "i", MemoryMiB: 1, CPUs: 1, Env: map[string]string{"a": "b"}},
+		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, CPUs: 1, Env: map[string]string{"a": "b"},
+			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}},
+		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}},
+		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
+		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
 		"Sandbox":               fullSandbox(),
 		"Snapshot":              Snapshot{Parent: "p"},
 		"ListSandboxesResponse": ListSandboxesResponse{},
 		"ExecRequest":           ExecRequest{Cmd: []string{"x"}, Env: map[string]string{"a": "b"}, Cwd: "/", Stdin: "x", TimeoutS: 1, Background: true},
 		"ExecEvent":             ExecEvent{Stream: "stdout", Data: []byte("x"), ExitCode: &code, Pid: 1, Error: "e"},
-		"ForkRequest":           ForkRequest{},
+		"ForkRequest":           ForkRequest{Volumes: "copy"},
 		"ForkResponse":          ForkResponse{},
 		"Image":                 Image{},
 		"ListImagesResponse":    ListImagesResponse{},
@@ -166,5 +172,7 @@ func fullSandbox() Sandbox {
 	s.LastHibernateAt = &s.CreatedAt
 	s.LastResumeAt = &s.CreatedAt
 	s.ResumeMS = 1
+	s.OnResume = []string{"x"}
+	s.Volumes = []VolumeMount{{}}
 	return s
 }

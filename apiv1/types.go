@@ -33,6 +33,77 @@ type CreateSandboxRequest struct {
 	CPUs float64 `json:"cpus,omitempty"`
 	// Env is set for every process the guest agent starts.
 	Env map[string]string `json:"env,omitempty"`
+	// IdleTimeoutS: after this many idle seconds the sandbox is hibernated (mode
+	// none: deleted). Absent = 15; 0 = never. See docs of Sandbox.IdleTimeoutS.
+	IdleTimeoutS *int `json:"idle_timeout_s,omitempty"`
+	// TimeoutS is the longest the sandbox may run, in seconds of running time
+	// (nothing counts while hibernated); 0 or absent = no limit.
+	TimeoutS int `json:"timeout_s,omitempty"`
+	// OnTimeout is what happens when TimeoutS runs out: "hibernate" (default) or "delete".
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// HibernationMode is "memory" (default), "filesystem" or "none".
+	HibernationMode string `json:"hibernation_mode,omitempty"`
+	// OnResume is started (detached) after a filesystem-mode resume.
+	OnResume []string `json:"on_resume,omitempty"`
+	// Volumes are named volumes mounted read-write at their paths.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// UpdateSandboxRequest is the body of PATCH /v1/sandboxes/{id}: only the fields
+// present change.
+type UpdateSandboxRequest struct {
+	IdleTimeoutS    *int      `json:"idle_timeout_s,omitempty"`
+	TimeoutS        *int      `json:"timeout_s,omitempty"`
+	OnTimeout       *string   `json:"on_timeout,omitempty"`
+	HibernationMode *string   `json:"hibernation_mode,omitempty"`
+	OnResume        *[]string `json:"on_resume,omitempty"`
+}
+
+// Hibernation modes.
+const (
+	ModeMemory     = "memory"
+	ModeFilesystem = "filesystem"
+	ModeNone       = "none"
+)
+
+// VolumeMount attaches volume Name at Path (absolute) inside a sandbox.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+// Hibernation states a sandbox's hibernation mode and what it keeps.
+type Hibernation struct {
+	Mode  string `json:"mode"`
+	Keeps string `json:"keeps"`
+}
+
+// Usage is what a sandbox has used so far.
+type Usage struct {
+	// RunningS is seconds spent running (not while hibernated).
+	RunningS float64 `json:"running_s"`
+	// SnapshotByteS is byte-seconds of snapshot storage held.
+	SnapshotByteS float64 `json:"snapshot_byte_s"`
+}
+
+// Volume is a named volume: a host directory mounted into sandboxes.
+type Volume struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	// CopiedFrom names the volume this one was copied from (fork with volumes "copy").
+	CopiedFrom string `json:"copied_from,omitempty"`
+	// UsedBy lists the sandboxes (running or hibernated) that mount it.
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// CreateVolumeRequest is the body of POST /v1/volumes.
+type CreateVolumeRequest struct {
+	Name string `json:"name"`
+}
+
+// ListVolumesResponse is the body of GET /v1/volumes.
+type ListVolumesResponse struct {
+	Volumes []Volume `json:"volumes"`
 }
 
 // Sandbox is a sandbox as the API reports it.
@@ -59,6 +130,21 @@ type Sandbox struct {
 	LastResumeAt    *time.Time `json:"last_resume_at,omitempty"`
 	// ResumeMS is the duration of the last resume in milliseconds.
 	ResumeMS int64 `json:"resume_ms,omitempty"`
+
+	// IdleTimeoutS: seconds of idleness after which the sandbox is hibernated (mode
+	// none: deleted); 0 = never. Idle = no exec, files, proxy or resume call, no
+	// open proxied connection or exec stream, and every 1 s CPU sample below the
+	// server's threshold, for the whole window.
+	IdleTimeoutS int `json:"idle_timeout_s"`
+	// TimeoutS (0 = none) and OnTimeout: see CreateSandboxRequest.
+	TimeoutS  int    `json:"timeout_s"`
+	OnTimeout string `json:"on_timeout"`
+	// Hibernation is the hibernation mode and what it keeps.
+	Hibernation Hibernation   `json:"hibernation"`
+	OnResume    []string      `json:"on_resume,omitempty"`
+	Volumes     []VolumeMount `json:"volumes,omitempty"`
+	// Usage is metered running time and snapshot storage.
+	Usage Usage `json:"usage"`
 }
 
 // Snapshot describes one committed snapshot.
@@ -118,6 +204,10 @@ type ResumeResponse struct {
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
 type ForkRequest struct {
 	Count int `json:"count"` // 1..16, default 1
+	// Volumes says what clones of a sandbox with volumes get: "copy" gives each clone
+	// a copy of every volume (named <volume>-<clone id suffix>). Without it, forking
+	// a sandbox that has volumes is a conflict: clones never share a read-write volume.
+	Volumes string `json:"volumes,omitempty"`
 }
 
 // ForkResponse is the body of the fork call's 201 answer.

@@ -86,6 +86,9 @@ Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.D
 		a.forkCommand(),
 		a.rmCommand(),
 		a.imageCommand(),
+		a.volumeCommand(),
+		a.usageCommand(),
+		a.setCommand(),
 	)
 	return root
 }

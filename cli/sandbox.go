@@ -16,6 +16,7 @@ func (a *app) createCommand() *cobra.Command {
 		envs    []string
 		asJSON  bool
 		created apiv1.Sandbox
+		applyLC func(*apiv1.CreateSandboxRequest) error
 	)
 	cmd := &cobra.Command{
 		Use:   "create [--image base] [--memory 512] [--cpus 1] [--env K=V ...]",
@@ -27,6 +28,9 @@ func (a *app) createCommand() *cobra.Command {
 				return err
 			}
 			req.Env = env
+			if err := applyLC(&req); err != nil {
+				return err
+			}
 			sp := a.newSpinner("creating sandbox")
 			created, err = a.client().CreateSandbox(cmd.Context(), req)
 			sp.done()
@@ -46,6 +50,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Float64Var(&req.CPUs, "cpus", 1, "CPU limit in cores")
 	f.StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE for every process (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	applyLC = addLifecycleFlags(cmd)
 	return cmd
 }
 

@@ -17,6 +17,8 @@ type serveConfig struct {
 	Listen    string
 	RunscPath string
 	AgentPath string
+	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
+	IdleCPUThreshold float64
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -40,6 +42,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
+	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
 	return cmd
 }
 

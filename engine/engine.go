@@ -50,6 +50,9 @@ type Spec struct {
 	CPUs      float64
 	// Env is the guest agent's environment, which it passes to every process it starts.
 	Env map[string]string
+	// Mounts are host directories (named volumes) bind-mounted read-write unless
+	// ReadOnly; a Restore must get the same Destinations.
+	Mounts []Mount
 }
 
 // AgentPort is the TCP port the guest agent listens on inside every sandbox.

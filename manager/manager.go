@@ -58,6 +58,9 @@ type Config struct {
 	AgentTimeout time.Duration
 	Logger       *slog.Logger
 	Metrics      *Metrics
+	// Lifecycle configures idle and timeout policies, volumes and hibernation
+	// modes (lifecycle.go).
+	Lifecycle LifecycleConfig
 	// TestResumeDelay, when set, sleeps in the resume path after the sandbox is
 	// marked resuming and before the engine restores it: tests use it to race
 	// other calls against a resume. Zero in production.
@@ -73,6 +76,7 @@ type Manager struct {
 	mu    sync.Mutex
 	locks map[string]*sandboxLock
 	live  map[string]*agentclient.Client // sandbox id -> agent client, while running
+	lc    lifecycle                      // activity tracking for the idle trigger (idle.go)
 }
 
 type sandboxLock struct {
@@ -197,6 +201,7 @@ func (m *Manager) get(ctx context.Context, id string) (*metadata.Sandbox, error)
 
 // setState persists a state change (and whatever else changed in s).
 func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st apiv1.State) error {
+	m.accrue(ctx, s, time.Now())
 	s.State = st
 	s.StateChangedAt = time.Now().UTC()
 	if st != apiv1.StateError {
@@ -244,6 +249,7 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) apiv1.Sandbox {
 		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
 		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
 	}
+	m.viewPolicy(ctx, s, &v)
 	if s.SnapshotID != "" {
 		if snap, err := m.cfg.DB.GetSnapshot(ctx, s.SnapshotID); err == nil {
 			v.Snapshot = &apiv1.Snapshot{ID: snap.ID, SandboxID: snap.SandboxID, Bytes: snap.Bytes,
@@ -261,6 +267,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		MemoryMiB: s.MemoryMiB,
 		CPUs:      s.CPUs,
 		Env:       s.Env,
+		Mounts:    m.volumeMounts(s),
 	}
 }
 
@@ -316,9 +323,12 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 			return apiv1.Sandbox{}, invalid("env key %q: must match %s", k, envKeyRE)
 		}
 	}
+	pol, err := m.createPolicy(ctx, req)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
 	var img apiv1.Image
 	var path string
-	var err error
 	if req.Image == "base" {
 		if _, err = m.cfg.Images.EnsureBase(ctx, io.Discard); err != nil {
 			return apiv1.Sandbox{}, fmt.Errorf("image base: %w", err)
@@ -337,6 +347,7 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
 		CreatedAt: now, StateChangedAt: now,
 	}
+	s.Policy = pol
 	unlock, err := m.lock(ctx, s.ID)
 	if err != nil {
 		return apiv1.Sandbox{}, err
@@ -441,7 +452,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, erro
 		return apiv1.Sandbox{}, conflict("sandbox %s is %s; only a running sandbox can be hibernated", id, s.State)
 	}
 	ctx = context.WithoutCancel(ctx)
-	if _, err := m.snapshotLocked(ctx, s, false); err != nil {
+	if err := m.hibernateLocked(ctx, s); err != nil {
 		return m.view(ctx, s), err
 	}
 	return m.view(ctx, s), nil
@@ -453,6 +464,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, erro
 func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leaveRunning bool) (string, error) {
 	start := time.Now()
 	snapID := newID("snap-")
+	m.accrue(ctx, s, start)
 	prevState := s.State
 	s.PendingSnapshot = snapID
 	if !leaveRunning {
@@ -511,6 +523,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return "", err
 	}
 	elapsed := time.Since(start)
+	m.accrue(ctx, s, time.Now())
 	s.SnapshotID = snapID
 	s.PendingSnapshot = ""
 	if !leaveRunning {
@@ -564,6 +577,9 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	case apiv1.StateHibernated:
 	default:
 		return conflict("sandbox %s is %s; only a hibernated sandbox can be resumed", s.ID, s.State)
+	}
+	if m.isFilesystemSnapshot(ctx, s.SnapshotID) {
+		return m.resumeFilesystemLocked(ctx, s)
 	}
 	start := time.Now()
 	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
@@ -635,7 +651,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 // latest snapshot. Each clone is a new sandbox with forked_from set and its own
 // generation. Errors: ErrInvalidArgument for count outside 1..MaxForkCount;
 // ErrConflict for a source that is neither running nor hibernated.
-func (m *Manager) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandbox, error) {
+func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOptions) ([]apiv1.Sandbox, error) {
 	if count == 0 {
 		count = 1
 	}
@@ -649,6 +665,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandb
 	defer unlock()
 	src, err := m.get(ctx, id)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.checkFork(ctx, src, opts); err != nil {
 		return nil, err
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -685,6 +704,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandb
 			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env,
 			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
 			CreatedAt: now, StateChangedAt: now,
+		}
+		if err := m.forkPolicy(ctx, src, c, opts); err != nil {
+			return nil, err
 		}
 		c.Instance = instanceID(c.ID, 1)
 		if err := m.cfg.DB.PutSandbox(ctx, c); err != nil {
@@ -759,12 +781,13 @@ func (m *Manager) acquire(ctx context.Context, id string) (*metadata.Sandbox, *a
 	if c == nil {
 		return nil, nil, conflict("sandbox %s: no guest agent connection", id)
 	}
+	m.touch(id)
 	return s, c, nil
 }
 
 // Exec starts a command in the sandbox (waking it if hibernated) and returns the
 // guest agent's event stream. The caller must Close it.
-func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*agentclient.ExecStream, error) {
+func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*ExecStream, error) {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return nil, invalid("cmd: must name a program")
 	}
@@ -778,7 +801,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	return c.Exec(ctx, req)
+	return m.trackExec(id, c)(c.Exec(ctx, req))
 }
 
 func checkPath(p string) error {
@@ -847,9 +870,16 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 			err = conflict("sandbox %s is %s", id, s.State)
 		}
 	}
+	if err == nil {
+		m.touch(id)
+	}
 	unlock()
 	if err != nil {
 		return nil, err
 	}
-	return m.cfg.Engine.Dial(ctx, s.Instance, port)
+	c, err := m.cfg.Engine.Dial(ctx, s.Instance, port)
+	if err != nil {
+		return nil, err
+	}
+	return m.countConn(id, c), nil
 }

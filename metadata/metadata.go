@@ -54,6 +54,8 @@ type Sandbox struct {
 	LastHibernateAt *time.Time
 	LastResumeAt    *time.Time
 	ResumeMS        int64
+	// Lifecycle policies and usage (issue 5; see policy.go).
+	Policy
 }
 
 // Snapshot is a snapshot's persisted record (its manifest lives in the store).
@@ -89,7 +91,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	state_changed_at TEXT NOT NULL,
 	last_hibernate_at TEXT,
 	last_resume_at TEXT,
-	resume_ms INTEGER NOT NULL DEFAULT 0
+	resume_ms INTEGER NOT NULL DEFAULT 0,
+	idle_timeout_s INTEGER NOT NULL DEFAULT 15,
+	timeout_s INTEGER NOT NULL DEFAULT 0,
+	on_timeout TEXT NOT NULL DEFAULT 'hibernate',
+	hibernation_mode TEXT NOT NULL DEFAULT 'memory',
+	on_resume TEXT NOT NULL DEFAULT '',
+	volumes TEXT NOT NULL DEFAULT '',
+	running_ms INTEGER NOT NULL DEFAULT 0,
+	timeout_base_ms INTEGER NOT NULL DEFAULT 0,
+	snapshot_byte_s REAL NOT NULL DEFAULT 0,
+	usage_at TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters (name, value) VALUES ('generation', 0);
@@ -119,6 +131,10 @@ func Open(path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("metadata: schema %s: %w", path, err)
 	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("metadata: migrate %s: %w", path, err)
+	}
 	return &DB{SQL: db}, nil
 }
 
@@ -127,7 +143,7 @@ func (d *DB) Close() error { return d.SQL.Close() }
 
 const sandboxCols = `id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation,
 	forked_from, snapshot_id, pending_snapshot, instance, seq, error, deleting, created_at,
-	state_changed_at, last_hibernate_at, last_resume_at, resume_ms`
+	state_changed_at, last_hibernate_at, last_resume_at, resume_ms` + `, ` + policyCols
 
 func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
@@ -150,10 +166,11 @@ type execer interface {
 func putSandbox(ctx context.Context, x execer, s *Sandbox) error {
 	env, _ := json.Marshal(s.Env)
 	_, err := x.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+sandboxCols+`)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
-		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
-		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,`+policyMarks+`)`,
+		append([]any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
+			s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
+			s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS},
+			s.Policy.values()...)...)
 	if err != nil {
 		return fmt.Errorf("metadata: put sandbox %s: %w", s.ID, err)
 	}
@@ -166,12 +183,14 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	var s Sandbox
 	var state, env, created, changed string
 	var lastH, lastR sql.NullString
-	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
+	var pol policyScan
+	err := r.Scan(append([]any{&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
-		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS)
+		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS}, pol.dests()...)...)
 	if err != nil {
 		return nil, err
 	}
+	s.Policy = pol.policy()
 	s.State = apiv1.State(state)
 	_ = json.Unmarshal([]byte(env), &s.Env)
 	s.CreatedAt, _ = time.Parse(time.RFC3339Nano, created)

@@ -48,6 +48,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Path+"/", http.StatusTemporaryRedirect)
 	}))
+	s.lifecycleRoutes(mux)
 	mux.HandleFunc("GET /v1/images", s.listImages)
 	mux.HandleFunc("POST /v1/images/build", s.buildImage)
 	mux.HandleFunc("POST /v1/images/import", s.importImage)
@@ -185,7 +186,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count)
+	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes})
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -47,6 +47,13 @@ type Config struct {
 	ImageCache string
 	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
 	TestResumeDelay time.Duration
+	// IdleCPUThreshold is the CPU use (fraction of one core) below which a sandbox
+	// counts as idle (default 0.05); LifecycleInterval how often the idle and
+	// timeout loop checks (default 1 s). DisableLifecycle turns the loop off (no
+	// idle hibernation, no run timeouts; servertest's default).
+	IdleCPUThreshold  float64
+	LifecycleInterval time.Duration
+	DisableLifecycle  bool
 }
 
 // Server is a torpor server with its parts opened.
@@ -57,6 +64,7 @@ type Server struct {
 	db      *metadata.DB
 	log     *slog.Logger
 	reg     *prometheus.Registry
+	stopLC  func() // stops the lifecycle loop and waits for it
 	handler http.Handler
 }
 
@@ -103,7 +111,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mgr, err := manager.New(manager.Config{
 		Engine: eng, Store: store, DB: db, Images: images,
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
-		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg), TestResumeDelay: cfg.TestResumeDelay,
+		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
+		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
+			VolumesDir: filepath.Join(dir, "volumes")}, TestResumeDelay: cfg.TestResumeDelay,
 	})
 	if err != nil {
 		return fail(err)
@@ -114,6 +124,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg}
 	s.handler = s.routes()
+	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
 }
 
@@ -122,7 +133,12 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close closes the database. Running sandboxes keep running; the next server on
 // the same data directory reattaches them.
-func (s *Server) Close() error { return s.db.Close() }
+func (s *Server) Close() error {
+	if s.stopLC != nil {
+		s.stopLC()
+	}
+	return s.db.Close()
+}
 
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
 // (in-flight requests get 10 s).

@@ -116,12 +116,12 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 		},
 		Root:     ociRoot{Path: "rootfs", Readonly: false}, // writes go to the memory overlay
 		Hostname: "sandbox",
-		Mounts: []ociMount{
+		Mounts: append([]ociMount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
-		},
+		}, volumeMounts(spec.Mounts)...),
 		// gVisor reads an EROFS root from these annotations (notes/engine-gvisor.md);
 		// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
 		Annotations: map[string]string{
@@ -137,4 +137,20 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 			CgroupsPath: e.cgroupPath(spec.ID),
 		},
 	}
+}
+
+// volumeMounts are the Spec's host directories as OCI bind mounts. gVisor serves
+// them through its gofer: writes go to the host directory (not to the sandbox's
+// memory overlay), so they are not in a checkpoint, and a restore reopens them
+// by path.
+func volumeMounts(ms []engine.Mount) []ociMount {
+	var out []ociMount
+	for _, m := range ms {
+		opts := []string{"rbind", "rw"}
+		if m.ReadOnly {
+			opts[1] = "ro"
+		}
+		out = append(out, ociMount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: opts})
+	}
+	return out
 }

@@ -44,6 +44,12 @@ type Options struct {
 	// KeepSandboxes leaves sandboxes running when the test ends (restart tests
 	// hand them to the next server, which must clean up).
 	KeepSandboxes bool
+	// Lifecycle runs the idle and timeout loop (off by default, so that tests not
+	// about it never see a sandbox hibernate under them); IdleCPUThreshold and
+	// LifecycleInterval are passed to server.Config.
+	Lifecycle         bool
+	IdleCPUThreshold  float64
+	LifecycleInterval time.Duration
 }
 
 var (
@@ -107,6 +113,8 @@ func Start(t testing.TB, opts Options) *Server {
 		Logger:          slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TestResumeDelay: opts.TestResumeDelay,
 	}
+	cfg.DisableLifecycle = !opts.Lifecycle
+	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval
 	s := &Server{DataDir: dir, cfg: cfg}
 	s.start(t)
 	t.Cleanup(func() {

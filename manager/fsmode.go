@@ -1,0 +1,258 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Hibernation mode "filesystem": only the writable layer is kept.
+//
+// Hibernate: the guest agent runs, inside the sandbox,
+//
+//	cd / && find . -xdev -mindepth 1 <prune volumes> -newerct @<image time> -print0 |
+//	    tar --null --no-recursion -T - -cpf /tmp/.torpor-fs.tar
+//
+// i.e. every file, directory, symlink and device node of the root filesystem
+// whose ctime is newer than the image (ctime changes on every write, chmod or
+// rename and cannot be set back by the user, so this is the overlay's content:
+// created, copied-up and changed files). Other mounts are skipped (-xdev): /tmp
+// (a tmpfs), /proc, /dev, volumes. The archive is read through the agent's file
+// API into the snapshot as fs.tar, and the instance is stopped: memory and
+// processes are dropped. Not kept: deletions of files that are in the image
+// (overlay whiteouts; the file is back after a resume), /tmp, and anything a
+// process writes after the capture started.
+//
+// Resume: a fresh instance boots from the image (with the current guest agent),
+// the archive is unpacked over the root (tar -xp), and the sandbox's on_resume
+// command is started detached (its output goes to /tmp/torpor-bg-<pid>.log, as
+// for a background exec). This is DESIGN.md's rebuild-from-log path: processes
+// start again and rebuild their state from files.
+
+const fsLayerFile = "fs.tar"
+const fsTarInSandbox = "/tmp/.torpor-fs.tar"
+
+// isFilesystemSnapshot reports whether snapshot id holds a writable layer only.
+func (m *Manager) isFilesystemSnapshot(ctx context.Context, id string) bool {
+	if id == "" {
+		return false
+	}
+	man, err := m.cfg.Store.Manifest(ctx, id)
+	if err != nil {
+		return false
+	}
+	for _, f := range man.Files {
+		if f.Name == fsLayerFile {
+			return true
+		}
+	}
+	return false
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.Sandbox) error {
+	start := time.Now()
+	m.accrue(ctx, s, start)
+	c := m.liveClient(s.ID)
+	if c == nil {
+		return conflict("sandbox %s: no guest agent connection", s.ID)
+	}
+	img, _, err := m.cfg.Images.Get(ctx, s.ImageDigest)
+	if err != nil {
+		return fmt.Errorf("hibernate %s: image %s: %w", s.ID, s.ImageDigest, err)
+	}
+	snapID := newID("snap-")
+	s.PendingSnapshot = snapID
+	s.State = apiv1.StateHibernating
+	s.StateChangedAt = time.Now().UTC()
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return err
+	}
+	undo := func(cause error) error {
+		_ = m.cfg.Store.Abort(ctx, snapID)
+		s.PendingSnapshot = ""
+		_ = m.setState(ctx, s, apiv1.StateRunning)
+		return cause
+	}
+	dir, err := m.cfg.Store.Stage(ctx, snapID)
+	if err != nil {
+		return undo(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, m.lcfg().FilesystemTimeout)
+	defer cancel()
+	prune := "-path ./tmp"
+	for _, v := range s.Volumes {
+		prune += " -o -path " + shellQuote("."+v.Path)
+	}
+	// The image's files are older than the image record; 1 s of slack for
+	// whole-second ctimes.
+	since := img.CreatedAt.Unix() - 1
+	script := fmt.Sprintf(`cd / && rm -f %[1]s && find . -xdev -mindepth 1 \( %[2]s \) -prune -o -newerct @%[3]d -print0 2>/dev/null | tar --null --no-recursion -T - -cpf %[1]s`,
+		fsTarInSandbox, prune, since)
+	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c", script}})
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
+	}
+	if err != nil {
+		return undo(fmt.Errorf("hibernate %s: capture writable layer: %w", s.ID, err))
+	}
+	rc, _, err := c.ReadFile(cctx, fsTarInSandbox)
+	if err != nil {
+		return undo(fmt.Errorf("hibernate %s: read writable layer: %w", s.ID, err))
+	}
+	err = writeSynced(filepath.Join(dir, fsLayerFile), rc)
+	rc.Close()
+	if err != nil {
+		return undo(fmt.Errorf("hibernate %s: store writable layer: %w", s.ID, err))
+	}
+	// The layer is captured: drop the processes and the memory.
+	m.dropLive(s.ID)
+	if err := m.cfg.Engine.Stop(ctx, s.Instance); err != nil {
+		m.log.Warn("hibernate (filesystem): stop instance", "sandbox", s.ID, "instance", s.Instance, "err", err)
+	}
+	now := time.Now().UTC()
+	man := snapshot.Manifest{
+		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
+		Engine: m.cfg.Engine.Name(), EngineVersion: "filesystem layer",
+		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
+			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
+		CreatedAt:   now,
+		HibernateMS: time.Since(start).Milliseconds(),
+	}
+	man, err = m.cfg.Store.Commit(ctx, snapID, man)
+	if err != nil {
+		_ = m.cfg.Store.Abort(ctx, snapID)
+		s.PendingSnapshot = ""
+		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
+		return err
+	}
+	elapsed := time.Since(start)
+	m.accrue(ctx, s, time.Now())
+	s.SnapshotID = snapID
+	s.PendingSnapshot = ""
+	s.State = apiv1.StateHibernated
+	s.Instance = ""
+	s.LastHibernateAt = &now
+	s.StateChangedAt = now
+	rec := &metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
+		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}
+	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
+		return err
+	}
+	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
+	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
+	m.collectSnapshots(ctx)
+	return nil
+}
+
+func writeSynced(path string, r io.Reader) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// resumeFilesystemLocked resumes a sandbox whose snapshot is a writable layer:
+// fresh boot, unpack, on_resume. On failure the sandbox stays hibernated.
+func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbox) error {
+	start := time.Now()
+	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
+		return err
+	}
+	back := func(cause error) error {
+		s.Instance = ""
+		s.Error = ""
+		_ = m.setState(ctx, s, apiv1.StateHibernated)
+		s.Error = cause.Error()
+		return cause
+	}
+	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
+	if err != nil {
+		var ce *snapshot.CorruptError
+		if errors.As(err, &ce) {
+			return back(fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err))
+		}
+		return back(fmt.Errorf("resume %s: %w", s.ID, err))
+	}
+	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	if err != nil {
+		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
+	}
+	gen, err := m.cfg.DB.NextGeneration(ctx)
+	if err != nil {
+		return back(err)
+	}
+	s.Seq++
+	s.Instance = instanceID(s.ID, s.Seq)
+	s.GuestDigest = m.guestDigest // a fresh boot runs the current agent
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return back(err)
+	}
+	stop := func(cause error) error {
+		m.dropLive(s.ID)
+		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		return back(fmt.Errorf("resume %s: %w", s.ID, cause))
+	}
+	if err := m.cfg.Engine.Start(ctx, m.spec(s, rootfs)); err != nil {
+		return stop(err)
+	}
+	if err := m.waitAgent(ctx, s); err != nil {
+		return stop(err)
+	}
+	c := m.liveClient(s.ID)
+	cctx, cancel := context.WithTimeout(ctx, m.lcfg().FilesystemTimeout)
+	defer cancel()
+	f, err := os.Open(filepath.Join(dir, fsLayerFile))
+	if err != nil {
+		return stop(err)
+	}
+	st, _ := f.Stat()
+	err = c.WriteFile(cctx, fsTarInSandbox, f, st.Size())
+	f.Close()
+	if err != nil {
+		return stop(fmt.Errorf("upload writable layer: %w", err))
+	}
+	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c",
+		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox}})
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
+	}
+	if err != nil {
+		return stop(fmt.Errorf("unpack writable layer: %w", err))
+	}
+	if len(s.OnResume) > 0 {
+		if _, err := c.Start(cctx, apiv1.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
+			// The sandbox is back with its files; a broken on_resume is the user's to fix.
+			m.log.Warn("resume (filesystem): on_resume did not start", "sandbox", s.ID, "cmd", s.OnResume, "err", err)
+		}
+	}
+	now := time.Now().UTC()
+	s.Generation = gen
+	s.LastResumeAt = &now
+	s.ResumeMS = time.Since(start).Milliseconds()
+	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+		return err
+	}
+	m.log.Info("resumed (filesystem)", "sandbox", s.ID, "total_ms", s.ResumeMS)
+	m.cfg.Metrics.resume.Observe(time.Since(start).Seconds())
+	return nil
+}

@@ -1,0 +1,304 @@
+package manager
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/metadata"
+)
+
+// The idle trigger.
+//
+// A running sandbox with idle_timeout_s = T > 0 is idle, and is hibernated (mode
+// none: deleted), when for the last T seconds all of these held:
+//
+//  1. no API call used it: exec, files (read or write), a proxied request, resume,
+//     create, fork (as clone) or PATCH. Status reads (GET, list) do not count;
+//  2. no proxied connection to it was open (counted from DialPort until the
+//     connection is closed) and no exec stream was open (from Exec until its
+//     stream is closed: a foreground command keeps its sandbox awake however long
+//     it runs);
+//  3. every CPU sample was below the threshold: the loop reads the instance's CPU
+//     time (engine.CPUMeter; the gVisor cgroup) every CheckInterval (1 s) and a
+//     sample whose average use over that interval is at or above
+//     IdleCPUThreshold (default 5 % of one core) counts as activity. A background
+//     job that computes keeps its sandbox awake; one that sleeps does not.
+//
+// The loop checks every CheckInterval; the decision is taken again under the
+// sandbox's lock right before acting, so a request that arrived meanwhile (it
+// touches the sandbox under the same lock) cancels it. The hibernate goes through
+// hibernateLocked, the code path of POST /hibernate, so it captures exactly what a
+// manual hibernate does. Clocks restart whenever the sandbox gets a new instance
+// (create, resume, fork) and when the server starts.
+//
+// Run timeouts: a sandbox with timeout_s = L > 0 whose running time since the
+// start of its timeout period reaches L is hibernated (on_timeout "hibernate";
+// in mode none it is deleted) or deleted (on_timeout "delete"). Only time in state
+// running counts (usage.go), so nothing counts down while it is hibernated. The
+// period starts at create, at a PATCH that sets timeout_s, and again after each
+// timeout-triggered hibernate, so a sandbox resumed after its timeout may run L
+// more seconds.
+
+type lifecycle struct {
+	mu  sync.Mutex
+	act map[string]*activity
+}
+
+type activity struct {
+	instance string
+	last     time.Time // last activity
+	conns    int       // open proxied connections
+	execs    int       // open exec streams
+	cpuAt    time.Time // time of the last CPU sample (zero: none yet)
+	cpuPrev  time.Duration
+	cpuRate  float64   // last sample, in cores
+	retryAt  time.Time // after a failed idle or timeout action, not before this
+}
+
+// entry returns id's activity record, creating it; the caller holds lc.mu.
+func (l *lifecycle) entry(id string) *activity {
+	if l.act == nil {
+		l.act = map[string]*activity{}
+	}
+	a := l.act[id]
+	if a == nil {
+		a = &activity{last: time.Now()}
+		l.act[id] = a
+	}
+	return a
+}
+
+// touch records an API call on sandbox id.
+func (m *Manager) touch(id string) {
+	m.lc.mu.Lock()
+	m.lc.entry(id).last = time.Now()
+	m.lc.mu.Unlock()
+}
+
+func (m *Manager) addOpen(id string, conns, execs int) {
+	m.lc.mu.Lock()
+	a := m.lc.entry(id)
+	a.conns = max(0, a.conns+conns)
+	a.execs = max(0, a.execs+execs)
+	a.last = time.Now()
+	m.lc.mu.Unlock()
+}
+
+// countConn counts a proxied connection as open until it is closed.
+func (m *Manager) countConn(id string, c net.Conn) net.Conn {
+	m.addOpen(id, 1, 0)
+	return &countedConn{Conn: c, done: func() { m.addOpen(id, -1, 0) }}
+}
+
+type countedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.done)
+	return err
+}
+
+// ExecStream is an exec's event stream (agentclient.ExecStream); while it is
+// open its sandbox is not idle. Close it when done.
+type ExecStream struct {
+	*agentclient.ExecStream
+	once sync.Once
+	done func()
+}
+
+// Close releases the stream.
+func (s *ExecStream) Close() error {
+	err := s.ExecStream.Close()
+	s.once.Do(s.done)
+	return err
+}
+
+func (m *Manager) trackExec(id string, _ *agentclient.Client) func(*agentclient.ExecStream, error) (*ExecStream, error) {
+	return func(st *agentclient.ExecStream, err error) (*ExecStream, error) {
+		if err != nil {
+			return nil, err
+		}
+		m.addOpen(id, 0, 1)
+		return &ExecStream{ExecStream: st, done: func() { m.addOpen(id, 0, -1) }}, nil
+	}
+}
+
+// RunLifecycle runs the idle and timeout loop until ctx ends. The server starts it
+// after Reconcile and cancels it (and waits for it) before closing the database.
+func (m *Manager) RunLifecycle(ctx context.Context) {
+	t := time.NewTicker(m.lcfg().CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.lifecycleTick(ctx)
+		}
+	}
+}
+
+func (m *Manager) lifecycleTick(ctx context.Context) {
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("lifecycle: list sandboxes", "err", err)
+		}
+		return
+	}
+	cfg := m.lcfg()
+	meter, _ := m.cfg.Engine.(engine.CPUMeter)
+	now := time.Now()
+	running := map[string]bool{}
+	type action struct {
+		id, why string
+		timeout bool
+	}
+	var todo []action
+	for _, s := range all {
+		if s.Deleting || s.State != apiv1.StateRunning || s.Instance == "" {
+			continue
+		}
+		running[s.ID] = true
+		var cpu time.Duration
+		cpuOK := false
+		if meter != nil && s.IdleTimeoutS > 0 {
+			if v, err := meter.CPUTime(s.Instance); err == nil {
+				cpu, cpuOK = v, true
+			}
+		}
+		m.lc.mu.Lock()
+		a := m.lc.entry(s.ID)
+		if a.instance != s.Instance {
+			// A new incarnation (create, resume, fork, server start): clocks restart.
+			a.instance, a.last, a.cpuAt, a.cpuRate = s.Instance, now, time.Time{}, 0
+		}
+		if cpuOK {
+			if !a.cpuAt.IsZero() && now.After(a.cpuAt) {
+				a.cpuRate = float64(cpu-a.cpuPrev) / float64(now.Sub(a.cpuAt))
+				if a.cpuRate >= cfg.IdleCPUThreshold {
+					a.last = now
+				}
+			}
+			a.cpuAt, a.cpuPrev = now, cpu
+		}
+		if a.conns > 0 || a.execs > 0 {
+			a.last = now
+		}
+		idleFor := now.Sub(a.last)
+		retry := now.After(a.retryAt)
+		m.lc.mu.Unlock()
+		if !retry {
+			continue
+		}
+		if s.TimeoutS > 0 {
+			run, _ := m.usageAt(ctx, s, now)
+			if run-s.TimeoutBaseMS >= int64(s.TimeoutS)*1000 {
+				todo = append(todo, action{id: s.ID, why: "timeout", timeout: true})
+				continue
+			}
+		}
+		if s.IdleTimeoutS > 0 && idleFor >= time.Duration(s.IdleTimeoutS)*time.Second {
+			todo = append(todo, action{id: s.ID, why: "idle"})
+		}
+	}
+	m.lc.mu.Lock()
+	for id, a := range m.lc.act {
+		if !running[id] && a.conns == 0 && a.execs == 0 {
+			delete(m.lc.act, id)
+		}
+	}
+	m.lc.mu.Unlock()
+	for _, a := range todo {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := m.lifecycleAct(ctx, a.id, a.timeout); err != nil {
+			m.log.Warn("lifecycle: "+a.why+" action failed", "sandbox", a.id, "err", err)
+			m.lc.mu.Lock()
+			m.lc.entry(a.id).retryAt = time.Now().Add(30 * time.Second)
+			m.lc.mu.Unlock()
+		}
+	}
+}
+
+// lifecycleAct re-checks, under the sandbox's lock, that the timeout ran out or
+// the sandbox is still idle, and then hibernates or deletes it.
+func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil || s.State != apiv1.StateRunning {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	now := time.Now()
+	if timeout {
+		run, _ := m.usageAt(ctx, s, now)
+		if s.TimeoutS <= 0 || run-s.TimeoutBaseMS < int64(s.TimeoutS)*1000 {
+			return nil
+		}
+		if s.OnTimeout == "delete" || s.HibernationMode == apiv1.ModeNone {
+			m.log.Info("timeout: deleting", "sandbox", id, "timeout_s", s.TimeoutS)
+			return m.deleteLocked(ctx, s)
+		}
+		m.accrue(ctx, s, now)
+		s.TimeoutBaseMS = s.RunningMS // a new period starts with the next resume
+		m.log.Info("timeout: hibernating", "sandbox", id, "timeout_s", s.TimeoutS, "mode", s.HibernationMode)
+		return m.hibernateLocked(ctx, s)
+	}
+	if s.IdleTimeoutS <= 0 || !m.stillIdle(id, s.Instance, time.Duration(s.IdleTimeoutS)*time.Second) {
+		return nil
+	}
+	if s.HibernationMode == apiv1.ModeNone {
+		m.log.Info("idle: deleting (hibernation mode none)", "sandbox", id, "idle_timeout_s", s.IdleTimeoutS)
+		return m.deleteLocked(ctx, s)
+	}
+	m.log.Info("idle: hibernating", "sandbox", id, "idle_timeout_s", s.IdleTimeoutS, "mode", s.HibernationMode)
+	return m.hibernateLocked(ctx, s)
+}
+
+func (m *Manager) stillIdle(id, instance string, window time.Duration) bool {
+	m.lc.mu.Lock()
+	defer m.lc.mu.Unlock()
+	a := m.lc.act[id]
+	return a != nil && a.instance == instance && a.conns == 0 && a.execs == 0 && time.Since(a.last) >= window
+}
+
+// hibernateLocked hibernates a running sandbox as its hibernation mode says: the
+// one code path of a manual, an idle-triggered and a timeout-triggered hibernate.
+// The caller holds s's lock. Mode none keeps nothing, so it cannot be hibernated
+// (ErrConflict): the idle trigger deletes such a sandbox instead.
+func (m *Manager) hibernateLocked(ctx context.Context, s *metadata.Sandbox) error {
+	switch s.HibernationMode {
+	case apiv1.ModeNone:
+		return conflict("sandbox %s has hibernation mode none, which keeps nothing; change its hibernation_mode (PATCH) to hibernate it", s.ID)
+	case apiv1.ModeFilesystem:
+		return m.hibernateFilesystemLocked(ctx, s)
+	}
+	_, err := m.snapshotLocked(ctx, s, false)
+	return err
+}
+
+// LifecycleCounters reports, for tests and debugging, the open proxied
+// connections and exec streams counted for sandbox id and the last CPU sample.
+func (m *Manager) LifecycleCounters(id string) (conns, execs int, cpuCores float64) {
+	m.lc.mu.Lock()
+	defer m.lc.mu.Unlock()
+	if a := m.lc.act[id]; a != nil {
+		return a.conns, a.execs, a.cpuRate
+	}
+	return 0, 0, 0
+}

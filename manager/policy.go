@@ -1,0 +1,203 @@
+package manager
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata"
+)
+
+// LifecycleConfig configures the policies of issue 5: the idle trigger, run
+// timeouts, hibernation modes and volumes.
+type LifecycleConfig struct {
+	// IdleCPUThreshold is the CPU use, as a fraction of one core, below which a
+	// sandbox counts as idle (default 0.05 = 5 %).
+	IdleCPUThreshold float64
+	// CheckInterval is how often the lifecycle loop samples CPU and checks idle
+	// and run timeouts (default 1 s).
+	CheckInterval time.Duration
+	// VolumesDir holds one host directory per named volume ("" = volumes are
+	// refused).
+	VolumesDir string
+	// FilesystemTimeout bounds capturing or restoring the writable layer of a
+	// filesystem-mode sandbox (default 5 min).
+	FilesystemTimeout time.Duration
+}
+
+// Policy defaults and limits.
+const (
+	DefaultIdleTimeoutS     = 15
+	DefaultIdleCPUThreshold = 0.05
+	MaxTimeoutS             = 365 * 24 * 3600
+)
+
+func (m *Manager) lcfg() LifecycleConfig {
+	c := m.cfg.Lifecycle
+	if c.IdleCPUThreshold <= 0 {
+		c.IdleCPUThreshold = DefaultIdleCPUThreshold
+	}
+	if c.CheckInterval <= 0 {
+		c.CheckInterval = time.Second
+	}
+	if c.FilesystemTimeout <= 0 {
+		c.FilesystemTimeout = 5 * time.Minute
+	}
+	return c
+}
+
+// modeKeeps says, for GET /v1/sandboxes/{id}, what each hibernation mode keeps.
+var modeKeeps = map[string]string{
+	apiv1.ModeMemory: "everything: memory, running processes and the writable layer; processes continue on resume",
+	apiv1.ModeFilesystem: "the writable layer only (files created or changed on the root filesystem since the sandbox was " +
+		"created; not /tmp, not deletions of image files); processes are not kept: on resume the sandbox boots fresh " +
+		"from its image plus that layer and starts on_resume",
+	apiv1.ModeNone: "nothing: an idle sandbox is deleted",
+}
+
+func validMode(m string) bool { _, ok := modeKeeps[m]; return ok }
+
+func checkTimeouts(idle, timeout int, onTimeout string) error {
+	if idle < 0 || idle > MaxTimeoutS {
+		return invalid("idle_timeout_s %d: must be between 0 (never) and %d", idle, MaxTimeoutS)
+	}
+	if timeout < 0 || timeout > MaxTimeoutS {
+		return invalid("timeout_s %d: must be between 0 (none) and %d", timeout, MaxTimeoutS)
+	}
+	if onTimeout != "hibernate" && onTimeout != "delete" {
+		return invalid("on_timeout %q: must be \"hibernate\" or \"delete\"", onTimeout)
+	}
+	return nil
+}
+
+func checkOnResume(cmd []string) error {
+	if len(cmd) > 0 && cmd[0] == "" {
+		return invalid("on_resume: must name a program")
+	}
+	return nil
+}
+
+// createPolicy validates the policy fields of a create request and returns the
+// record's Policy.
+func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxRequest) (metadata.Policy, error) {
+	p := metadata.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
+		HibernationMode: req.HibernationMode, OnResume: req.OnResume}
+	if req.IdleTimeoutS != nil {
+		p.IdleTimeoutS = *req.IdleTimeoutS
+	}
+	if p.OnTimeout == "" {
+		p.OnTimeout = "hibernate"
+	}
+	if p.HibernationMode == "" {
+		p.HibernationMode = apiv1.ModeMemory
+	}
+	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
+		return p, err
+	}
+	if !validMode(p.HibernationMode) {
+		return p, invalid("hibernation_mode %q: must be memory, filesystem or none", p.HibernationMode)
+	}
+	if err := checkOnResume(p.OnResume); err != nil {
+		return p, err
+	}
+	vols, err := m.checkVolumeMounts(ctx, req.Volumes)
+	if err != nil {
+		return p, err
+	}
+	p.Volumes = vols
+	return p, nil
+}
+
+// Update changes a sandbox's policies (PATCH /v1/sandboxes/{id}); only the fields
+// present change. Setting timeout_s starts a new timeout period: the sandbox may
+// run timeout_s more seconds from now. Errors: ErrNotFound, ErrInvalidArgument.
+func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandboxRequest) (apiv1.Sandbox, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	p := s.Policy
+	if req.IdleTimeoutS != nil {
+		p.IdleTimeoutS = *req.IdleTimeoutS
+	}
+	if req.TimeoutS != nil {
+		p.TimeoutS = *req.TimeoutS
+	}
+	if req.OnTimeout != nil {
+		p.OnTimeout = *req.OnTimeout
+	}
+	if req.HibernationMode != nil {
+		if !validMode(*req.HibernationMode) {
+			return apiv1.Sandbox{}, invalid("hibernation_mode %q: must be memory, filesystem or none", *req.HibernationMode)
+		}
+		p.HibernationMode = *req.HibernationMode
+	}
+	if req.OnResume != nil {
+		p.OnResume = *req.OnResume
+	}
+	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	if err := checkOnResume(p.OnResume); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	m.accrue(ctx, s, time.Now())
+	if req.TimeoutS != nil {
+		p.TimeoutBaseMS = s.RunningMS
+	}
+	p.RunningMS, p.SnapshotByteS, p.UsageAt = s.RunningMS, s.SnapshotByteS, s.UsageAt
+	s.Policy = p
+	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+		return apiv1.Sandbox{}, err
+	}
+	m.touch(id)
+	return m.view(ctx, s), nil
+}
+
+// viewPolicy fills the policy and usage fields of a sandbox's API view.
+func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *apiv1.Sandbox) {
+	mode := s.HibernationMode
+	if mode == "" {
+		mode = apiv1.ModeMemory
+	}
+	v.IdleTimeoutS, v.TimeoutS, v.OnTimeout = s.IdleTimeoutS, s.TimeoutS, s.OnTimeout
+	v.Hibernation = apiv1.Hibernation{Mode: mode, Keeps: modeKeeps[mode]}
+	if len(s.Volumes) > 0 {
+		v.Hibernation.Keeps += "; volumes (" + volumeNames(s.Volumes) + ") are host directories, never in a snapshot, and are mounted again on resume"
+	}
+	v.OnResume = s.OnResume
+	v.Volumes = s.Volumes
+	run, byteS := m.usageAt(ctx, s, time.Now())
+	v.Usage = apiv1.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
+}
+
+func volumeNames(vs []apiv1.VolumeMount) string {
+	var n []string
+	for _, v := range vs {
+		n = append(n, v.Name+" at "+v.Path)
+	}
+	return strings.Join(n, ", ")
+}
+
+// reservedPaths cannot be volume mount points.
+var reservedPaths = []string{"/", "/proc", "/sys", "/dev", "/.torpor", "/tmp"}
+
+func checkMountPath(p string) error {
+	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return invalid("volume path %q: must be a clean absolute path", p)
+	}
+	for _, r := range reservedPaths {
+		if p == r || (r != "/" && strings.HasPrefix(p, r+"/")) {
+			return invalid("volume path %q: %s is reserved", p, r)
+		}
+	}
+	return nil
+}

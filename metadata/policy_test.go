@@ -1,0 +1,74 @@
+package metadata
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// An older database (sandboxes table without the policy columns) is migrated on
+// Open: its rows get the defaults, and new records round-trip every policy field.
+func TestMigrateAddsPolicyColumns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	old, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, image TEXT NOT NULL,
+		image_digest TEXT NOT NULL, guest_digest TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus REAL NOT NULL,
+		env TEXT NOT NULL, generation INTEGER NOT NULL, forked_from TEXT NOT NULL DEFAULT '',
+		snapshot_id TEXT NOT NULL DEFAULT '', pending_snapshot TEXT NOT NULL DEFAULT '', instance TEXT NOT NULL DEFAULT '',
+		seq INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '', deleting INTEGER NOT NULL DEFAULT 0,
+		created_at TEXT NOT NULL, state_changed_at TEXT NOT NULL, last_hibernate_at TEXT, last_resume_at TEXT,
+		resume_ms INTEGER NOT NULL DEFAULT 0);
+		INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
+		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 1, '2024-01-01T00:00:00Z', '2024-01-01T00:00:00Z');`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	db, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	s, err := db.GetSandbox(ctx, "sbx-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.IdleTimeoutS != 15 || s.HibernationMode != "memory" || s.OnTimeout != "hibernate" || s.TimeoutS != 0 {
+		t.Fatalf("old row after migration: %+v", s.Policy)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	s.ID = "sbx-new"
+	s.Policy = Policy{IdleTimeoutS: 3, TimeoutS: 60, OnTimeout: "delete", HibernationMode: "filesystem",
+		OnResume: []string{"sh", "-c", "x"}, Volumes: []apiv1.VolumeMount{{Name: "data", Path: "/data"}},
+		RunningMS: 1234, TimeoutBaseMS: 1000, SnapshotByteS: 5.5, UsageAt: now}
+	if err := db.PutSandbox(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.GetSandbox(ctx, "sbx-new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.IdleTimeoutS != 3 || got.TimeoutS != 60 || got.OnTimeout != "delete" || got.HibernationMode != "filesystem" ||
+		len(got.OnResume) != 3 || len(got.Volumes) != 1 || got.Volumes[0].Path != "/data" || got.RunningMS != 1234 ||
+		got.TimeoutBaseMS != 1000 || got.SnapshotByteS != 5.5 || !got.UsageAt.Equal(now) {
+		t.Fatalf("round trip: %+v", got.Policy)
+	}
+	// Opening again (columns present) is a no-op.
+	db.Close()
+	if db, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateVolume(ctx, Volume{Name: "data", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateVolume(ctx, Volume{Name: "data", CreatedAt: now}); err == nil {
+		t.Fatal("second create of a volume succeeded")
+	}
+}
