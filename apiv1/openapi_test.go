@@ -134,6 +134,11 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"BuildImageRequest":     BuildImageRequest{},
 		"ErrorBody":             ErrorBody{},
 		"ErrorDetail":           ErrorDetail{},
+		"ResumeReport":          ResumeReport{SnapshotID: "s", WindowMS: 1, AgentMS: 1, Error: "e"},
+		"ResumeStep":            ResumeStep{Detail: "d"},
+		"ResumeClock":           ResumeClock{},
+		"ResumeSubscribers":     ResumeSubscribers{},
+		"ResumeHook":            ResumeHook{},
 	}
 	for name, v := range cases {
 		raw, ok := doc.Components.Schemas[name]
@@ -174,5 +179,6 @@ func fullSandbox() Sandbox {
 	s.ResumeMS = 1
 	s.OnResume = []string{"x"}
 	s.Volumes = []VolumeMount{{}}
+	s.LastResume = &ResumeReport{}
 	return s
 }

@@ -145,6 +145,89 @@ type Sandbox struct {
 	Volumes     []VolumeMount `json:"volumes,omitempty"`
 	// Usage is metered running time and snapshot storage.
 	Usage Usage `json:"usage"`
+	// LastResume is the guest agent's report of the resume contract it ran on the
+	// last start, resume or fork of this sandbox.
+	LastResume *ResumeReport `json:"last_resume,omitempty"`
+}
+
+// ResumeRequest is what the host hands the guest agent (POST /resume of the agent)
+// on every start, resume and fork, before any user request is forwarded.
+type ResumeRequest struct {
+	// Generation is the sandbox's new generation (kept outside the snapshot).
+	Generation int64 `json:"generation"`
+	// Forked says this incarnation is a clone of another sandbox's snapshot.
+	Forked bool `json:"forked"`
+	// SnapshotID is the snapshot restored ("" at first start).
+	SnapshotID string `json:"snapshot_id"`
+	// HostTime is the host's wall clock when the request was sent.
+	HostTime time.Time `json:"host_time"`
+	// HookDeadlineS bounds each user hook (default 10 s).
+	HookDeadlineS float64 `json:"hook_deadline_s,omitempty"`
+	// AckDeadlineS bounds the wait for subscribed processes' acks (default 5 s).
+	AckDeadlineS float64 `json:"ack_deadline_s,omitempty"`
+	// Start marks the first boot of a sandbox (event "start", no hooks run).
+	Start bool `json:"start,omitempty"`
+}
+
+// ResumeReport is the result of the resume contract run by the guest agent, plus
+// what the host measured. OK is false if any step failed, a subscribed process did
+// not acknowledge in time, a hook failed or overran, or the agent could not be
+// reached (Error); the resume completes in every case.
+type ResumeReport struct {
+	// Event is "start" (first boot) or "resume" (resume or fork).
+	Event      string `json:"event"`
+	Generation int64  `json:"generation"`
+	Forked     bool   `json:"forked"`
+	// SnapshotID is the snapshot the sandbox was restored from ("" at start).
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Steps are the built-in steps in the order run: generation, reseed, clock,
+	// notify, hooks.
+	Steps       []ResumeStep      `json:"steps"`
+	Clock       ResumeClock       `json:"clock"`
+	Subscribers ResumeSubscribers `json:"subscribers"`
+	Hooks       []ResumeHook      `json:"hooks"`
+	OK          bool              `json:"ok"`
+	// WindowMS (host-measured) is the time user processes ran un-notified: from the
+	// engine's start or restore returning until the agent's notify step completed.
+	WindowMS float64 `json:"window_ms,omitempty"`
+	// AgentMS (host-measured) is the duration of the host's call to the agent.
+	AgentMS float64 `json:"agent_ms,omitempty"`
+	// Error says why the agent could not run the contract (then Steps is empty).
+	Error string `json:"error,omitempty"`
+}
+
+// ResumeStep is one timed built-in step of the resume contract.
+type ResumeStep struct {
+	Name   string  `json:"name"`
+	MS     float64 `json:"ms"`
+	OK     bool    `json:"ok"`
+	Detail string  `json:"detail,omitempty"`
+}
+
+// ResumeClock is the clock step's result. SkewMS is the sandbox's wall clock minus
+// the host's (as sent); Corrected is "none" or "offset-file" (gVisor forbids
+// clock_settime, so an offset is written to /run/torpor/clock_offset_ns instead).
+type ResumeClock struct {
+	SkewMS    float64 `json:"skew_ms"`
+	Corrected string  `json:"corrected"`
+}
+
+// ResumeSubscribers counts the processes subscribed to resume events and names
+// those that did not acknowledge before the deadline.
+type ResumeSubscribers struct {
+	Total    int      `json:"total"`
+	Acked    int      `json:"acked"`
+	TimedOut []string `json:"timed_out"`
+}
+
+// ResumeHook is the result of one user hook of /etc/torpor/resume.d/.
+type ResumeHook struct {
+	Name     string  `json:"name"`
+	ExitCode int     `json:"exit_code"`
+	MS       float64 `json:"ms"`
+	TimedOut bool    `json:"timed_out"`
+	// Output is the hook's combined stdout and stderr, truncated at 64 KiB.
+	Output string `json:"output"`
 }
 
 // Snapshot describes one committed snapshot.

@@ -215,6 +215,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err := m.cfg.Engine.Start(ctx, m.spec(s, rootfs)); err != nil {
 		return stop(err)
 	}
+	launched := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
 		return stop(err)
 	}
@@ -239,6 +240,9 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return stop(fmt.Errorf("unpack writable layer: %w", err))
 	}
+	// The resume contract runs after the unpack (the layer holds the old
+	// /run/torpor files) and before on_resume.
+	s.LastResume = m.runContract(ctx, s, gen, false, false, s.SnapshotID, launched)
 	if len(s.OnResume) > 0 {
 		if _, err := c.Start(cctx, apiv1.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
 			// The sandbox is back with its files; a broken on_resume is the user's to fix.

@@ -61,6 +61,12 @@ type Config struct {
 	// Lifecycle configures idle and timeout policies, volumes and hibernation
 	// modes (lifecycle.go).
 	Lifecycle LifecycleConfig
+	// ResumeHookDeadline bounds each user hook (/etc/torpor/resume.d) of the resume
+	// contract (default 10 s).
+	ResumeHookDeadline time.Duration
+	// ResumeAckDeadline bounds the wait for in-sandbox subscribers to acknowledge a
+	// resume event (default 5 s).
+	ResumeAckDeadline time.Duration
 	// TestResumeDelay, when set, sleeps in the resume path after the sandbox is
 	// marked resuming and before the engine restores it: tests use it to race
 	// other calls against a resume. Zero in production.
@@ -100,6 +106,12 @@ const (
 func New(cfg Config) (*Manager, error) {
 	if cfg.AgentTimeout == 0 {
 		cfg.AgentTimeout = 30 * time.Second
+	}
+	if cfg.ResumeHookDeadline <= 0 {
+		cfg.ResumeHookDeadline = 10 * time.Second
+	}
+	if cfg.ResumeAckDeadline <= 0 {
+		cfg.ResumeAckDeadline = 5 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -247,7 +259,7 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) apiv1.Sandbox {
 		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation,
 		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt,
 		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
-		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
+		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS, LastResume: s.LastResume,
 	}
 	m.viewPolicy(ctx, s, &v)
 	if s.SnapshotID != "" {
@@ -288,6 +300,61 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 	m.live[s.ID] = c
 	m.mu.Unlock()
 	return nil
+}
+
+// runContract hands the guest agent of s's (just started or restored) instance its
+// new generation, the host's time and whether it is a clone, and returns the
+// agent's report of the resume contract (see package guest/agent). The caller holds
+// s's lock and has not yet marked s running, so no user request reaches the sandbox
+// before the agent notified its processes. launched is when the engine's start or
+// restore returned: the report's window_ms is the time from then until the agent's
+// notify step completed. A failed call is reported (ok=false, error) but does not
+// fail the resume.
+func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int64, forked, start bool, snapshotID string, launched time.Time) *apiv1.ResumeReport {
+	req := apiv1.ResumeRequest{
+		Generation: gen, Forked: forked, SnapshotID: snapshotID, Start: start,
+		HookDeadlineS: m.cfg.ResumeHookDeadline.Seconds(), AckDeadlineS: m.cfg.ResumeAckDeadline.Seconds(),
+	}
+	ev := "resume"
+	if start {
+		ev = "start"
+	}
+	c := m.liveClient(s.ID)
+	if c == nil {
+		return &apiv1.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
+			Error: "no guest agent connection"}
+	}
+	// Generous: the agent bounds each hook and the ack wait itself.
+	timeout := m.cfg.ResumeAckDeadline + 20*m.cfg.ResumeHookDeadline + 30*time.Second
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req.HostTime = time.Now().UTC()
+	t0 := time.Now()
+	rep, err := c.Resume(cctx, req)
+	agentDur := time.Since(t0)
+	end := time.Since(launched)
+	if err != nil {
+		rep = apiv1.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
+			Error: "resume contract: " + err.Error()}
+	} else {
+		// The hooks run after the notify step; they are not part of the window.
+		for _, st := range rep.Steps {
+			if st.Name == "hooks" {
+				end -= time.Duration(st.MS * float64(time.Millisecond))
+			}
+		}
+	}
+	rep.OK = rep.OK && err == nil
+	rep.WindowMS = float64(end.Microseconds()) / 1000
+	rep.AgentMS = float64(agentDur.Microseconds()) / 1000
+	lvl := slog.LevelInfo
+	if !rep.OK {
+		lvl = slog.LevelWarn
+	}
+	m.log.Log(ctx, lvl, "resume contract", "sandbox", s.ID, "event", ev, "generation", gen, "forked", forked,
+		"ok", rep.OK, "window_ms", rep.WindowMS, "agent_ms", rep.AgentMS, "skew_ms", rep.Clock.SkewMS,
+		"subscribers", rep.Subscribers.Total, "acked", rep.Subscribers.Acked, "hooks", len(rep.Hooks), "err", rep.Error)
+	return &rep
 }
 
 func (m *Manager) dropLive(id string) {
@@ -366,11 +433,13 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
+	launched := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
 		_ = m.cfg.Engine.Stop(ctx, s.Instance)
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
+	s.LastResume = m.runContract(ctx, s, s.Generation, false, true, "", launched)
 	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
 		return apiv1.Sandbox{}, err
 	}
@@ -632,9 +701,11 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		_ = m.cfg.Engine.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
+	agentDur := time.Since(tAgent)
+	s.LastResume = m.runContract(ctx, s, gen, false, false, s.SnapshotID, tAgent)
 	m.log.Info("resumed", "sandbox", s.ID, "total_ms", time.Since(start).Milliseconds(),
 		"verify_ms", verifyDur.Milliseconds(), "restore_ms", restoreDur.Milliseconds(),
-		"agent_ms", time.Since(tAgent).Milliseconds())
+		"agent_ms", agentDur.Milliseconds(), "window_ms", s.LastResume.WindowMS)
 	now := time.Now().UTC()
 	s.Generation = gen
 	s.LastResumeAt = &now
@@ -732,12 +803,14 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 				errs[i] = err
 				return
 			}
+			launched := time.Now()
 			if err := m.waitAgent(ctx, c); err != nil {
 				_ = m.cfg.Engine.Stop(ctx, c.Instance)
 				m.fail(ctx, c, err)
 				errs[i] = err
 				return
 			}
+			c.LastResume = m.runContract(ctx, c, c.Generation, true, false, src.SnapshotID, launched)
 			t := time.Now().UTC()
 			c.LastResumeAt = &t
 			errs[i] = m.setState(ctx, c, apiv1.StateRunning)

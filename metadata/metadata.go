@@ -56,6 +56,9 @@ type Sandbox struct {
 	ResumeMS        int64
 	// Lifecycle policies and usage (issue 5; see policy.go).
 	Policy
+	// LastResume is the guest agent's report of the last start, resume or fork
+	// (stored as JSON in column last_resume).
+	LastResume *apiv1.ResumeReport
 }
 
 // Snapshot is a snapshot's persisted record (its manifest lives in the store).
@@ -92,6 +95,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	last_hibernate_at TEXT,
 	last_resume_at TEXT,
 	resume_ms INTEGER NOT NULL DEFAULT 0,
+	last_resume TEXT NOT NULL DEFAULT '',
 	idle_timeout_s INTEGER NOT NULL DEFAULT 15,
 	timeout_s INTEGER NOT NULL DEFAULT 0,
 	on_timeout TEXT NOT NULL DEFAULT 'hibernate',
@@ -143,7 +147,7 @@ func (d *DB) Close() error { return d.SQL.Close() }
 
 const sandboxCols = `id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation,
 	forked_from, snapshot_id, pending_snapshot, instance, seq, error, deleting, created_at,
-	state_changed_at, last_hibernate_at, last_resume_at, resume_ms` + `, ` + policyCols
+	state_changed_at, last_hibernate_at, last_resume_at, resume_ms, last_resume` + `, ` + policyCols
 
 func ts(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
@@ -165,11 +169,16 @@ type execer interface {
 
 func putSandbox(ctx context.Context, x execer, s *Sandbox) error {
 	env, _ := json.Marshal(s.Env)
+	lastResume := ""
+	if s.LastResume != nil {
+		b, _ := json.Marshal(s.LastResume)
+		lastResume = string(b)
+	}
 	_, err := x.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+sandboxCols+`)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,`+policyMarks+`)`,
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,`+policyMarks+`)`,
 		append([]any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
 			s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
-			s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS},
+			s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume},
 			s.Policy.values()...)...)
 	if err != nil {
 		return fmt.Errorf("metadata: put sandbox %s: %w", s.ID, err)
@@ -181,12 +190,12 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (*Sandbox, error) {
 	var s Sandbox
-	var state, env, created, changed string
+	var state, env, created, changed, lastResume string
 	var lastH, lastR sql.NullString
 	var pol policyScan
 	err := r.Scan(append([]any{&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
-		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS}, pol.dests()...)...)
+		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume}, pol.dests()...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -202,6 +211,12 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	if lastR.Valid {
 		t, _ := time.Parse(time.RFC3339Nano, lastR.String)
 		s.LastResumeAt = &t
+	}
+	if lastResume != "" {
+		var rep apiv1.ResumeReport
+		if json.Unmarshal([]byte(lastResume), &rep) == nil {
+			s.LastResume = &rep
+		}
 	}
 	return &s, nil
 }

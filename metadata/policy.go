@@ -57,6 +57,7 @@ var policyColumnDefs = []struct{ name, def string }{
 	{"timeout_base_ms", "INTEGER NOT NULL DEFAULT 0"},
 	{"snapshot_byte_s", "REAL NOT NULL DEFAULT 0"},
 	{"usage_at", "TEXT NOT NULL DEFAULT ''"},
+	{"last_resume", "TEXT NOT NULL DEFAULT ''"}, // the resume contract's last report (metadata.go)
 }
 
 func (p Policy) values() []any {

@@ -54,6 +54,10 @@ type Config struct {
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
 	DisableLifecycle  bool
+	// ResumeHookDeadline and ResumeAckDeadline bound each user resume hook and the
+	// wait for in-sandbox subscribers (see manager.Config; defaults 10 s and 5 s).
+	ResumeHookDeadline time.Duration
+	ResumeAckDeadline  time.Duration
 }
 
 // Server is a torpor server with its parts opened.
@@ -114,6 +118,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
 			VolumesDir: filepath.Join(dir, "volumes")}, TestResumeDelay: cfg.TestResumeDelay,
+		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 	})
 	if err != nil {
 		return fail(err)

@@ -45,6 +45,12 @@ type Options struct {
 	ReapAll bool
 	// Log receives the agent's log lines; nil discards them.
 	Log *log.Logger
+	// RunDir enables the resume contract (POST /resume and the events socket): the
+	// directory of the generation file, resume.json, clock_offset_ns and the events
+	// socket. Run uses /run/torpor; "" disables it (POST /resume answers 404).
+	RunDir string
+	// HooksDir is the directory of user resume hooks (Run: /etc/torpor/resume.d).
+	HooksDir string
 }
 
 // Run listens on addr (":49983" in a sandbox), appends its log to LogPath, and serves
@@ -63,7 +69,7 @@ func Run(ctx context.Context, addr string) error {
 	if lg != nil {
 		lg.Printf("pid %d listening on %s", os.Getpid(), ln.Addr())
 	}
-	return Serve(ctx, ln, Options{Log: lg})
+	return Serve(ctx, ln, Options{Log: lg, RunDir: RunDir, HooksDir: HooksDir})
 }
 
 // Serve answers the agent API on ln until ctx is cancelled, then closes ln and returns
@@ -71,6 +77,16 @@ func Run(ctx context.Context, addr string) error {
 // their commands). It returns the error if serving fails otherwise.
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	s := newServer(opts)
+	if opts.RunDir != "" {
+		s.resume = newResumer(s, opts.RunDir, opts.HooksDir)
+		eln, err := s.resume.listen()
+		if err != nil {
+			// The agent still serves exec and files; /resume reports the failure.
+			s.log.Printf("events socket: %v", err)
+		} else {
+			defer eln.Close()
+		}
+	}
 	srv := &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 30 * time.Second,
@@ -99,6 +115,7 @@ type server struct {
 	env    map[string]string // sandbox env
 	reaper *reaper
 	log    *log.Logger
+	resume *resumer // nil without Options.RunDir
 }
 
 func newServer(opts Options) *server {
@@ -124,9 +141,10 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /exec", s.handleExec)
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
+	mux.HandleFunc("POST /resume", s.handleResume)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/health", "/exec", "/files":
+		case "/health", "/exec", "/files", "/resume":
 			writeError(w, http.StatusMethodNotAllowed, apiv1.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
 		default:
 			writeError(w, http.StatusNotFound, apiv1.CodeNotFound, "no such endpoint: "+r.URL.Path)

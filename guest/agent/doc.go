@@ -37,6 +37,44 @@
 //	     with mode 0755; mode is octal, default 0644. 204 on success; 400 for a relative
 //	     path or a directory.
 //
+//	POST /resume          body: apiv1.ResumeRequest
+//	     {"generation":N,"forked":bool,"snapshot_id":"…","host_time":"RFC3339Nano",
+//	      "hook_deadline_s":10,"ack_deadline_s":5[,"start":true]}
+//	     The host calls it after every start, resume and fork, before it forwards any
+//	     user request. The agent runs the resume contract's steps in this fixed order,
+//	     each timed, and answers 200 with an apiv1.ResumeReport:
+//	       1 generation  /run/torpor/generation ("N\n") and /run/torpor/resume.json
+//	                     (the event below) are replaced atomically (temp + rename)
+//	                     before any event is sent;
+//	       2 reseed      the agent's own user-space PRNG is reseeded from getrandom and
+//	                     /dev/urandom is read (gVisor's getrandom differs per clone);
+//	       3 clock       skew = the sandbox's time.Now() at arrival - host_time. gVisor
+//	                     refuses clock_settime (EPERM), so when |skew| > 50 ms the
+//	                     correction -skew is written to /run/torpor/clock_offset_ns
+//	                     (nanoseconds, decimal; SDK time helpers add it) and reported
+//	                     as "offset-file"; otherwise 0 is written ("none");
+//	       4 notify      the event is sent to every client of the events socket; the
+//	                     step waits until each subscribed client acked it or
+//	                     ack_deadline_s (default 5) passed, and names the laggards;
+//	       5 hooks       every executable regular file of /etc/torpor/resume.d/, in
+//	                     lexical order, in its own process group, with stdin
+//	                     /dev/null, the sandbox env plus TORPOR_GENERATION,
+//	                     TORPOR_FORKED=0|1 and TORPOR_SNAPSHOT_ID; one that outlives
+//	                     hook_deadline_s (default 10) has its group killed (exit_code
+//	                     124, timed_out). Output (stdout+stderr) is kept up to 64 KiB.
+//	     ok is false when a step failed, a subscriber timed out or a hook failed or
+//	     overran; the answer is 200 in every case. With "start" (first boot) the
+//	     event is named "start", nobody is waited for and no hook runs.
+//
+// Events socket /run/torpor/events (unix stream, mode 0666): one JSON object per
+// line. On connect the agent sends {"event":"hello","generation":N}; on every
+// resume or fork {"event":"resume","generation":N,"forked":bool,
+// "host_time":"RFC3339Nano","snapshot_id":"…","seq":K}. A client that wants the
+// host to wait for it writes {"subscribe":true,"name":"<free text>"} (answer
+// {"event":"subscribed"}) and then answers each resume event with {"ack":K} once
+// its own hooks ran. The socket and its connections live in sandbox memory, so
+// they survive hibernation: a subscriber stays subscribed across resumes.
+//
 // Commands run with cmd[0] looked up in the command's PATH, in their own process group,
 // with cwd "/" unless Cwd is given. Their environment is, from lowest to highest
 // precedence: PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin,

@@ -333,3 +333,27 @@ func (c *Client) WriteFileMode(ctx context.Context, path string, r io.Reader, si
 	resp.Body.Close()
 	return nil
 }
+
+// Resume runs the resume contract in the sandbox (POST /resume): the agent writes
+// the generation, reseeds, checks the clock, notifies the sandbox's processes and
+// waits for its subscribers, runs the user hooks, and answers the report. The call
+// lasts as long as the subscribers and hooks take; bound it with ctx. An agent
+// without the endpoint (an older one, from an older snapshot) gives an *Error with
+// code "not_found".
+func (c *Client) Resume(ctx context.Context, req apiv1.ResumeRequest) (apiv1.ResumeReport, error) {
+	var rep apiv1.ResumeReport
+	b, err := json.Marshal(req)
+	if err != nil {
+		return rep, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/resume", bytes.NewReader(b), int64(len(b)), "application/json")
+	if err != nil {
+		return rep, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		return rep, fmt.Errorf("torpor agent: resume report: %w", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	return rep, nil
+}

@@ -41,6 +41,9 @@ type Options struct {
 	DataDir string
 	// TestResumeDelay is passed to server.Config.
 	TestResumeDelay time.Duration
+	// ResumeHookDeadline and ResumeAckDeadline are passed to server.Config.
+	ResumeHookDeadline time.Duration
+	ResumeAckDeadline  time.Duration
 	// KeepSandboxes leaves sandboxes running when the test ends (restart tests
 	// hand them to the next server, which must clean up).
 	KeepSandboxes bool
@@ -110,8 +113,9 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	cfg := server.Config{
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: AgentBinary(t),
-		Logger:          slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		TestResumeDelay: opts.TestResumeDelay,
+		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		TestResumeDelay:    opts.TestResumeDelay,
+		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
 	}
 	cfg.DisableLifecycle = !opts.Lifecycle
 	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval

@@ -1,0 +1,60 @@
+package metadata
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// TestLastResume: the resume report round-trips through the database, and a
+// database made before the column existed gets it on open.
+func TestLastResume(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	old, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, image TEXT NOT NULL,
+		image_digest TEXT NOT NULL, guest_digest TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus REAL NOT NULL,
+		env TEXT NOT NULL, generation INTEGER NOT NULL, forked_from TEXT NOT NULL DEFAULT '',
+		snapshot_id TEXT NOT NULL DEFAULT '', pending_snapshot TEXT NOT NULL DEFAULT '', instance TEXT NOT NULL DEFAULT '',
+		seq INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '', deleting INTEGER NOT NULL DEFAULT 0,
+		created_at TEXT NOT NULL, state_changed_at TEXT NOT NULL, last_hibernate_at TEXT, last_resume_at TEXT,
+		resume_ms INTEGER NOT NULL DEFAULT 0);
+		INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
+		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 4, '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z');`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	db, err := Open(path)
+	if err != nil {
+		t.Fatalf("open an old database: %v", err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	s, err := db.GetSandbox(ctx, "sbx-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.LastResume != nil {
+		t.Errorf("old record has a last_resume: %+v", s.LastResume)
+	}
+	s.LastResume = &apiv1.ResumeReport{Event: "resume", Generation: 5, OK: true, WindowMS: 12.5,
+		Steps: []apiv1.ResumeStep{{Name: "generation", MS: 0.5, OK: true}},
+		Hooks: []apiv1.ResumeHook{{Name: "10-x", ExitCode: 3, Output: "out"}}}
+	s.StateChangedAt = time.Now()
+	if err := db.PutSandbox(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.GetSandbox(ctx, "sbx-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.LastResume; r == nil || r.Generation != 5 || r.WindowMS != 12.5 || len(r.Steps) != 1 || r.Hooks[0].ExitCode != 3 {
+		t.Errorf("last_resume read back as %+v", r)
+	}
+}
