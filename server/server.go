@@ -7,7 +7,8 @@
 //
 //	torpor.db        metadata (SQLite)
 //	images/          content-addressed EROFS images
-//	snapshots/       committed snapshots, one directory each
+//	chunks/          snapshot store: chunks, manifests, opened snapshots, cache
+//	snapshots/       plain-file snapshots (--store plain), one directory each
 //	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
 //	gvisor/          runsc state, bundles and logs
 package server
@@ -30,7 +31,6 @@ import (
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
-	"github.com/torpor/torpor/snapshot/local"
 )
 
 // Config configures a server.
@@ -47,6 +47,8 @@ type Config struct {
 	ImageCache string
 	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
 	TestResumeDelay time.Duration
+	// Store selects the snapshot store (default: chunked on the local filesystem).
+	Store StoreConfig
 	// IdleCPUThreshold is the CPU use (fraction of one core) below which a sandbox
 	// counts as idle (default 0.05); LifecycleInterval how often the idle and
 	// timeout loop checks (default 1 s). DisableLifecycle turns the loop off (no
@@ -62,14 +64,15 @@ type Config struct {
 
 // Server is a torpor server with its parts opened.
 type Server struct {
-	Manager *manager.Manager
-	Images  *image.Store
-	Engine  *gvisor.Engine
-	db      *metadata.DB
-	log     *slog.Logger
-	reg     *prometheus.Registry
-	stopLC  func() // stops the lifecycle loop and waits for it
-	handler http.Handler
+	Manager    *manager.Manager
+	Images     *image.Store
+	Engine     *gvisor.Engine
+	db         *metadata.DB
+	log        *slog.Logger
+	reg        *prometheus.Registry
+	closeStore func() error
+	stopLC     func() // stops the lifecycle loop and waits for it
+	handler    http.Handler
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -93,7 +96,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*Server, error) { db.Close(); return nil, err }
+	var closeStore func() error
+	fail := func(err error) (*Server, error) {
+		if closeStore != nil {
+			closeStore()
+		}
+		db.Close()
+		return nil, err
+	}
 	images, err := image.Open(filepath.Join(dir, "images"), db.SQL)
 	if err != nil {
 		return fail(err)
@@ -102,10 +112,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ImageCache = image.BuildCacheFromEnv()
 	}
 	images.SetBuildCache(cfg.ImageCache)
-	store, err := local.New(filepath.Join(dir, "snapshots"))
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger)
 	if err != nil {
 		return fail(err)
 	}
+	closeStore = cs
 	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
 	if err != nil {
 		return fail(err)
@@ -127,7 +138,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg}
+	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
@@ -141,6 +152,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
+	}
+	if s.closeStore != nil {
+		s.closeStore()
 	}
 	return s.db.Close()
 }
