@@ -90,7 +90,9 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.lcfg().FilesystemTimeout)
 	defer cancel()
-	prune := "-path ./tmp"
+	// Mount points (and volumes) are pruned: -xdev skips their contents but would
+	// still list the mount point itself, with the mounted filesystem's times.
+	prune := "-path ./tmp -o -path ./proc -o -path ./sys -o -path ./dev -o -path ./.torpor"
 	for _, v := range s.Volumes {
 		prune += " -o -path " + shellQuote("."+v.Path)
 	}
@@ -100,7 +102,9 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	script := fmt.Sprintf(`cd / && rm -f %[1]s && find . -xdev -mindepth 1 \( %[2]s \) -prune -o -newerct @%[3]d -print0 2>/dev/null | tar --null --no-recursion -T - -cpf %[1]s`,
 		fsTarInSandbox, prune, since)
 	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c", script}})
-	if err == nil && code != 0 {
+	// tar exits 1 when a file changed while it was read (a process still writes):
+	// the archive is complete, with that file as it was at some point.
+	if err == nil && code > 1 {
 		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
 	}
 	if err != nil {
