@@ -326,15 +326,21 @@ f = os.open("/data/f", os.O_WRONLY|os.O_CREAT|os.O_TRUNC, 0o644); os.write(f, b"
 	if b, err := os.ReadFile(host); err != nil || string(b) != "durable\n" {
 		t.Fatalf("host file %s: %q %v", host, b, err)
 	}
-	// Across hibernate/resume the mount is attached again; a file written on the
-	// host while hibernated is seen after resume.
+	// Across hibernate/resume the mount is attached again; files written on the
+	// host while hibernated are seen after resume, also one the sandbox had read
+	// (and so cached) before the hibernate: the snapshot holds no stale copy.
+	if got := lcSh(t, c, sb.ID, "echo v1 > /data/h && cat /data/h"); got != "v1\n" {
+		t.Fatalf("h: %q", got)
+	}
 	if _, err := c.Hibernate(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(srv.DataDir, "volumes", name, "g"), []byte("from host\n"), 0o644); err != nil {
-		t.Fatal(err)
+	for f, data := range map[string]string{"g": "from host\n", "h": "v2 from host\n"} {
+		if err := os.WriteFile(filepath.Join(srv.DataDir, "volumes", name, f), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got := lcSh(t, c, sb.ID, "cat /data/f /data/g; echo more >> /data/f"); got != "durable\nfrom host\n" {
+	if got := lcSh(t, c, sb.ID, "cat /data/f /data/g /data/h; echo more >> /data/f"); got != "durable\nfrom host\nv2 from host\n" {
 		t.Fatalf("volume after resume: %q", got)
 	}
 	// Forks: refused without an opt-in; with "copy" each clone gets its own copy.
