@@ -14,7 +14,7 @@ import (
 
 // prepareVersion changes whenever prepareTree or mkfsArgs change what a build
 // produces, so that stale cache entries are not used.
-const prepareVersion = "prepare-v1"
+const prepareVersion = "prepare-v2"
 
 // DefaultBuildCache is the host-wide build cache used when TORPOR_IMAGE_CACHE is
 // unset. It lets `make setup`, tests and every data directory on one host share

@@ -27,7 +27,10 @@
 //     ::1) and "sandbox", so getfqdn() and friends answer at once;
 //   - /etc/resolv.conf names no nameserver, so DNS lookups fail fast instead of
 //     timing out (a sandbox has no reachable resolver);
-//   - /tmp exists with mode 1777.
+//   - /tmp exists with mode 1777;
+//   - where a Debian python3 is installed, /usr/lib/python3/dist-packages/torpor.pth
+//     names /.torpor/python, where the manager puts torpor's Python SDK, so
+//     `import torpor.resume` works in every sandbox.
 //
 // The engine gives gVisor the file as the root filesystem with the annotations
 // dev.gvisor.spec.rootfs.source=<Store.Path(digest)>,

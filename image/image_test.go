@@ -148,6 +148,11 @@ func checkStored(t *testing.T, s *Store, img apiv1.Image) string {
 	if r := readFile(t, filepath.Join(out, "etc/resolv.conf")); strings.Contains(r, "nameserver") {
 		t.Errorf("/etc/resolv.conf names a nameserver:\n%s", r)
 	}
+	if _, err := os.Stat(filepath.Join(out, "usr/lib/python3/dist-packages")); err == nil {
+		if p := readFile(t, filepath.Join(out, "usr/lib/python3/dist-packages/torpor.pth")); p != PythonPath+"\n" {
+			t.Errorf("torpor.pth = %q", p)
+		}
+	}
 	if fi, err := os.Lstat(filepath.Join(out, "tmp")); err != nil || fi.Mode()&(fs.ModePerm|fs.ModeSticky) != 0o777|fs.ModeSticky {
 		t.Errorf("/tmp: %v %v", fi.Mode(), err)
 	}

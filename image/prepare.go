@@ -89,7 +89,25 @@ func prepareTree(dir string) error {
 	if err := writeRegular(r, "etc/hostname", []byte(Hostname+"\n")); err != nil {
 		return err
 	}
-	return writeRegular(r, "etc/resolv.conf", []byte(resolvConf))
+	if err := writeRegular(r, "etc/resolv.conf", []byte(resolvConf)); err != nil {
+		return err
+	}
+	return preparePython(r)
+}
+
+// PythonPath is the directory of torpor's Python SDK inside a sandbox (the
+// manager writes it into the guest directory mounted at AgentDir).
+const PythonPath = AgentDir + "/python"
+
+// preparePython puts torpor's Python SDK on the system Python's path in images
+// that have a Debian-style python3 (/usr/lib/python3/dist-packages): a .pth
+// file naming PythonPath, so `import torpor.resume` works in every sandbox.
+func preparePython(r *os.Root) error {
+	fi, err := r.Lstat("usr/lib/python3/dist-packages")
+	if err != nil || !fi.IsDir() {
+		return nil // no Debian python3 here
+	}
+	return writeRegular(r, "usr/lib/python3/dist-packages/torpor.pth", []byte(PythonPath+"\n"))
 }
 
 // hostsFile returns old (an /etc/hosts) with the localhost and sandbox lines

@@ -138,12 +138,16 @@ func installAgent(src, guestDir string) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	digest := hex.EncodeToString(sum[:])
+	digest = guestDigest(digest) // the Python SDK (guestsdk.go) is part of the version
 	dir := filepath.Join(guestDir, digest)
 	dst := filepath.Join(dir, "torpor-agent")
 	if _, err := os.Stat(dst); err == nil {
 		return digest, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := writeGuestSDK(dir); err != nil {
 		return "", err
 	}
 	tmp := dst + ".tmp"
