@@ -82,7 +82,8 @@ type Config struct {
 	// CacheBytes bounds the local chunk cache; 0 = no cache (right for the
 	// filesystem backend, which is local already).
 	CacheBytes int64
-	// Workers is the number of parallel chunk uploads/fetches (default 4).
+	// Workers is the number of parallel chunk uploads/fetches (default 4 for the
+	// filesystem backend, 16 for others).
 	Workers int
 	// AutoGC runs Collect in the background after Delete (coalesced). Close stops it.
 	AutoGC bool
@@ -141,12 +142,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if s.workers <= 0 {
-		s.workers = 4
-	}
 	if s.b == nil {
 		if s.b, err = NewFS(filepath.Join(abs, "store")); err != nil {
 			return nil, err
+		}
+	}
+	if s.workers <= 0 {
+		// Local disk saturates the CPUs with a few; an object store is latency
+		// bound (one request per chunk) and needs more requests in flight.
+		s.workers = 4
+		if _, local := s.b.(*FS); !local {
+			s.workers = 16
 		}
 	}
 	if cfg.CacheBytes > 0 {
@@ -304,7 +310,7 @@ func (s *Store) unpin(ids []string) {
 type job struct {
 	file, idx int
 	off       int64
-	data      []byte
+	data      *[]byte // pooled (chunker.next)
 }
 
 type commitState struct {
@@ -356,9 +362,11 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 			defer wg.Done()
 			for j := range jobs {
 				if ctx.Err() != nil {
+					putBuf(j.data)
 					continue
 				}
-				ref, err := s.putChunk(ctx, st, j.data)
+				ref, err := s.putChunk(ctx, st, *j.data)
+				putBuf(j.data)
 				if err != nil {
 					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
 					continue
@@ -381,7 +389,7 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 			}
 			c := newChunker(f)
 			for idx := 0; ; idx++ {
-				b, off, err := c.next()
+				pb, off, err := c.next()
 				if err == io.EOF {
 					break
 				}
@@ -390,13 +398,15 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 					fail(err)
 					return
 				}
-				logical += int64(len(b))
+				n := int64(len(*pb))
+				logical += n
 				refsMu.Lock()
-				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: int64(len(b))})
+				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: n})
 				refsMu.Unlock()
 				select {
-				case jobs <- job{file: fi, idx: idx, off: off, data: b}:
+				case jobs <- job{file: fi, idx: idx, off: off, data: pb}:
 				case <-ctx.Done():
+					putBuf(pb)
 					f.Close()
 					return
 				}

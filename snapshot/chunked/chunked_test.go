@@ -294,12 +294,12 @@ func TestCorruptChunkNamed(t *testing.T) {
 
 func TestS3ColdCacheAndOutage(t *testing.T) {
 	srv := s3test.Start(t)
-	s := newS3Store(t, srv, 8<<20) // smaller than a snapshot: LRU evicts
-	img := memImage(4096)
+	s := newS3Store(t, srv, 4<<20) // smaller than a snapshot: LRU evicts
+	img := memImage(2048)
 	files := map[string][]byte{"pages.img": img, "checkpoint.img": []byte("kernel")}
 	commit(t, s, "snap-a", files)
-	if used, _ := s.cache.Used(); used > 8<<20 {
-		t.Fatalf("cache holds %d bytes, limit %d", used, 8<<20)
+	if used, _ := s.cache.Used(); used > 4<<20 {
+		t.Fatalf("cache holds %d bytes, limit %d", used, 4<<20)
 	}
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-a", files) // cold: every chunk from S3
@@ -381,6 +381,10 @@ func TestGCConcurrentWithCommits(t *testing.T) {
 				id := fmt.Sprintf("snap-w%d-%d", w, i)
 				img := mutate(prev, 0.05, 8, uint64(w*1000+i))
 				commit(t, s, id, map[string][]byte{"pages.img": img})
+				// Straight after the commit, while GC runs: every chunk is in the backend.
+				if _, err := s.Verify(ctx, id); err != nil {
+					t.Errorf("verify %s during GC: %v", id, err)
+				}
 				mu.Lock()
 				want[id] = img
 				mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"hash/crc32"
 	"io"
+	"sync"
 )
 
 // Chunking: page-aligned content-defined chunks.
@@ -38,9 +39,18 @@ func newChunker(r io.Reader) *chunker {
 	return &chunker{r: bufio.NewReaderSize(r, 1<<20)}
 }
 
-// next returns the next chunk (a fresh slice) and its offset, or io.EOF.
-func (c *chunker) next() ([]byte, int64, error) {
-	buf := make([]byte, 0, maxChunk)
+// bufPool recycles chunk buffers (allocating and zeroing 64 KiB per chunk was a
+// quarter of a diff commit's CPU time).
+var bufPool = sync.Pool{New: func() any { b := make([]byte, maxChunk); return &b }}
+
+func getBuf() *[]byte  { return bufPool.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufPool.Put(b) }
+
+// next returns the next chunk and its offset, or io.EOF. The chunk is a pooled
+// buffer: hand it back with putBuf when done.
+func (c *chunker) next() (*[]byte, int64, error) {
+	pb := getBuf()
+	buf := (*pb)[:0]
 	start := c.off
 	for pages := 0; pages < maxPages; pages++ {
 		page := buf[len(buf) : len(buf)+pageSize]
@@ -49,18 +59,22 @@ func (c *chunker) next() ([]byte, int64, error) {
 		c.off += int64(n)
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			if len(buf) == 0 {
+				putBuf(pb)
 				return nil, start, io.EOF
 			}
-			return buf, start, nil
+			*pb = buf
+			return pb, start, nil
 		}
 		if err != nil {
+			putBuf(pb)
 			return nil, start, err
 		}
 		if crc32.Checksum(page, castagnoli)%cutModulus == cutModulus-1 {
 			break
 		}
 	}
-	return buf, start, nil
+	*pb = buf
+	return pb, start, nil
 }
 
 func allZero(b []byte) bool {
