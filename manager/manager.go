@@ -83,6 +83,7 @@ type Manager struct {
 	locks map[string]*sandboxLock
 	live  map[string]*agentclient.Client // sandbox id -> agent client, while running
 	lc    lifecycle                      // activity tracking for the idle trigger (idle.go)
+	conns connTracker                    // open connections to each instance (watch.go)
 }
 
 type sandboxLock struct {
@@ -289,7 +290,11 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 
 func (m *Manager) agentFor(instance string) *agentclient.Client {
 	return agentclient.New(func(ctx context.Context) (net.Conn, error) {
-		return m.cfg.Engine.Dial(ctx, instance, engine.AgentPort)
+		c, err := m.cfg.Engine.Dial(ctx, instance, engine.AgentPort)
+		if err != nil {
+			return nil, err
+		}
+		return m.trackConn(instance, c), nil
 	})
 }
 
@@ -303,6 +308,7 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 	m.mu.Lock()
 	m.live[s.ID] = c
 	m.mu.Unlock()
+	m.watch(s.ID, s.Instance)
 	return nil
 }
 
@@ -958,5 +964,5 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	return m.countConn(id, c), nil
+	return m.countConn(id, m.trackConn(s.Instance, c)), nil
 }

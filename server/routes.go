@@ -181,9 +181,14 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.ForkRequest
+	// An absent count means 1; an explicit 0 is out of range (OpenAPI: minimum 1).
+	req := apiv1.ForkRequest{Count: 1}
 	if err := decode(r, &req, true); err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if req.Count < 1 {
+		s.fail(w, r, fmt.Errorf("%w: count %d: must be between 1 and %d", manager.ErrInvalidArgument, req.Count, manager.MaxForkCount))
 		return
 	}
 	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes})

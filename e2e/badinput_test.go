@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/server/servertest"
+)
+
+// TestBadInput sends unknown ids and malformed or out-of-range input to every
+// endpoint, with raw net/http: unknown ids must give 404 not_found, bad input 400
+// invalid_argument, each with a message, and none of the calls may change any
+// state — the list of sandboxes, their states and snapshots and the engine's
+// instances are compared before and after. A hibernate of a hibernated sandbox is
+// fine and changes nothing either.
+func TestBadInput(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	run := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	hib := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	hibSnap := hibernate(t, c, hib.ID).Snapshot.ID
+
+	listBefore := listJSON(t, srv)
+	engBefore := engineJSON(t, srv)
+
+	type call struct {
+		method, path, ctype, body string
+		status                    int
+	}
+	const j = "application/json"
+	var calls []call
+	add := func(status int, method, path, ctype, body string) {
+		calls = append(calls, call{method, path, ctype, body, status})
+	}
+
+	// Unknown ids, well-formed and not.
+	for _, u := range []string{"sbx-000000000000", "nope"} {
+		p := "/v1/sandboxes/" + u
+		add(404, "GET", p, "", "")
+		add(404, "DELETE", p, "", "")
+		add(404, "POST", p+"/exec", j, `{"cmd":["true"]}`)
+		add(404, "POST", p+"/hibernate", "", "")
+		add(404, "POST", p+"/resume", "", "")
+		add(404, "POST", p+"/fork", j, `{"count":1}`)
+		add(404, "GET", p+"/files?path=/etc/hostname", "", "")
+		add(404, "PUT", p+"/files?path=/tmp/x", "application/octet-stream", "x")
+		add(404, "GET", p+"/ports/8080/", "", "")
+	}
+	// A missing file in a running sandbox.
+	add(404, "GET", "/v1/sandboxes/"+run.ID+"/files?path=/no/such/file", "", "")
+
+	// Create.
+	for _, body := range []string{
+		`{"memory_mib": 256`,                   // malformed
+		`{"memory_mib": 256, "bogus": 1}`,      // unknown field
+		`{"memory_mib": -5}`,                   // negative memory
+		`{"memory_mib": 32}`,                   // below the minimum
+		`{"cpus": 0.01}`,                       // too few cpus
+		`{"cpus": -1}`,                         // negative cpus
+		`{"image": "no-such-image"}`,           // unknown image
+		`{"memory_mib": "lots"}`,               // wrong type
+		`{} {}`,                                // trailing data
+		`[]`,                                   // not an object
+		`{"env": {"BAD-KEY": "x"}}`,            // bad env name
+		`{"image": "sha256:0000000000000000"}`, // unknown digest
+	} {
+		add(400, "POST", "/v1/sandboxes", j, body)
+	}
+
+	// Calls on the running and on the hibernated sandbox: none may wake or change it.
+	for _, id := range []string{run.ID, hib.ID} {
+		p := "/v1/sandboxes/" + id
+		for _, body := range []string{
+			`{"cmd":`,                         // malformed
+			`{"cmd":["true"],"shell":true}`,   // unknown field
+			`{"cmd":[]}`,                      // empty cmd
+			`{"cmd":[""]}`,                    // empty program
+			`{}`,                              // no cmd
+			``,                                // no body
+			`{"cmd":["pwd"],"cwd":"tmp"}`,     // relative cwd
+			`{"cmd":["true"],"timeout_s":-1}`, // negative timeout
+		} {
+			add(400, "POST", p+"/exec", j, body)
+		}
+		add(400, "GET", p+"/files?path=relative/file", "", "")
+		add(400, "GET", p+"/files", "", "")
+		add(400, "PUT", p+"/files?path=relative/file", "application/octet-stream", "data")
+		add(400, "PUT", p+"/files?path=", "application/octet-stream", "data")
+		for _, body := range []string{`{"count":0}`, `{"count":-1}`, `{"count":100}`, `{"count":"two"}`, `{"count":1,"x":1}`, `{"count":`} {
+			add(400, "POST", p+"/fork", j, body)
+		}
+		for _, port := range []string{"0", "99999", "abc", "-1"} {
+			add(400, "GET", p+"/ports/"+port+"/", "", "")
+		}
+	}
+
+	for _, cl := range calls {
+		var body []byte
+		if cl.body != "" || cl.method == "PUT" {
+			body = []byte(cl.body)
+		}
+		res := rawCall(t, cl.method, srv.URL+cl.path, cl.ctype, body)
+		what := fmt.Sprintf("%s %s %s", cl.method, cl.path, cl.body)
+		wantCode := map[int]string{400: apiv1.CodeInvalidArgument, 404: apiv1.CodeNotFound}[cl.status]
+		if res.Status != cl.status || res.Err.Code != wantCode || res.Err.Message == "" {
+			t.Errorf("%s: HTTP %d code %q message %q; want %d %s with a message (body %s)",
+				what, res.Status, res.Err.Code, res.Err.Message, cl.status, wantCode, res.Body)
+		}
+	}
+	t.Logf("%d bad calls answered", len(calls))
+
+	// Hibernating a hibernated sandbox is fine and changes nothing.
+	res := rawCall(t, "POST", srv.URL+"/v1/sandboxes/"+hib.ID+"/hibernate", "", nil)
+	var sb apiv1.Sandbox
+	if res.Status != http.StatusOK || json.Unmarshal(res.Body, &sb) != nil || sb.State != apiv1.StateHibernated || sb.Snapshot == nil || sb.Snapshot.ID != hibSnap {
+		t.Errorf("hibernate of a hibernated sandbox: HTTP %d %s", res.Status, res.Body)
+	}
+
+	if after := listJSON(t, srv); after != listBefore {
+		t.Errorf("the sandboxes changed:\nbefore %s\nafter  %s", listBefore, after)
+	}
+	if after := engineJSON(t, srv); after != engBefore {
+		t.Errorf("the engine's instances changed:\nbefore %s\nafter  %s", engBefore, after)
+	}
+	// The running one still works.
+	sh(t, c, run.ID, "true")
+}
+
+// listJSON returns GET /v1/sandboxes as canonical JSON, without the usage
+// counters (which grow with time, not with calls).
+func listJSON(t *testing.T, srv *servertest.Server) string {
+	t.Helper()
+	res := rawCall(t, "GET", srv.URL+"/v1/sandboxes", "", nil)
+	if res.Status != 200 {
+		t.Fatalf("list: HTTP %d %s", res.Status, res.Body)
+	}
+	var l struct {
+		Sandboxes []map[string]any `json:"sandboxes"`
+	}
+	if err := json.Unmarshal(res.Body, &l); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range l.Sandboxes {
+		delete(sb, "usage") // accrues with time by design
+	}
+	b, _ := json.Marshal(l)
+	return string(b)
+}
+
+func engineJSON(t *testing.T, srv *servertest.Server) string {
+	t.Helper()
+	infos, err := srv.Engine.List(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(infos)
+	return string(b)
+}

@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/server/servertest"
+)
+
+// TestDeleteRacingResume fires a resume and a DELETE at a hibernated sandbox at
+// once, in both orders and at several offsets, on a server whose resumes pause
+// 1.5 s after marking the sandbox resuming. Whatever wins, the DELETE must
+// succeed, the sandbox must be 404 afterwards, and no runsc process of it may be
+// left — neither in the engine's list nor in the host's process table.
+func TestDeleteRacingResume(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	srv := start(t, servertest.Options{TestResumeDelay: delay})
+	c := srv.Client
+
+	cases := []struct {
+		name string
+		// first is sent, then after gap the other one.
+		deleteFirst bool
+		gap         time.Duration
+		// resumeBy is how the resume is asked for: "resume", "proxy" or "exec".
+		resumeBy string
+	}{
+		{"resume, delete during the resume delay", false, 300 * time.Millisecond, "resume"},
+		{"resume, delete while the engine restores", false, delay + 100*time.Millisecond, "resume"},
+		{"resume and delete at once", false, 0, "resume"},
+		{"delete, then resume", true, 5 * time.Millisecond, "resume"},
+		{"proxied request, delete during the resume delay", false, 300 * time.Millisecond, "proxy"},
+		{"exec, delete during the resume delay", false, 300 * time.Millisecond, "exec"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxFor(t, 3*time.Minute)
+			sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+			hibernate(t, c, sb.ID)
+
+			var wg sync.WaitGroup
+			var resumeErr, deleteErr error
+			var resumeStatus int
+			doResume := func() {
+				defer wg.Done()
+				switch tc.resumeBy {
+				case "resume":
+					_, resumeErr = c.Resume(ctx, sb.ID)
+				case "exec":
+					_, _, _, resumeErr = c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"true"}})
+				case "proxy":
+					resp, err := c.Do(ctx, http.MethodGet, "/v1/sandboxes/"+sb.ID+"/ports/8080/", nil, nil)
+					if err != nil {
+						resumeErr = err
+						return
+					}
+					resp.Body.Close()
+					resumeStatus = resp.StatusCode
+				}
+			}
+			doDelete := func() {
+				defer wg.Done()
+				deleteErr = c.DeleteSandbox(ctx, sb.ID)
+			}
+			wg.Add(2)
+			t0 := time.Now()
+			if tc.deleteFirst {
+				go doDelete()
+				time.Sleep(tc.gap)
+				go doResume()
+			} else {
+				go doResume()
+				time.Sleep(tc.gap)
+				go doDelete()
+			}
+			wg.Wait()
+			t.Logf("both calls returned after %v: resume err=%v (proxy status %d), delete err=%v",
+				time.Since(t0).Round(time.Millisecond), resumeErr, resumeStatus, deleteErr)
+
+			if deleteErr != nil {
+				t.Errorf("DELETE failed: %v", deleteErr)
+			}
+			// The resume either won (and was then deleted) or lost with 404; a
+			// proxied request that won gets 502 (nothing listens on 8080).
+			if resumeErr != nil && !client.IsNotFound(resumeErr) && !errors.Is(resumeErr, context.Canceled) {
+				var ee *client.ExecError
+				if !errors.As(resumeErr, &ee) {
+					t.Errorf("resume failed with %v, want success or not_found", resumeErr)
+				}
+			}
+			if tc.resumeBy == "proxy" && resumeStatus != http.StatusNotFound && resumeStatus != http.StatusBadGateway {
+				t.Errorf("proxied request answered %d, want 404 (deleted first) or 502 (nothing on the port)", resumeStatus)
+			}
+			if _, err := c.GetSandbox(ctx, sb.ID); !client.IsNotFound(err) {
+				t.Errorf("GET after the race: err %v, want not_found", err)
+			}
+			for _, s := range mustList(t, c) {
+				if s.ID == sb.ID {
+					t.Errorf("list still shows %s (%s)", sb.ID, s.State)
+				}
+			}
+			// A call after the race must not bring it back.
+			if _, err := c.Resume(ctx, sb.ID); !client.IsNotFound(err) {
+				t.Errorf("resume after the race: err %v, want not_found", err)
+			}
+			assertGone(t, srv, sb.ID)
+		})
+	}
+}
+
+func mustList(t *testing.T, c *client.Client) []apiv1.Sandbox {
+	t.Helper()
+	all, err := c.ListSandboxes(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	return all
+}

@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/workload"
+)
+
+// TestServerRestart restarts the server (same data directory) with sandboxes in
+// three situations: hibernated (resumes afterwards, its process continues),
+// running (reattached: reported running and exec works) and running but with its
+// runsc sandbox process killed while the server was down (reported error, and
+// nothing of it is left on the host). After each restart the list must report
+// only true states.
+func TestServerRestart(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+
+	hib := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	if err := workload.Start(ctx, c, hib.ID, 8); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, c, hib.ID, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hibernate(t, c, hib.ID)
+
+	live := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	writeFile(t, c, live.ID, "/root/before-restart.txt", []byte("written before the restart\n"))
+	bgPid, err := c.ExecBackground(ctx, live.ID, apiv1.ExecRequest{Cmd: []string{"sleep", "3600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, livePids := instancesOf(t, srv, live.ID)
+
+	t0 := time.Now()
+	srv.Restart(t)
+	t.Logf("restart with one hibernated and one running sandbox took %v", time.Since(t0).Round(time.Millisecond))
+	c = srv.Client
+	checkListTrue(t, srv)
+
+	// The hibernated one resumes on the next request, its process continuing.
+	wantState(t, c, hib.ID, apiv1.StateHibernated)
+	st, err := workload.Get(ctx, c, hib.ID, "/count")
+	if err != nil {
+		t.Fatalf("GET /count after restart: %v", err)
+	}
+	if st.Count != before.Count+1 || st.Pid != before.Pid {
+		t.Errorf("after restart and resume: count %d pid %d, want count %d pid %d", st.Count, st.Pid, before.Count+1, before.Pid)
+	}
+	wantState(t, c, hib.ID, apiv1.StateRunning)
+
+	// The running one was reattached: same engine process, exec works, its files
+	// and background process are there.
+	wantState(t, c, live.ID, apiv1.StateRunning)
+	if _, _, pids := instancesOf(t, srv, live.ID); fmt.Sprint(pids) != fmt.Sprint(livePids) {
+		t.Errorf("running sandbox's engine pids %v after restart, want %v (the same process)", pids, livePids)
+	}
+	if got := sh(t, c, live.ID, "cat /root/before-restart.txt"); got != "written before the restart\n" {
+		t.Errorf("file after restart: %q", got)
+	}
+	sh(t, c, live.ID, fmt.Sprintf("kill -0 %d", bgPid))
+	checkListTrue(t, srv)
+
+	// A sandbox whose runsc process dies while the server is down.
+	doomed := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	_, _, pids := instancesOf(t, srv, doomed.ID)
+	if len(pids) != 1 || pids[0] <= 0 {
+		t.Fatalf("engine pids of %s: %v, want one", doomed.ID, pids)
+	}
+	srv.Stop()
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatalf("kill runsc sandbox process %d: %v", pids[0], err)
+	}
+	waitDead(t, pids[0])
+	t.Logf("killed %s's runsc sandbox process %d while the server was stopped", doomed.ID, pids[0])
+	srv.Restart(t)
+	c = srv.Client
+
+	d := get(t, c, doomed.ID)
+	if d.State != apiv1.StateError || d.Error == "" {
+		t.Errorf("sandbox whose process died: state %q error %q, want error with a reason", d.State, d.Error)
+	} else {
+		t.Logf("reported: state %s, error %q", d.State, d.Error)
+	}
+	assertGone(t, srv, doomed.ID)
+	// The others are unharmed.
+	wantState(t, c, live.ID, apiv1.StateRunning)
+	sh(t, c, live.ID, "true")
+	wantState(t, c, hib.ID, apiv1.StateRunning)
+	if st2, err := workload.Get(ctx, c, hib.ID, "/count"); err != nil || st2.Count != st.Count+1 {
+		t.Errorf("workload after second restart: %+v %v, want count %d", st2, err, st.Count+1)
+	}
+	checkListTrue(t, srv)
+
+	// The sandbox in state error can still be deleted, and then nothing is left.
+	if err := c.DeleteSandbox(ctx, doomed.ID); err != nil {
+		t.Errorf("delete the sandbox in state error: %v", err)
+	}
+	assertGone(t, srv, doomed.ID)
+}
+
+// checkListTrue compares every sandbox the API lists with the host: running means
+// exactly one running engine instance whose agent answers an exec; hibernated and
+// error mean no instance and no process.
+func checkListTrue(t *testing.T, srv *servertest.Server) {
+	t.Helper()
+	for _, sb := range mustList(t, srv.Client) {
+		running, all, _ := instancesOf(t, srv, sb.ID)
+		switch sb.State {
+		case apiv1.StateRunning:
+			if len(running) != 1 {
+				t.Errorf("list says %s is running, engine runs %v", sb.ID, running)
+				continue
+			}
+			out, _, code, err := srv.Client.ExecCollect(ctxFor(t, time.Minute), sb.ID, apiv1.ExecRequest{Cmd: []string{"echo", "ok"}})
+			if err != nil || code != 0 || string(out) != "ok\n" {
+				t.Errorf("list says %s is running, but exec gives %q exit %d err %v", sb.ID, out, code, err)
+			}
+		case apiv1.StateHibernated, apiv1.StateError:
+			if len(all) > 0 {
+				t.Errorf("list says %s is %s, engine has %v (running %v)", sb.ID, sb.State, all, running)
+			}
+			if p := hostProcs(sb.ID); len(p) > 0 {
+				t.Errorf("list says %s is %s, host processes: %s", sb.ID, sb.State, strings.Join(p, "; "))
+			}
+		default:
+			t.Errorf("list shows %s in transitional state %q with no call in flight", sb.ID, sb.State)
+		}
+	}
+}
+
+// waitDead waits until pid is gone or a zombie.
+func waitDead(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := procState(fmt.Sprint(pid))
+		if s == 0 || s == 'Z' {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still alive (state %c)", pid, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

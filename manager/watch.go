@@ -1,0 +1,173 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// An instance can die without the manager asking: the host's OOM killer ends the
+// whole sandbox when it outgrows its memory limit (gVisor has no OOM killer of its
+// own; the cgroup's kills the sandbox process), or someone kills it. watch notices
+// at once, so that the API never reports a dead sandbox as running and calls in
+// flight to it end instead of hanging until TCP keepalive gives up (~150 s).
+
+// watch follows the host process of instance (found with Engine.List) and calls
+// instanceExited when it ends. It returns at once.
+func (m *Manager) watch(id, instance string) {
+	go func() {
+		ctx := context.Background()
+		infos, err := m.cfg.Engine.List(ctx)
+		if err != nil {
+			m.log.Warn("watch: engine list", "sandbox", id, "err", err)
+			return
+		}
+		pid := 0
+		for _, i := range infos {
+			if i.ID == instance {
+				pid = i.Pid // whatever its status (a checkpoint may be under way)
+			}
+		}
+		if pid <= 0 {
+			// Never report a sandbox dead on a guess; the next call will fail.
+			m.log.Warn("watch: no process for instance", "sandbox", id, "instance", instance)
+			return
+		}
+		if err := waitExit(pid); err != nil {
+			m.log.Warn("watch: cannot follow the sandbox process", "sandbox", id, "pid", pid, "err", err)
+			return
+		}
+		m.instanceExited(id, instance, pid)
+	}()
+}
+
+// waitExit blocks until process pid (not necessarily a child) has exited.
+func waitExit(pid int) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err == unix.ESRCH {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	exited := func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		return err == nil && n > 0
+	}
+	// A non-blocking pidfd joins the runtime's poller (readable once the process
+	// exits), so no thread is held while waiting.
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := rc.Read(exited); err == nil {
+		return nil
+	}
+	// Not pollable here: block in poll(2) instead.
+	var perr error
+	if err := rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, perr = unix.Poll(p, -1); perr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return perr
+}
+
+// instanceExited handles the end of instance's process. If the sandbox still runs
+// on that instance (the manager did not hibernate, delete or replace it), it is
+// reported error and the instance's leftovers are removed; then calls in flight to
+// the instance end (after the state is recorded, so a caller who sees its call
+// fail and looks at the sandbox sees why).
+func (m *Manager) instanceExited(id, instance string, pid int) {
+	defer m.closeConns(instance)
+	ctx := context.Background()
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil || s.State != apiv1.StateRunning || s.Instance != instance {
+		return
+	}
+	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "pid", pid)
+	m.dropLive(id)
+	m.fail(ctx, s, fmt.Errorf("the sandbox's process (host pid %d) exited unexpectedly and every process in it ended; "+
+		"the usual cause is the host killing it for using more than its memory limit of %d MiB", pid, s.MemoryMiB))
+	if err := m.cfg.Engine.Stop(ctx, instance); err != nil {
+		m.log.Warn("stop exited instance", "sandbox", id, "err", err)
+	}
+}
+
+// connTracker holds the open connections to each instance. It has its own lock:
+// closing a connection (which untracks it) happens while Manager.mu is held, in
+// dropLive's CloseIdleConnections.
+type connTracker struct {
+	mu    sync.Mutex
+	conns map[string]map[*trackedConn]struct{} // instance -> open connections
+}
+
+// trackConn records a connection to instance so that closeConns can end it.
+func (m *Manager) trackConn(instance string, c net.Conn) net.Conn {
+	t := &m.conns
+	tc := &trackedConn{Conn: c}
+	t.mu.Lock()
+	if t.conns == nil {
+		t.conns = map[string]map[*trackedConn]struct{}{}
+	}
+	if t.conns[instance] == nil {
+		t.conns[instance] = map[*trackedConn]struct{}{}
+	}
+	t.conns[instance][tc] = struct{}{}
+	t.mu.Unlock()
+	tc.untrack = func() {
+		t.mu.Lock()
+		if set := t.conns[instance]; set != nil {
+			delete(set, tc)
+			if len(set) == 0 {
+				delete(t.conns, instance)
+			}
+		}
+		t.mu.Unlock()
+	}
+	return tc
+}
+
+// closeConns closes every tracked connection to instance.
+func (m *Manager) closeConns(instance string) {
+	t := &m.conns
+	t.mu.Lock()
+	var all []*trackedConn
+	for c := range t.conns[instance] {
+		all = append(all, c)
+	}
+	t.mu.Unlock()
+	for _, c := range all {
+		c.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	once    sync.Once
+	untrack func()
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(c.untrack)
+	return c.Conn.Close()
+}
