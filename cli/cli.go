@@ -89,6 +89,7 @@ Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.D
 		a.volumeCommand(),
 		a.usageCommand(),
 		a.setCommand(),
+		a.snapshotCommand(),
 	)
 	return root
 }

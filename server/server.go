@@ -112,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ImageCache = image.BuildCacheFromEnv()
 	}
 	images.SetBuildCache(cfg.ImageCache)
-	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger)
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
 	if err != nil {
 		return fail(err)
 	}

@@ -34,15 +34,25 @@ type StoreConfig struct {
 	CacheBytes int64
 }
 
+// OpenStore opens the snapshot store a server with data directory dataDir and
+// store configuration cfg uses, without background collection, for tools that
+// inspect or verify snapshots next to a running server (read-only use only).
+func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.Store, func() error, error) {
+	if cfg.Kind != "plain" {
+		cfg.CacheBytes = -1 // the running server owns the cache
+	}
+	return openStore(ctx, dataDir, cfg, slog.Default(), false)
+}
+
 // openStore opens the configured snapshot store; closeFn stops its background work.
-func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.Logger) (snapshot.Store, func() error, error) {
+func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.Logger, autoGC bool) (snapshot.Store, func() error, error) {
 	nop := func() error { return nil }
 	switch cfg.Kind {
 	case "plain":
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
 	case "", "local":
-		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: true, Logger: log})
+		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, Logger: log})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -62,7 +72,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 			cache = 0
 		}
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), Backend: b,
-			CacheBytes: cache, AutoGC: true, Logger: log})
+			CacheBytes: cache, AutoGC: autoGC, Logger: log})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}

@@ -66,12 +66,17 @@ func NewFS(dir string) (*FS, error) {
 	if err := os.MkdirAll(filepath.Join(abs, ".tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("chunk backend %s: %w", abs, err)
 	}
-	// Temporary files of a crashed process are debris.
-	ents, _ := os.ReadDir(filepath.Join(abs, ".tmp"))
-	for _, e := range ents {
-		_ = os.Remove(filepath.Join(abs, ".tmp", e.Name()))
-	}
 	return &FS{dir: abs}, nil
+}
+
+// CleanTemp removes temporary files a crashed process left behind. Only the
+// backend's single writer may call it (Store.Recover does, at start-up): it would
+// break Puts in flight.
+func (b *FS) CleanTemp() {
+	ents, _ := os.ReadDir(filepath.Join(b.dir, ".tmp"))
+	for _, e := range ents {
+		_ = os.Remove(filepath.Join(b.dir, ".tmp", e.Name()))
+	}
 }
 
 // Dir is the backend's root directory.

@@ -585,6 +585,9 @@ func (s *Store) Recover(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "staging"), 0o700); err != nil {
 		return err
 	}
+	if fsb, ok := s.b.(*FS); ok {
+		fsb.CleanTemp()
+	}
 	ids, err := s.List(ctx)
 	if err != nil {
 		return err

@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/torpor/torpor/server"
+	"github.com/torpor/torpor/snapshot"
+	"github.com/torpor/torpor/snapshot/chunked"
+)
+
+// snapshotCommand: local tools on a data directory's snapshot store (they open
+// the store directly, read-only, next to a running server or without one).
+func (a *app) snapshotCommand() *cobra.Command {
+	var (
+		dataDir string
+		sc      server.StoreConfig
+	)
+	open := func(ctx context.Context) (snapshot.Store, func() error, error) {
+		if sc.S3AccessKey == "" {
+			sc.S3AccessKey = envOr("TORPOR_S3_ACCESS_KEY", os.Getenv("AWS_ACCESS_KEY_ID"))
+		}
+		if sc.S3SecretKey == "" {
+			sc.S3SecretKey = envOr("TORPOR_S3_SECRET_KEY", os.Getenv("AWS_SECRET_ACCESS_KEY"))
+		}
+		return server.OpenStore(ctx, dataDir, sc)
+	}
+	cmd := &cobra.Command{
+		Use:   "snapshot",
+		Short: "List, inspect and verify snapshots in a data directory's store (local, no server needed)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory")
+	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", "local"), "snapshot store: local, s3 or plain (as given to torpor serve)")
+	pf.StringVar(&sc.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3")
+	pf.StringVar(&sc.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3")
+	pf.StringVar(&sc.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")
+	pf.StringVar(&sc.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
+	pf.StringVar(&sc.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
+	pf.StringVar(&sc.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket")
+
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List committed snapshots with logical, stored and new bytes",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, closeFn, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ids, err := st.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			var ms []snapshot.Manifest
+			for _, id := range ids {
+				m, err := st.Manifest(cmd.Context(), id)
+				if err != nil {
+					return err
+				}
+				ms = append(ms, m)
+			}
+			sort.Slice(ms, func(i, j int) bool { return ms[i].CreatedAt.Before(ms[j].CreatedAt) })
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSANDBOX\tLOGICAL\tSTORED\tNEW\tDEDUP\tPARENT\tCREATED")
+			for _, m := range ms {
+				dedup := "-"
+				if m.StoredBytes > 0 {
+					dedup = fmt.Sprintf("%.2fx", float64(m.Bytes)/float64(m.StoredBytes))
+				}
+				parent := m.Parent
+				if parent == "" {
+					parent = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.SandboxID, mib(m.Bytes), mib(m.StoredBytes),
+					mib(m.NewBytes), dedup, parent, m.CreatedAt.Format("2006-01-02 15:04:05"))
+			}
+			return tw.Flush()
+		},
+	}
+	inspect := &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Print a snapshot's manifest as JSON",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, closeFn, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			m, err := st.Manifest(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(a.stdout, m)
+		},
+	}
+	verify := &cobra.Command{
+		Use:   "verify ID",
+		Short: "Read every chunk of a snapshot from the durable store and check its sha256",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, closeFn, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			var m snapshot.Manifest
+			if c, ok := st.(*chunked.Store); ok {
+				m, err = c.Verify(cmd.Context(), args[0])
+			} else {
+				_, m, err = st.Open(cmd.Context(), args[0])
+			}
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s ok: %d files, %s verified\n", m.ID, len(m.Files), mib(m.Bytes))
+			return err
+		},
+	}
+	cmd.AddCommand(ls, inspect, verify)
+	return cmd
+}
