@@ -63,7 +63,13 @@ func NewFS(dir string) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(abs, ".tmp"), 0o700); err != nil {
+	for _, d := range []string{".tmp", "chunks", "manifests"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
+			return nil, fmt.Errorf("chunk backend %s: %w", abs, err)
+		}
+	}
+	// The directories a manifest's durability depends on are themselves durable.
+	if err := syncDir(abs); err != nil {
 		return nil, fmt.Errorf("chunk backend %s: %w", abs, err)
 	}
 	return &FS{dir: abs}, nil
