@@ -19,7 +19,7 @@ type serveConfig struct {
 	AgentPath string
 	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
 	IdleCPUThreshold float64
-	// Snapshot store: local (chunked, filesystem), s3 (chunked, S3) or plain.
+	// Snapshot store: plain (default), chunked (filesystem) or s3 (chunked, S3).
 	Store       string
 	S3Endpoint  string
 	S3Bucket    string
@@ -50,13 +50,13 @@ func (a *app) serveCommand() *cobra.Command {
 				cfg.S3SecretKey = envOr("TORPOR_S3_SECRET_KEY", os.Getenv("AWS_SECRET_ACCESS_KEY"))
 			}
 			switch cfg.Store {
-			case "local", "plain":
+			case "plain", "chunked", "local":
 			case "s3":
 				if cfg.S3Endpoint == "" || cfg.S3Bucket == "" {
 					return usagef("--store s3 needs --s3-endpoint and --s3-bucket")
 				}
 			default:
-				return usagef("--store %q: want local, s3 or plain", cfg.Store)
+				return usagef("--store %q: want plain, chunked or s3", cfg.Store)
 			}
 			return runServe(cmd.Context(), cfg)
 		},
@@ -67,7 +67,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
-	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", "local"), "snapshot store: local (deduplicated chunks on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file)")
+	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", "plain"), "snapshot store: plain (one plain file per snapshot file), chunked (deduplicated chunks on this disk) or s3 (chunks in an S3-compatible bucket, local cache)")
 	f.StringVar(&cfg.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3: http(s)://host:port (host:port means https)")
 	f.StringVar(&cfg.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3 (must exist)")
 	f.StringVar(&cfg.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")

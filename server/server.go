@@ -47,7 +47,7 @@ type Config struct {
 	ImageCache string
 	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
 	TestResumeDelay time.Duration
-	// Store selects the snapshot store (default: chunked on the local filesystem).
+	// Store selects the snapshot store (default: plain files, see StoreConfig).
 	Store StoreConfig
 	// IdleCPUThreshold is the CPU use (fraction of one core) below which a sandbox
 	// counts as idle (default 0.05); LifecycleInterval how often the idle and

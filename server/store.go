@@ -13,11 +13,17 @@ import (
 
 // StoreConfig selects and configures the snapshot store.
 //
-//	"local" (default)  chunked store (snapshot/chunked) on the filesystem backend in
+//	"plain" (default)  the plain-file store (snapshot/local) in <data-dir>/snapshots:
+//	                   the engine's files as written plus a manifest with the sha256
+//	                   of every file; the fastest hibernate here
+//	"chunked"          chunked store (snapshot/chunked) on the filesystem backend in
 //	                   <data-dir>/chunks: dedup, diff snapshots, zstd, verification
+//	                   ("local" is accepted as an alias)
 //	"s3"               chunked store on an S3-compatible bucket; <data-dir>/chunks
 //	                   keeps only staging, opened snapshots and the chunk cache
-//	"plain"            the plain-file store (snapshot/local) in <data-dir>/snapshots
+//
+// plain stays the default until the chunked store's first hibernate is as fast
+// (measured here: 21–42 MiB/s first commit against ~150 MiB/s plain; see README).
 type StoreConfig struct {
 	Kind        string
 	S3Endpoint  string // http(s)://host:port or host:port (TLS)
@@ -48,10 +54,10 @@ func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.S
 func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.Logger, autoGC bool) (snapshot.Store, func() error, error) {
 	nop := func() error { return nil }
 	switch cfg.Kind {
-	case "plain":
+	case "", "plain":
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
-	case "", "local":
+	case "chunked", "local":
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, Logger: log})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
@@ -78,6 +84,6 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		}
 		return s, s.Close, nil
 	default:
-		return nil, nil, fmt.Errorf("snapshot store %q: want local, s3 or plain", cfg.Kind)
+		return nil, nil, fmt.Errorf("snapshot store %q: want plain, chunked or s3", cfg.Kind)
 	}
 }
