@@ -86,6 +86,10 @@ type Result struct {
 	Resume    Summary
 	Hibernate Summary
 	Exec      Summary
+	// Window is the resume contract's window (last_resume.window_ms, measured by the
+	// server): how long user processes ran after the restore before they were
+	// notified of it.
+	Window Summary
 	// SnapshotBytes is the median snapshot size.
 	SnapshotBytes int64
 	// Raw is runsc alone; nil when skipped (RawSkipped says why).
@@ -268,7 +272,7 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 	}
 
 	fmt.Fprintf(opts.Progress, "%d MiB: %d hibernate / resume-on-request cycles on %s…\n", ws, opts.Cycles, id)
-	var hib, res, snap []float64
+	var hib, res, snap, win []float64
 	for i := 0; i < opts.Cycles; i++ {
 		t0 := time.Now()
 		h, err := c.Hibernate(ctx, id)
@@ -295,8 +299,11 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 		}
 		count = st.Count
 		res = append(res, msOf(d))
+		if sb, err := c.GetSandbox(ctx, id); err == nil && sb.LastResume != nil {
+			win = append(win, sb.LastResume.WindowMS)
+		}
 	}
-	r.Hibernate, r.Resume = Summarize(hib), Summarize(res)
+	r.Hibernate, r.Resume, r.Window = Summarize(hib), Summarize(res), Summarize(win)
 	r.SnapshotBytes = int64(Percentile(snap, 50))
 
 	fmt.Fprintf(opts.Progress, "%d MiB: exec latency of `true`, %d samples…\n", ws, opts.ExecSamples)
@@ -333,6 +340,7 @@ func WriteTables(w io.Writer, results []Result) error {
 			fmt.Fprintf(&b, "  %-34s %9.1f %9.1f %9.1f %9.1f %4d\n", name, s.P50, s.P90, s.P99, s.Max, s.N)
 		}
 		row("time to first request (resume)", r.Resume)
+		row("resume contract window", r.Window)
 		row("hibernate", r.Hibernate)
 		row("exec true", r.Exec)
 		if r.RawRestore != nil {
@@ -379,6 +387,8 @@ type jsonResult struct {
 	ExecP50MS          float64  `json:"exec_p50_ms"`
 	ExecP90MS          float64  `json:"exec_p90_ms"`
 	ExecP99MS          float64  `json:"exec_p99_ms"`
+	WindowP50MS        float64  `json:"window_p50_ms"`
+	WindowP99MS        float64  `json:"window_p99_ms"`
 	Cycles             int      `json:"cycles"`
 }
 
@@ -396,6 +406,7 @@ func WriteJSON(w io.Writer, results []Result) error {
 			HibernateP99MS: round3(r.Hibernate.P99),
 			SnapshotBytes:  r.SnapshotBytes,
 			ExecP50MS:      round3(r.Exec.P50), ExecP90MS: round3(r.Exec.P90), ExecP99MS: round3(r.Exec.P99),
+			WindowP50MS: round3(r.Window.P50), WindowP99MS: round3(r.Window.P99),
 			Cycles: r.Cycles,
 		}
 		if r.RawRestore != nil {

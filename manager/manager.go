@@ -661,12 +661,6 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return m.resumeFilesystemLocked(ctx, s)
 	}
 	start := time.Now()
-	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
-		return err
-	}
-	if m.cfg.TestResumeDelay > 0 {
-		time.Sleep(m.cfg.TestResumeDelay)
-	}
 	back := func(cause error) error {
 		s.Instance = ""
 		s.Error = ""
@@ -674,31 +668,37 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		s.Error = cause.Error()
 		return cause
 	}
+	// Verify first: a snapshot that fails verification changes nothing (the
+	// sandbox stays hibernated, no generation is taken). Other calls on this
+	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
 	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
 	if err != nil {
 		var ce *snapshot.CorruptError
 		if errors.As(err, &ce) {
-			err = fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err)
-		} else {
-			err = fmt.Errorf("resume %s: %w", s.ID, err)
+			return fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err)
 		}
-		return back(err)
+		return fmt.Errorf("resume %s: %w", s.ID, err)
 	}
 	verifyDur := time.Since(tVerify)
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {
-		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
+		return fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err)
 	}
-	gen, err := m.cfg.DB.NextGeneration(ctx)
-	if err != nil {
-		return back(err)
-	}
+	// State resuming, the new instance and a new generation: one transaction,
+	// persisted before the engine acts.
 	s.Seq++
 	s.Instance = instanceID(s.ID, s.Seq)
 	s.GuestDigest = man.Spec.GuestDigest
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	s.State = apiv1.StateResuming
+	s.StateChangedAt = time.Now().UTC()
+	s.Error = ""
+	gen, err := m.cfg.DB.BeginRestore(ctx, s)
+	if err != nil {
 		return back(err)
+	}
+	if m.cfg.TestResumeDelay > 0 {
+		time.Sleep(m.cfg.TestResumeDelay)
 	}
 	tRestore := time.Now()
 	if err := m.cfg.Engine.Restore(ctx, m.spec(s, rootfs), dir); err != nil {

@@ -354,3 +354,24 @@ func (d *DB) NextGeneration(ctx context.Context) (int64, error) {
 	}
 	return v, nil
 }
+
+// BeginRestore takes the next generation (see NextGeneration) and writes s in the
+// same transaction, so a resume persists its new state and instance with one sync.
+func (d *DB) BeginRestore(ctx context.Context, s *Sandbox) (int64, error) {
+	tx, err := d.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("metadata: %w", err)
+	}
+	defer tx.Rollback()
+	var gen int64
+	if err := tx.QueryRowContext(ctx, `UPDATE counters SET value = value + 1 WHERE name = 'generation' RETURNING value`).Scan(&gen); err != nil {
+		return 0, fmt.Errorf("metadata: next generation: %w", err)
+	}
+	if err := putSandbox(ctx, tx, s); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("metadata: begin restore %s: %w", s.ID, err)
+	}
+	return gen, nil
+}
