@@ -36,6 +36,11 @@ type File struct {
 	Name   string `json:"name"`
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"` // lowercase hex
+	// BlockBytes and Blocks, when set, are the sha256 of every BlockBytes-long
+	// block of the file (the last one shorter), so a store can verify a large file
+	// on several cores at once.
+	BlockBytes int64    `json:"block_bytes,omitempty"`
+	Blocks     []string `json:"blocks,omitempty"`
 }
 
 // SandboxSpec is what a snapshot restores to: enough to start the sandbox again.

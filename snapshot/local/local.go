@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"sync"
 
@@ -96,9 +97,34 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 		return m, fmt.Errorf("snapshot %s: commit: no files staged", id)
 	}
 	sort.Strings(names)
+	// Block hashes (for parallel verification) are computed beside the whole-file
+	// hashes, so the commit takes about one pass over the data on two cores.
+	blocks := make([][]string, len(names))
+	blockErrs := make([]error, len(names))
+	var bwg sync.WaitGroup
+	for i, n := range names {
+		st, err := os.Stat(filepath.Join(dir, n))
+		if err != nil || st.Size() <= blockBytes {
+			continue
+		}
+		bwg.Add(1)
+		go func() {
+			defer bwg.Done()
+			blocks[i], blockErrs[i] = blockHashes(filepath.Join(dir, n), st.Size())
+		}()
+	}
 	files, err := hashAll(ctx, dir, names, true)
+	bwg.Wait()
+	if err == nil {
+		err = errors.Join(blockErrs...)
+	}
 	if err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	for i := range files {
+		if blocks[i] != nil {
+			files[i].BlockBytes, files[i].Blocks = blockBytes, blocks[i]
+		}
 	}
 	m.Files, m.Bytes = files, 0
 	for _, f := range files {
@@ -169,17 +195,111 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 			return "", m, &snapshot.CorruptError{Snapshot: id, File: f.Name, Reason: fmt.Sprintf("size %d != %d", st.Size(), f.Bytes)}
 		}
 	}
-	got, err := hashAll(ctx, dir, names, false)
-	if err != nil {
-		return "", m, fmt.Errorf("snapshot %s: verify: %w", id, err)
-	}
-	for i, f := range m.Files {
-		if got[i].SHA256 != f.SHA256 {
-			return "", m, &snapshot.CorruptError{Snapshot: id, File: f.Name,
-				Reason: fmt.Sprintf("sha256 mismatch: want %s, got %s", f.SHA256, got[i].SHA256)}
-		}
+	if err := verifyBlocks(ctx, id, dir, m.Files); err != nil {
+		return "", m, err
 	}
 	return dir, m, nil
+}
+
+// blockBytes is the verification block size: 16 MiB blocks let a 512 MiB memory
+// file be checked on all cores (sha256 runs at ~1.1 GiB/s per core here).
+const blockBytes = 16 << 20
+
+// verifyBlocks checks every file against its manifest entry, block by block on
+// all cores; files recorded without blocks are hashed whole.
+func verifyBlocks(ctx context.Context, id, dir string, files []snapshot.File) error {
+	type job struct {
+		f     snapshot.File
+		block int // -1: whole file
+	}
+	var jobs []job
+	for _, f := range files {
+		if len(f.Blocks) == 0 || f.BlockBytes <= 0 {
+			jobs = append(jobs, job{f, -1})
+			continue
+		}
+		if want := (f.Bytes + f.BlockBytes - 1) / f.BlockBytes; int64(len(f.Blocks)) != want {
+			return &snapshot.CorruptError{Snapshot: id, File: f.Name, Reason: fmt.Sprintf("manifest lists %d blocks, size needs %d", len(f.Blocks), want)}
+		}
+		for b := range f.Blocks {
+			jobs = append(jobs, job{f, b})
+		}
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			path := filepath.Join(dir, j.f.Name)
+			if j.block < 0 {
+				got, err := hashFile(ctx, path, false)
+				if err != nil {
+					errs[i] = fmt.Errorf("snapshot %s: verify: %w", id, err)
+				} else if got.SHA256 != j.f.SHA256 {
+					errs[i] = &snapshot.CorruptError{Snapshot: id, File: j.f.Name,
+						Reason: fmt.Sprintf("sha256 mismatch: want %s, got %s", j.f.SHA256, got.SHA256)}
+				}
+				return
+			}
+			off := int64(j.block) * j.f.BlockBytes
+			got, err := hashRange(path, off, min(j.f.BlockBytes, j.f.Bytes-off))
+			if err != nil {
+				errs[i] = fmt.Errorf("snapshot %s: verify: %w", id, err)
+			} else if got != j.f.Blocks[j.block] {
+				errs[i] = &snapshot.CorruptError{Snapshot: id, File: j.f.Name,
+					Reason: fmt.Sprintf("sha256 mismatch in block %d (bytes %d–%d): want %s, got %s",
+						j.block, off, off+min(j.f.BlockBytes, j.f.Bytes-off), j.f.Blocks[j.block], got)}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		var ce *snapshot.CorruptError
+		if errors.As(err, &ce) {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// hashRange returns the hex sha256 of n bytes of path at off.
+func hashRange(path string, off, n int64) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, off, n)); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// blockHashes returns the sha256 of every blockBytes block of path, computed on
+// all cores.
+func blockHashes(path string, size int64) ([]string, error) {
+	n := int((size + blockBytes - 1) / blockBytes)
+	out := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for b := 0; b < n; b++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			off := int64(b) * blockBytes
+			out[b], errs[b] = hashRange(path, off, min(blockBytes, size-off))
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 // Delete implements snapshot.Store.
