@@ -582,13 +582,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
 	}
 	now := time.Now().UTC()
-	man := snapshot.Manifest{
-		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
-		Engine: m.cfg.Engine.Name(), EngineVersion: m.cfg.Engine.Version(),
-		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
-			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
-		CreatedAt: now,
-	}
+	man := m.manifestFor(s, snapID, now)
 	man.HibernateMS = time.Since(start).Milliseconds()
 	man, err = m.cfg.Store.Commit(ctx, snapID, man)
 	if err != nil {
@@ -620,6 +614,18 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)
 	return snapID, nil
+}
+
+// manifestFor is the manifest of a memory snapshot snapID of s, before the store
+// fills in its files.
+func (m *Manager) manifestFor(s *metadata.Sandbox, snapID string, at time.Time) snapshot.Manifest {
+	return snapshot.Manifest{
+		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
+		Engine: m.cfg.Engine.Name(), EngineVersion: m.cfg.Engine.Version(),
+		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
+			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
+		CreatedAt: at,
+	}
 }
 
 func (m *Manager) liveClient(id string) *agentclient.Client {

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/metadata"
@@ -15,8 +16,11 @@ import (
 //   - running: if its engine instance still runs and its guest agent answers, it is
 //     reattached; otherwise the instance is stopped and the sandbox is reported
 //     error ("lost on server restart": its memory is gone);
-//   - hibernating: if the pending snapshot committed, the sandbox is hibernated on
-//     it; else if the instance still runs it is running again; else error;
+//   - hibernating: runsc checkpoint runs in its own session and outlives a crashed
+//     server, so first the checkpoint is waited for (finishInterruptedCheckpoints)
+//     and, if the sandbox process exited after writing it, committed now. Then: if
+//     the pending snapshot committed, the sandbox is hibernated on it; else if the
+//     instance still runs it is running again; else error;
 //   - resuming: a half-done restore is stopped; the sandbox is hibernated on its
 //     snapshot, which is untouched by a restore;
 //   - creating: the instance is stopped; error;
@@ -25,6 +29,7 @@ import (
 // Then every engine instance that no running sandbox owns is stopped, and staged
 // snapshots that never committed are removed.
 func (m *Manager) Reconcile(ctx context.Context) error {
+	m.finishInterruptedCheckpoints(ctx)
 	if err := m.cfg.Store.Recover(ctx); err != nil {
 		return fmt.Errorf("reconcile: snapshot store: %w", err)
 	}
@@ -148,4 +153,66 @@ func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		m.log.Warn("reconcile: finish hibernate", "sandbox", s.ID, "err", err)
 	}
+}
+
+// checkpointWait bounds how long Reconcile waits for a checkpoint that a crashed
+// server left running (a 512 MiB checkpoint takes ~0.5–2.5 s here).
+const checkpointWait = 2 * time.Minute
+
+// finishInterruptedCheckpoints handles sandboxes a crash left in state hibernating
+// with an uncommitted snapshot: it waits until the instance's sandbox process has
+// exited (runsc checkpoint finished and stopped it) or its agent answers again (the
+// checkpoint failed; the sandbox runs), and in the first case commits the staged
+// checkpoint, so the hibernate the user asked for completes and no memory is lost.
+// It runs before the store's Recover, which would remove the staged files.
+func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	for _, s := range all {
+		if s.Deleting || s.State != apiv1.StateHibernating || s.PendingSnapshot == "" || s.Instance == "" {
+			continue
+		}
+		if _, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot); err == nil {
+			continue // committed; Reconcile finishes it
+		}
+		deadline := time.Now().Add(checkpointWait)
+		exited := false
+		for time.Now().Before(deadline) {
+			if !m.instanceRunning(ctx, s.Instance) {
+				exited = true
+				break
+			}
+			hctx, cancel := context.WithTimeout(ctx, time.Second)
+			err := m.agentFor(s.Instance).Health(hctx)
+			cancel()
+			if err == nil {
+				break // the sandbox runs: the checkpoint did not stop it
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if !exited {
+			continue
+		}
+		man := m.manifestFor(s, s.PendingSnapshot, time.Now().UTC())
+		if _, err := m.cfg.Store.Commit(ctx, s.PendingSnapshot, man); err != nil {
+			m.log.Warn("reconcile: interrupted hibernate could not be committed", "sandbox", s.ID, "snapshot", s.PendingSnapshot, "err", err)
+			continue
+		}
+		m.log.Info("reconcile: committed a checkpoint a crash interrupted", "sandbox", s.ID, "snapshot", s.PendingSnapshot)
+	}
+}
+
+func (m *Manager) instanceRunning(ctx context.Context, instance string) bool {
+	infos, err := m.cfg.Engine.List(ctx)
+	if err != nil {
+		return true // unknown: keep waiting
+	}
+	for _, i := range infos {
+		if i.ID == instance && i.Running {
+			return true
+		}
+	}
+	return false
 }
