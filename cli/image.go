@@ -62,9 +62,9 @@ func (a *app) imageBuildCommand() *cobra.Command {
 }
 
 func (a *app) imageImportCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, replace bool
 	cmd := &cobra.Command{
-		Use:   "import NAME FILE.tar",
+		Use:   "import NAME FILE.tar [--replace]",
 		Short: "Import an image from a tar archive of a root filesystem (- for stdin)",
 		Args:  usageArgs(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -93,7 +93,11 @@ func (a *app) imageImportCommand() *cobra.Command {
 				r = &pr
 				defer bar.Finish()
 			}
-			img, err := a.client().ImportImage(cmd.Context(), name, r, size)
+			imp := a.client().ImportImage
+			if replace {
+				imp = a.client().ReplaceImage
+			}
+			img, err := imp(cmd.Context(), name, r, size)
 			if err != nil {
 				return err
 			}
@@ -104,6 +108,7 @@ func (a *app) imageImportCommand() *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace an existing image of that name")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
 	return cmd
 }

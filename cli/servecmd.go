@@ -64,7 +64,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
-	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH)")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
 	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", "plain"), "snapshot store: plain (one plain file per snapshot file), chunked (deduplicated chunks on this disk) or s3 (chunks in an S3-compatible bucket, local cache)")
@@ -84,6 +84,12 @@ func defaultRunsc() string {
 	}
 	if p, err := exec.LookPath("runsc"); err == nil {
 		return p
+	}
+	// In a checkout, `make setup` builds the pinned runsc into .tools/ beside bin/.
+	if exe, err := os.Executable(); err == nil {
+		if m, _ := filepath.Glob(filepath.Join(filepath.Dir(exe), "..", ".tools", "runsc-*")); len(m) > 0 {
+			return m[len(m)-1]
+		}
 	}
 	return "runsc"
 }

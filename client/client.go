@@ -370,7 +370,21 @@ func (c *Client) BuildImage(ctx context.Context, req apiv1.BuildImageRequest, pr
 // ImportImage uploads a tar archive of a root filesystem as image name. size is the
 // archive's length in bytes, or -1 if unknown (the body is then sent chunked).
 func (c *Client) ImportImage(ctx context.Context, name string, r io.Reader, size int64) (apiv1.Image, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/images/import?name="+url.QueryEscape(name)), nopReadCloser(r))
+	return c.importImage(ctx, name, r, size, false)
+}
+
+// ReplaceImage is ImportImage for a name that may already exist: the name then
+// points at the imported image (the old image file stays for sandboxes using it).
+func (c *Client) ReplaceImage(ctx context.Context, name string, r io.Reader, size int64) (apiv1.Image, error) {
+	return c.importImage(ctx, name, r, size, true)
+}
+
+func (c *Client) importImage(ctx context.Context, name string, r io.Reader, size int64, replace bool) (apiv1.Image, error) {
+	q := "/v1/images/import?name=" + url.QueryEscape(name)
+	if replace {
+		q += "&replace=true"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(q), nopReadCloser(r))
 	if err != nil {
 		return apiv1.Image{}, err
 	}

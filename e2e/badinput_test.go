@@ -75,14 +75,17 @@ func TestBadInput(t *testing.T) {
 	for _, id := range []string{run.ID, hib.ID} {
 		p := "/v1/sandboxes/" + id
 		for _, body := range []string{
-			`{"cmd":`,                         // malformed
-			`{"cmd":["true"],"shell":true}`,   // unknown field
-			`{"cmd":[]}`,                      // empty cmd
-			`{"cmd":[""]}`,                    // empty program
-			`{}`,                              // no cmd
-			``,                                // no body
-			`{"cmd":["pwd"],"cwd":"tmp"}`,     // relative cwd
-			`{"cmd":["true"],"timeout_s":-1}`, // negative timeout
+			`{"cmd":`,                             // malformed
+			`{"cmd":["true"],"shell":true}`,       // unknown field
+			`{"cmd":[]}`,                          // empty cmd
+			`{"cmd":[""]}`,                        // empty program
+			`{}`,                                  // no cmd
+			``,                                    // no body
+			`{"cmd":["pwd"],"cwd":"tmp"}`,         // relative cwd
+			`{"cmd":["true"],"timeout_s":-1}`,     // negative timeout
+			`{"cmd":["true"],"timeout_s":1e12}`,   // absurd timeout
+			`{"cmd":["true"],"env":{"1BAD":"x"}}`, // invalid env key
+			`{"cmd":["cat"],"stdin":"x","background":true}`, // stdin for a background process
 		} {
 			add(400, "POST", p+"/exec", j, body)
 		}
@@ -93,7 +96,9 @@ func TestBadInput(t *testing.T) {
 		for _, body := range []string{`{"count":0}`, `{"count":-1}`, `{"count":100}`, `{"count":"two"}`, `{"count":1,"x":1}`, `{"count":`} {
 			add(400, "POST", p+"/fork", j, body)
 		}
-		for _, port := range []string{"0", "99999", "abc", "-1"} {
+		add(400, "PUT", p+"/files?path=/tmp/a%00b", "application/octet-stream", "data")
+		add(400, "PUT", p+"/files?path=/.torpor/x", "application/octet-stream", "data")
+		for _, port := range []string{"0", "99999", "abc", "-1", "49983"} {
 			add(400, "GET", p+"/ports/"+port+"/", "", "")
 		}
 	}

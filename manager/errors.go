@@ -19,7 +19,7 @@ func invalid(format string, a ...any) error {
 }
 
 func notFound(what, id string) error {
-	return fmt.Errorf("%w: %s %q", ErrNotFound, what, id)
+	return fmt.Errorf("%s %q: %w", what, id, ErrNotFound)
 }
 
 func conflict(format string, a ...any) error {

@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,6 +101,11 @@ const (
 	MaxCPUs          = 64
 	DefaultCPUs      = 1
 	MaxForkCount     = 16
+	// MaxExecTimeoutS is the longest exec timeout (30 days, in seconds).
+	MaxExecTimeoutS = 30 * 24 * 3600
+	// MaxEnvValueBytes bounds one environment value (Linux limits one argument or
+	// environment string to 128 KiB, MAX_ARG_STRLEN).
+	MaxEnvValueBytes = 128 << 10
 )
 
 // New installs the guest agent and returns a Manager. Call Reconcile before
@@ -395,9 +401,12 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 	if req.CPUs < MinCPUs || req.CPUs > MaxCPUs {
 		return apiv1.Sandbox{}, invalid("cpus %g: must be between %g and %d", req.CPUs, MinCPUs, MaxCPUs)
 	}
-	for k := range req.Env {
+	for k, v := range req.Env {
 		if !envKeyRE.MatchString(k) {
 			return apiv1.Sandbox{}, invalid("env key %q: must match %s", k, envKeyRE)
+		}
+		if len(v) > MaxEnvValueBytes {
+			return apiv1.Sandbox{}, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
 		}
 	}
 	pol, err := m.createPolicy(ctx, req)
@@ -880,8 +889,19 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return nil, invalid("cmd: must name a program")
 	}
-	if req.TimeoutS < 0 {
-		return nil, invalid("timeout_s %g: must not be negative", req.TimeoutS)
+	if req.TimeoutS < 0 || req.TimeoutS > MaxExecTimeoutS {
+		return nil, invalid("timeout_s %g: must be between 0 and %d", req.TimeoutS, MaxExecTimeoutS)
+	}
+	for k, v := range req.Env {
+		if !envKeyRE.MatchString(k) {
+			return nil, invalid("env key %q: must match %s", k, envKeyRE)
+		}
+		if len(v) > MaxEnvValueBytes {
+			return nil, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
+		}
+	}
+	if req.Background && req.Stdin != "" {
+		return nil, invalid("stdin: a background process gets no stdin")
 	}
 	if req.Cwd != "" && !filepath.IsAbs(req.Cwd) {
 		return nil, invalid("cwd %q: must be an absolute path", req.Cwd)
@@ -896,6 +916,12 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 func checkPath(p string) error {
 	if p == "" || !filepath.IsAbs(p) {
 		return invalid("path %q: must be an absolute path", p)
+	}
+	if strings.ContainsRune(p, 0) {
+		return invalid("path %q: contains a NUL byte", p)
+	}
+	if c := filepath.Clean(p); c == "/.torpor" || strings.HasPrefix(c, "/.torpor/") {
+		return invalid("path %q: /.torpor is torpor's read-only guest directory", p)
 	}
 	return nil
 }
@@ -944,6 +970,11 @@ func agentErr(err error) error {
 func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, invalid("port %d: must be between 1 and 65535", port)
+	}
+	if port == engine.AgentPort {
+		// The guest agent runs commands as root and drives the resume contract; it
+		// is reachable only through the API's own calls.
+		return nil, invalid("port %d: reserved for torpor's guest agent", port)
 	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {

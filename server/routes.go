@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,8 +22,13 @@ import (
 	"github.com/torpor/torpor/manager"
 )
 
-// maxJSONBody bounds request bodies that are JSON documents (1 MiB).
+// maxJSONBody bounds request bodies that are JSON documents (1 MiB; an exec's
+// stdin travels inside its JSON body, so it is bounded by this too).
 const maxJSONBody = 1 << 20
+
+// debPackageRE is Debian's package name syntax (Debian Policy 5.6.1), checked
+// before an image build starts streaming its answer.
+var debPackageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -304,6 +310,12 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, req.Name))
 		return
 	}
+	for _, p := range req.Packages {
+		if !debPackageRE.MatchString(strings.TrimSpace(p)) {
+			s.fail(w, r, fmt.Errorf("%w: package %q: not a Debian package name", manager.ErrInvalidArgument, p))
+			return
+		}
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
@@ -323,6 +335,12 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	if !image.ValidName(name) {
 		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, name))
 		return
+	}
+	if r.URL.Query().Get("replace") != "true" {
+		if _, _, err := s.Images.Get(r.Context(), name); err == nil {
+			s.fail(w, r, fmt.Errorf("%w: image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", manager.ErrConflict, name))
+			return
+		}
 	}
 	img, err := s.Images.Import(r.Context(), name, r.Body, io.Discard)
 	if err != nil {
