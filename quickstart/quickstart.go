@@ -78,7 +78,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 	}
 	if !haveBase {
-		p("Building the base image (first use only; takes 1–2 minutes)…")
+		p("Preparing the base image (first use on this data directory: seconds from the host's build cache that `make setup` fills, else a 1–2 minute build)…")
 	}
 	t0 := time.Now()
 	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: 512})

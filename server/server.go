@@ -188,5 +188,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	// Sandboxes keep running across a restart (the next server reattaches them);
+	// only when none is left does the engine release its host mounts.
+	if infos, err := s.Engine.List(sctx); err == nil && len(infos) == 0 {
+		s.Engine.Close()
+	}
 	return nil
 }
