@@ -53,6 +53,9 @@ type Options struct {
 	Lifecycle         bool
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
+	// Store selects the snapshot store (passed to server.Config.Store); the zero
+	// value is the default plain-file store.
+	Store server.StoreConfig
 }
 
 var (
@@ -116,6 +119,7 @@ func Start(t testing.TB, opts Options) *Server {
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TestResumeDelay:    opts.TestResumeDelay,
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
+		Store:              opts.Store,
 	}
 	cfg.DisableLifecycle = !opts.Lifecycle
 	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval
