@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 type openapiDoc struct {
@@ -33,6 +34,9 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/sandboxes/{id}/resume":              {"post"},
 		"/v1/sandboxes/{id}/fork":                {"post"},
 		"/v1/sandboxes/{id}/ports/{port}/{path}": {"get", "post", "put", "delete", "patch", "head", "options"},
+		"/v1/snapshots":                          {"get"},
+		"/v1/snapshots/{id}":                     {"get", "delete"},
+		"/v1/snapshots/{id}/verify":              {"post"},
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
@@ -118,12 +122,13 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	code := 0
 	cases := map[string]any{
 		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, CPUs: 1, Env: map[string]string{"a": "b"},
-			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}},
-		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}},
+			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{}},
+		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
 		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
 		"Sandbox":               fullSandbox(),
-		"Snapshot":              Snapshot{Parent: "p"},
+		"Snapshot":              Snapshot{Parent: "p", UsedBy: []string{"s"}},
+		"ListSnapshotsResponse": ListSnapshotsResponse{}, "VerifySnapshotResponse": VerifySnapshotResponse{},
 		"ListSandboxesResponse": ListSandboxesResponse{},
 		"ExecRequest":           ExecRequest{Cmd: []string{"x"}, Env: map[string]string{"a": "b"}, Cwd: "/", Stdin: "x", TimeoutS: 1, Background: true},
 		"ExecEvent":             ExecEvent{Stream: "stdout", Data: []byte("x"), ExitCode: &code, Pid: 1, Error: "e"},
@@ -181,4 +186,29 @@ func fullSandbox() Sandbox {
 	s.Volumes = []VolumeMount{{}}
 	s.LastResume = &ResumeReport{}
 	return s
+}
+
+// TestExpiryJSON: absent leaves expires_at unchanged, null clears it, a time sets it.
+func TestExpiryJSON(t *testing.T) {
+	var r UpdateSandboxRequest
+	if err := json.Unmarshal([]byte(`{}`), &r); err != nil || r.ExpiresAt.Set {
+		t.Fatalf("absent: %+v %v", r.ExpiresAt, err)
+	}
+	if err := json.Unmarshal([]byte(`{"expires_at":null}`), &r); err != nil || !r.ExpiresAt.Set || r.ExpiresAt.At != nil {
+		t.Fatalf("null: %+v %v", r.ExpiresAt, err)
+	}
+	if err := json.Unmarshal([]byte(`{"expires_at":"2030-01-02T03:04:05Z"}`), &r); err != nil || r.ExpiresAt.At == nil || r.ExpiresAt.At.Year() != 2030 {
+		t.Fatalf("time: %+v %v", r.ExpiresAt, err)
+	}
+	if err := json.Unmarshal([]byte(`{"expires_at":"tomorrow"}`), &r); err == nil {
+		t.Fatal("a bad time was accepted")
+	}
+	b, _ := json.Marshal(UpdateSandboxRequest{})
+	if string(b) != "{}" {
+		t.Fatalf("empty request marshals to %s", b)
+	}
+	b, _ = json.Marshal(UpdateSandboxRequest{ExpiresAt: ExpireNever})
+	if string(b) != `{"expires_at":null}` {
+		t.Fatalf("never marshals to %s", b)
+	}
 }

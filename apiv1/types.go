@@ -4,7 +4,11 @@
 // CLI all use these types, so a field renamed here is renamed everywhere.
 package apiv1
 
-import "time"
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
 
 // State is a sandbox's lifecycle state. Transitions (DESIGN.md):
 //
@@ -47,6 +51,49 @@ type CreateSandboxRequest struct {
 	OnResume []string `json:"on_resume,omitempty"`
 	// Volumes are named volumes mounted read-write at their paths.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// ExpiresAt (retention): once this time has passed and the sandbox is
+	// hibernated, the sandbox and its snapshots are deleted. Absent or null =
+	// never (perpetual standby).
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// Expiry is the expires_at field of PATCH /v1/sandboxes/{id}: absent = unchanged
+// (Set false), null = never expire, an RFC 3339 time = expire then.
+type Expiry struct {
+	Set bool
+	At  *time.Time
+}
+
+// ExpireAt is an Expiry that sets expires_at to t.
+func ExpireAt(t time.Time) Expiry { return Expiry{Set: true, At: &t} }
+
+// ExpireNever is an Expiry that clears expires_at (never expire).
+var ExpireNever = Expiry{Set: true}
+
+// IsZero reports an absent field (omitzero).
+func (e Expiry) IsZero() bool { return !e.Set }
+
+// MarshalJSON writes null or the time.
+func (e Expiry) MarshalJSON() ([]byte, error) {
+	if e.At == nil {
+		return []byte("null"), nil
+	}
+	return json.Marshal(e.At)
+}
+
+// UnmarshalJSON reads null or an RFC 3339 time.
+func (e *Expiry) UnmarshalJSON(b []byte) error {
+	e.Set = true
+	e.At = nil
+	if string(b) == "null" {
+		return nil
+	}
+	var t time.Time
+	if err := json.Unmarshal(b, &t); err != nil {
+		return fmt.Errorf("expires_at: want an RFC 3339 time or null: %v", err)
+	}
+	e.At = &t
+	return nil
 }
 
 // UpdateSandboxRequest is the body of PATCH /v1/sandboxes/{id}: only the fields
@@ -57,6 +104,8 @@ type UpdateSandboxRequest struct {
 	OnTimeout       *string   `json:"on_timeout,omitempty"`
 	HibernationMode *string   `json:"hibernation_mode,omitempty"`
 	OnResume        *[]string `json:"on_resume,omitempty"`
+	// ExpiresAt: an RFC 3339 time, or null to never expire; absent = unchanged.
+	ExpiresAt Expiry `json:"expires_at,omitzero"`
 }
 
 // Hibernation modes.
@@ -148,6 +197,10 @@ type Sandbox struct {
 	// LastResume is the guest agent's report of the resume contract it ran on the
 	// last start, resume or fork of this sandbox.
 	LastResume *ResumeReport `json:"last_resume,omitempty"`
+	// ExpiresAt (retention): once passed, the sandbox is deleted with its
+	// snapshots when it is hibernated (a running sandbox is not deleted; it is
+	// checked again once hibernated). null = never (perpetual standby).
+	ExpiresAt *time.Time `json:"expires_at"`
 }
 
 // ResumeRequest is what the host hands the guest agent (POST /resume of the agent)
@@ -243,6 +296,37 @@ type Snapshot struct {
 	Parent    string    `json:"parent,omitempty"`
 	Engine    string    `json:"engine"`
 	CreatedAt time.Time `json:"created_at"`
+	// LogicalBytes is the snapshot's size as the engine wrote it; StoredBytes the
+	// stored (compressed, deduplicated) size of the chunks it references;
+	// NewBytes the stored bytes this snapshot added. A plain-file store reports
+	// all three equal to Bytes.
+	LogicalBytes int64 `json:"logical_bytes"`
+	StoredBytes  int64 `json:"stored_bytes"`
+	NewBytes     int64 `json:"new_bytes"`
+	// DedupRatio is LogicalBytes / StoredBytes (0 when unknown).
+	DedupRatio float64 `json:"dedup_ratio"`
+	// Durable is true once every byte is in the durable tier. Stores commit
+	// synchronously (hibernate returns after the commit), so it is always true
+	// today; asynchronous upload is not built.
+	Durable bool `json:"durable"`
+	// ExpiresAt is the owning sandbox's expires_at (null = never): the snapshot is
+	// deleted with that sandbox unless another sandbox (a fork) resumes from it.
+	ExpiresAt *time.Time `json:"expires_at"`
+	// UsedBy lists the sandboxes that resume from this snapshot (DELETE is
+	// refused while any does).
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// ListSnapshotsResponse is the body of GET /v1/snapshots.
+type ListSnapshotsResponse struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// VerifySnapshotResponse is the body of a successful POST /v1/snapshots/{id}/verify.
+type VerifySnapshotResponse struct {
+	OK    bool  `json:"ok"`
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
 }
 
 // ListSandboxesResponse is the body of GET /v1/sandboxes.

@@ -162,9 +162,23 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 	type action struct {
 		id, why string
 		timeout bool
+		expire  bool
 	}
 	var todo []action
 	for _, s := range all {
+		if !s.Deleting && s.State == apiv1.StateHibernated && expired(s, now) {
+			// Retention: a hibernated sandbox past its expires_at is deleted
+			// (after a failed attempt, again 30 s later).
+			m.lc.mu.Lock()
+			a := m.lc.act[s.ID]
+			wait := a != nil && now.Before(a.retryAt)
+			m.lc.mu.Unlock()
+			running[s.ID] = true // keeps the retry time
+			if !wait {
+				todo = append(todo, action{id: s.ID, why: "retention", expire: true})
+			}
+			continue
+		}
 		if s.Deleting || s.State != apiv1.StateRunning || s.Instance == "" {
 			continue
 		}
@@ -222,7 +236,11 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := m.lifecycleAct(ctx, a.id, a.timeout); err != nil {
+		act := func() error { return m.lifecycleAct(ctx, a.id, a.timeout) }
+		if a.expire {
+			act = func() error { return m.expire(ctx, a.id) }
+		}
+		if err := act(); err != nil {
 			m.log.Warn("lifecycle: "+a.why+" action failed", "sandbox", a.id, "err", err)
 			m.lc.mu.Lock()
 			m.lc.entry(a.id).retryAt = time.Now().Add(30 * time.Second)

@@ -275,8 +275,8 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) apiv1.Sandbox {
 	m.viewPolicy(ctx, s, &v)
 	if s.SnapshotID != "" {
 		if snap, err := m.cfg.DB.GetSnapshot(ctx, s.SnapshotID); err == nil {
-			v.Snapshot = &apiv1.Snapshot{ID: snap.ID, SandboxID: snap.SandboxID, Bytes: snap.Bytes,
-				HibernateMS: snap.HibernateMS, Parent: snap.Parent, Engine: snap.Engine, CreatedAt: snap.CreatedAt}
+			sv := m.snapView(ctx, snap, nil)
+			v.Snapshot = &sv
 		}
 	}
 	return v
@@ -614,8 +614,8 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		s.LastHibernateAt = &now
 	}
 	s.StateChangedAt = now
-	snapRec := &metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
-		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}
+	snapRec := withSizes(&metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
+		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}, man)
 	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
 		return "", err
 	}

@@ -83,7 +83,7 @@ func checkOnResume(cmd []string) error {
 // record's Policy.
 func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxRequest) (metadata.Policy, error) {
 	p := metadata.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
-		HibernationMode: req.HibernationMode, OnResume: req.OnResume}
+		HibernationMode: req.HibernationMode, OnResume: req.OnResume, ExpiresAt: utcp(req.ExpiresAt)}
 	if req.IdleTimeoutS != nil {
 		p.IdleTimeoutS = *req.IdleTimeoutS
 	}
@@ -142,6 +142,9 @@ func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandbox
 	if req.OnResume != nil {
 		p.OnResume = *req.OnResume
 	}
+	if req.ExpiresAt.Set {
+		p.ExpiresAt = utcp(req.ExpiresAt.At)
+	}
 	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
 		return apiv1.Sandbox{}, err
 	}
@@ -175,8 +178,18 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *apiv1.
 	}
 	v.OnResume = s.OnResume
 	v.Volumes = s.Volumes
+	v.ExpiresAt = s.ExpiresAt
 	run, byteS := m.usageAt(ctx, s, time.Now())
 	v.Usage = apiv1.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
+}
+
+// utcp copies a time in UTC (nil stays nil).
+func utcp(t *time.Time) *time.Time {
+	if t == nil || t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 func volumeNames(vs []apiv1.VolumeMount) string {

@@ -70,6 +70,11 @@ type Snapshot struct {
 	HibernateMS int64
 	Engine      string
 	CreatedAt   time.Time
+	// LogicalBytes, StoredBytes and NewBytes are the manifest's sizes (a plain
+	// store: all equal to Bytes); 0 in records made before they were kept.
+	LogicalBytes int64
+	StoredBytes  int64
+	NewBytes     int64
 }
 
 const schema = `
@@ -268,8 +273,9 @@ func (d *DB) CommitHibernate(ctx context.Context, snap *Snapshot, s *Sandbox) er
 		return fmt.Errorf("metadata: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at)
-		VALUES (?,?,?,?,?,?,?)`, snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, ts(snap.CreatedAt)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`)
+		VALUES (?,?,?,?,?,?,?,?,?,?)`, snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, ts(snap.CreatedAt),
+		snap.LogicalBytes, snap.StoredBytes, snap.NewBytes); err != nil {
 		return fmt.Errorf("metadata: put snapshot %s: %w", snap.ID, err)
 	}
 	if err := putSandbox(ctx, tx, s); err != nil {
@@ -281,20 +287,66 @@ func (d *DB) CommitHibernate(ctx context.Context, snap *Snapshot, s *Sandbox) er
 	return nil
 }
 
-// GetSnapshot returns one snapshot record; ErrNotFound (wrapped) if there is none.
-func (d *DB) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+const snapshotCols = `id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at, logical_bytes, stored_bytes, new_bytes`
+
+func scanSnapshot(r scanner) (*Snapshot, error) {
 	var s Snapshot
 	var created string
-	err := d.SQL.QueryRowContext(ctx, `SELECT id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at
-		FROM snapshots WHERE id = ?`, id).Scan(&s.ID, &s.SandboxID, &s.Parent, &s.Bytes, &s.HibernateMS, &s.Engine, &created)
+	if err := r.Scan(&s.ID, &s.SandboxID, &s.Parent, &s.Bytes, &s.HibernateMS, &s.Engine, &created,
+		&s.LogicalBytes, &s.StoredBytes, &s.NewBytes); err != nil {
+		return nil, err
+	}
+	s.CreatedAt, _ = time.Parse(time.RFC3339Nano, created)
+	return &s, nil
+}
+
+// GetSnapshot returns one snapshot record; ErrNotFound (wrapped) if there is none.
+func (d *DB) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+	s, err := scanSnapshot(d.SQL.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("metadata: get snapshot %s: %w", id, err)
 	}
-	s.CreatedAt, _ = time.Parse(time.RFC3339Nano, created)
-	return &s, nil
+	return s, nil
+}
+
+// ListSnapshots returns all snapshot records, oldest first.
+func (d *DB) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
+	rows, err := d.SQL.QueryContext(ctx, `SELECT `+snapshotCols+` FROM snapshots ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []*Snapshot
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("metadata: list snapshots: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// SnapshotUsers returns the ids of the sandboxes that resume from snapshot id
+// (sandboxes.snapshot_id) or are writing it (pending_snapshot).
+func (d *DB) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
+	rows, err := d.SQL.QueryContext(ctx, `SELECT id FROM sandboxes WHERE snapshot_id = ? OR pending_snapshot = ? ORDER BY id`, id, id)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: snapshot users %s: %w", id, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var sid string
+		if err := rows.Scan(&sid); err != nil {
+			return nil, err
+		}
+		out = append(out, sid)
+	}
+	return out, rows.Err()
 }
 
 // UnreferencedSnapshots returns the ids of snapshot records no sandbox resumes

@@ -37,13 +37,16 @@ type Policy struct {
 	UsageAt       time.Time
 	// TimeoutBaseMS is RunningMS at the start of the current timeout period.
 	TimeoutBaseMS int64
+	// ExpiresAt, when set, is when a hibernated sandbox and its snapshots are
+	// deleted (retention); nil = never (perpetual standby).
+	ExpiresAt *time.Time
 }
 
 // policyCols are the sandboxes columns of a Policy, in the order of values().
 const policyCols = `idle_timeout_s, timeout_s, on_timeout, hibernation_mode, on_resume, volumes,
-	running_ms, timeout_base_ms, snapshot_byte_s, usage_at`
+	running_ms, timeout_base_ms, snapshot_byte_s, usage_at, expires_at`
 
-const policyMarks = `?,?,?,?,?,?,?,?,?,?`
+const policyMarks = `?,?,?,?,?,?,?,?,?,?,?`
 
 // policyColumnDefs are added to a sandboxes table made by an older version.
 var policyColumnDefs = []struct{ name, def string }{
@@ -58,6 +61,14 @@ var policyColumnDefs = []struct{ name, def string }{
 	{"snapshot_byte_s", "REAL NOT NULL DEFAULT 0"},
 	{"usage_at", "TEXT NOT NULL DEFAULT ''"},
 	{"last_resume", "TEXT NOT NULL DEFAULT ''"}, // the resume contract's last report (metadata.go)
+	{"expires_at", "TEXT NOT NULL DEFAULT ''"},
+}
+
+// snapshotColumnDefs are added to a snapshots table made by an older version.
+var snapshotColumnDefs = []struct{ name, def string }{
+	{"logical_bytes", "INTEGER NOT NULL DEFAULT 0"},
+	{"stored_bytes", "INTEGER NOT NULL DEFAULT 0"},
+	{"new_bytes", "INTEGER NOT NULL DEFAULT 0"},
 }
 
 func (p Policy) values() []any {
@@ -82,18 +93,22 @@ func (p Policy) values() []any {
 	if onTimeout == "" {
 		onTimeout = "hibernate"
 	}
+	expires := ""
+	if p.ExpiresAt != nil {
+		expires = ts(*p.ExpiresAt)
+	}
 	return []any{p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		p.RunningMS, p.TimeoutBaseMS, p.SnapshotByteS, usageAt}
+		p.RunningMS, p.TimeoutBaseMS, p.SnapshotByteS, usageAt, expires}
 }
 
 type policyScan struct {
 	p                          Policy
-	onResume, volumes, usageAt string
+	onResume, volumes, usageAt, expiresAt string
 }
 
 func (s *policyScan) dests() []any {
 	return []any{&s.p.IdleTimeoutS, &s.p.TimeoutS, &s.p.OnTimeout, &s.p.HibernationMode, &s.onResume, &s.volumes,
-		&s.p.RunningMS, &s.p.TimeoutBaseMS, &s.p.SnapshotByteS, &s.usageAt}
+		&s.p.RunningMS, &s.p.TimeoutBaseMS, &s.p.SnapshotByteS, &s.usageAt, &s.expiresAt}
 }
 
 func (s *policyScan) policy() Policy {
@@ -106,6 +121,11 @@ func (s *policyScan) policy() Policy {
 	}
 	if s.usageAt != "" {
 		p.UsageAt, _ = time.Parse(time.RFC3339Nano, s.usageAt)
+	}
+	if s.expiresAt != "" {
+		if t, err := time.Parse(time.RFC3339Nano, s.expiresAt); err == nil {
+			p.ExpiresAt = &t
+		}
 	}
 	return p
 }
@@ -121,7 +141,19 @@ CREATE TABLE IF NOT EXISTS volumes (
 // since are added with ALTER TABLE (existing rows get the defaults), new tables
 // are created.
 func migrate(db *sql.DB) error {
-	rows, err := db.Query(`PRAGMA table_info(sandboxes)`)
+	if err := addColumns(db, "sandboxes", policyColumnDefs); err != nil {
+		return err
+	}
+	if err := addColumns(db, "snapshots", snapshotColumnDefs); err != nil {
+		return err
+	}
+	_, err := db.Exec(volumesSchema)
+	return err
+}
+
+// addColumns adds the columns of defs that table lacks.
+func addColumns(db *sql.DB, table string, defs []struct{ name, def string }) error {
+	rows, err := db.Query(`PRAGMA table_info(` + table + `)`)
 	if err != nil {
 		return err
 	}
@@ -140,15 +172,14 @@ func migrate(db *sql.DB) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, c := range policyColumnDefs {
+	for _, c := range defs {
 		if !have[c.name] {
-			if _, err := db.Exec(`ALTER TABLE sandboxes ADD COLUMN ` + c.name + ` ` + c.def); err != nil {
-				return fmt.Errorf("add column %s: %w", c.name, err)
+			if _, err := db.Exec(`ALTER TABLE ` + table + ` ADD COLUMN ` + c.name + ` ` + c.def); err != nil {
+				return fmt.Errorf("add column %s.%s: %w", table, c.name, err)
 			}
 		}
 	}
-	_, err = db.Exec(volumesSchema)
-	return err
+	return nil
 }
 
 // Volume is a named volume's record (its data is a host directory).

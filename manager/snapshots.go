@@ -1,0 +1,166 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/snapshot"
+)
+
+// Snapshot visibility (GET/DELETE /v1/snapshots…, verify) and retention
+// (expires_at, checked by the lifecycle loop).
+
+// withSizes copies a committed manifest's sizes into its record. A plain-file
+// store has no chunks: its logical, stored and new bytes are all Bytes.
+func withSizes(rec *metadata.Snapshot, man snapshot.Manifest) *metadata.Snapshot {
+	if man.LogicalBytes > 0 || man.StoredBytes > 0 {
+		rec.LogicalBytes, rec.StoredBytes, rec.NewBytes = man.LogicalBytes, man.StoredBytes, man.NewBytes
+	} else {
+		rec.LogicalBytes, rec.StoredBytes, rec.NewBytes = man.Bytes, man.Bytes, man.Bytes
+	}
+	return rec
+}
+
+// snapView is a snapshot record as the API shows it. Records made before sizes
+// were kept read them from the store's manifest.
+func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []string) apiv1.Snapshot {
+	if rec.LogicalBytes == 0 && rec.StoredBytes == 0 {
+		if man, err := m.cfg.Store.Manifest(ctx, rec.ID); err == nil {
+			withSizes(rec, man)
+		}
+	}
+	v := apiv1.Snapshot{ID: rec.ID, SandboxID: rec.SandboxID, Bytes: rec.Bytes, HibernateMS: rec.HibernateMS,
+		Parent: rec.Parent, Engine: rec.Engine, CreatedAt: rec.CreatedAt,
+		LogicalBytes: rec.LogicalBytes, StoredBytes: rec.StoredBytes, NewBytes: rec.NewBytes,
+		// Every store commits synchronously: a recorded snapshot is durable.
+		Durable: true, UsedBy: users}
+	if rec.StoredBytes > 0 {
+		v.DedupRatio = float64(rec.LogicalBytes) / float64(rec.StoredBytes)
+	}
+	if owner, err := m.cfg.DB.GetSandbox(ctx, rec.SandboxID); err == nil {
+		v.ExpiresAt = owner.ExpiresAt
+	}
+	return v
+}
+
+func (m *Manager) getSnapshot(ctx context.Context, id string) (*metadata.Snapshot, error) {
+	rec, err := m.cfg.DB.GetSnapshot(ctx, id)
+	if errors.Is(err, metadata.ErrNotFound) {
+		return nil, notFound("snapshot", id)
+	}
+	return rec, err
+}
+
+// ListSnapshots returns every committed snapshot, oldest first.
+func (m *Manager) ListSnapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
+	recs, err := m.cfg.DB.ListSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]apiv1.Snapshot, 0, len(recs))
+	for _, r := range recs {
+		users, err := m.cfg.DB.SnapshotUsers(ctx, r.ID)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m.snapView(ctx, r, users))
+	}
+	return out, nil
+}
+
+// GetSnapshot returns one snapshot. Errors: ErrNotFound.
+func (m *Manager) GetSnapshot(ctx context.Context, id string) (apiv1.Snapshot, error) {
+	rec, err := m.getSnapshot(ctx, id)
+	if err != nil {
+		return apiv1.Snapshot{}, err
+	}
+	users, err := m.cfg.DB.SnapshotUsers(ctx, id)
+	if err != nil {
+		return apiv1.Snapshot{}, err
+	}
+	return m.snapView(ctx, rec, users), nil
+}
+
+// DeleteSnapshot deletes a snapshot from the store and the database. Errors:
+// ErrNotFound; ErrConflict while a sandbox resumes from it or is writing it.
+func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
+	rec, err := m.getSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	// The owner's lock keeps its hibernate and fork calls out while we check.
+	unlock, err := m.lock(ctx, rec.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	users, err := m.cfg.DB.SnapshotUsers(ctx, id)
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 {
+		return conflict("snapshot %s is in use: sandbox %s resumes from it (delete the sandbox instead)", id, users[0])
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := m.cfg.Store.Delete(ctx, id); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	return m.cfg.DB.DeleteSnapshot(ctx, id)
+}
+
+// verifier is a store that can check a snapshot against its durable copy
+// (snapshot/chunked) without assembling it for a restore.
+type verifier interface {
+	Verify(ctx context.Context, id string) (snapshot.Manifest, error)
+}
+
+// VerifySnapshot reads every byte of a snapshot and checks its hashes. Errors:
+// ErrNotFound; ErrSnapshotCorrupt naming the file (and chunk) that failed.
+func (m *Manager) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySnapshotResponse, error) {
+	if _, err := m.getSnapshot(ctx, id); err != nil {
+		return apiv1.VerifySnapshotResponse{}, err
+	}
+	var man snapshot.Manifest
+	var err error
+	if v, ok := m.cfg.Store.(verifier); ok {
+		man, err = v.Verify(ctx, id)
+	} else {
+		_, man, err = m.cfg.Store.Open(ctx, id)
+	}
+	var ce *snapshot.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		return apiv1.VerifySnapshotResponse{}, fmt.Errorf("%w: %v", ErrSnapshotCorrupt, err)
+	case errors.Is(err, snapshot.ErrNotFound):
+		return apiv1.VerifySnapshotResponse{}, fmt.Errorf("%w: snapshot %s is recorded but missing from the store: %v", ErrSnapshotCorrupt, id, err)
+	case err != nil:
+		return apiv1.VerifySnapshotResponse{}, err
+	}
+	return apiv1.VerifySnapshotResponse{OK: true, Files: len(man.Files), Bytes: man.Bytes}, nil
+}
+
+// expired says whether a sandbox's retention has run out at now.
+func expired(s *metadata.Sandbox, now time.Time) bool {
+	return s.ExpiresAt != nil && !now.Before(*s.ExpiresAt)
+}
+
+// expire deletes a hibernated sandbox whose expires_at has passed, with
+// the snapshots nothing else uses. A sandbox in any other state is left alone
+// (the lifecycle loop checks it again once it is hibernated).
+func (m *Manager) expire(ctx context.Context, id string) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return nil
+	}
+	defer unlock()
+	s, err := m.get(ctx, id)
+	if err != nil || s.State != apiv1.StateHibernated || !expired(s, time.Now()) {
+		return nil
+	}
+	m.log.Info("retention: deleting expired hibernated sandbox", "sandbox", id, "expires_at", s.ExpiresAt.Format(time.RFC3339))
+	return m.deleteLocked(context.WithoutCancel(ctx), s)
+}

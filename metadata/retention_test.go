@@ -1,0 +1,82 @@
+package metadata
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A database made before retention and snapshot sizes existed (no expires_at
+// column, snapshots without logical/stored/new bytes) is migrated on Open: old
+// rows read as "never expires" and size 0, new values round-trip.
+func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	old, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, image TEXT NOT NULL,
+		image_digest TEXT NOT NULL, guest_digest TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus REAL NOT NULL,
+		env TEXT NOT NULL, generation INTEGER NOT NULL, forked_from TEXT NOT NULL DEFAULT '',
+		snapshot_id TEXT NOT NULL DEFAULT '', pending_snapshot TEXT NOT NULL DEFAULT '', instance TEXT NOT NULL DEFAULT '',
+		seq INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '', deleting INTEGER NOT NULL DEFAULT 0,
+		created_at TEXT NOT NULL, state_changed_at TEXT NOT NULL, last_hibernate_at TEXT, last_resume_at TEXT,
+		resume_ms INTEGER NOT NULL DEFAULT 0);
+		CREATE TABLE snapshots (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, parent TEXT NOT NULL DEFAULT '',
+		bytes INTEGER NOT NULL, hibernate_ms INTEGER NOT NULL, engine TEXT NOT NULL, created_at TEXT NOT NULL);
+		INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, snapshot_id, created_at, state_changed_at)
+		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 1, 'snap-old', '2024-01-01T00:00:00Z', '2024-01-01T00:00:00Z');
+		INSERT INTO snapshots (id, sandbox_id, bytes, hibernate_ms, engine, created_at)
+		VALUES ('snap-old', 'sbx-old', 100, 5, 'gvisor', '2024-01-01T00:00:00Z');`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	db, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	s, err := db.GetSandbox(ctx, "sbx-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ExpiresAt != nil {
+		t.Fatalf("old row expires at %v, want never", s.ExpiresAt)
+	}
+	snap, err := db.GetSnapshot(ctx, "snap-old")
+	if err != nil || snap.Bytes != 100 || snap.LogicalBytes != 0 {
+		t.Fatalf("old snapshot: %+v %v", snap, err)
+	}
+	users, err := db.SnapshotUsers(ctx, "snap-old")
+	if err != nil || len(users) != 1 || users[0] != "sbx-old" {
+		t.Fatalf("users of snap-old: %v %v", users, err)
+	}
+
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	s.ExpiresAt = &at
+	s.ID, s.SnapshotID = "sbx-new", ""
+	rec := &Snapshot{ID: "snap-new", SandboxID: "sbx-new", Bytes: 10, Engine: "e", CreatedAt: at,
+		LogicalBytes: 10, StoredBytes: 4, NewBytes: 2}
+	s.SnapshotID = rec.ID
+	if err := db.CommitHibernate(ctx, rec, s); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.GetSandbox(ctx, "sbx-new")
+	if err != nil || got.ExpiresAt == nil || !got.ExpiresAt.Equal(at) {
+		t.Fatalf("expires_at round trip: %v %v", got.ExpiresAt, err)
+	}
+	all, err := db.ListSnapshots(ctx)
+	if err != nil || len(all) != 2 || all[1].ID != "snap-new" || all[1].StoredBytes != 4 || all[1].NewBytes != 2 || all[1].LogicalBytes != 10 {
+		t.Fatalf("list snapshots: %+v %v", all, err)
+	}
+	got.ExpiresAt = nil
+	if err := db.PutSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ = db.GetSandbox(ctx, "sbx-new"); got.ExpiresAt != nil {
+		t.Fatalf("cleared expires_at reads %v", got.ExpiresAt)
+	}
+}
