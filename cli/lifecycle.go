@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +21,7 @@ func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) err
 		mode      string
 		onResume  string
 		volumes   []string
+		expiresAt string
 	)
 	f := cmd.Flags()
 	f.IntVar(&idle, "idle-timeout", -1, "hibernate after this many idle seconds; 0 = never (default: the server's, 15)")
@@ -28,7 +30,15 @@ func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) err
 	f.StringVar(&mode, "mode", "", "hibernation mode: memory (default), filesystem or none")
 	f.StringVar(&onResume, "on-resume", "", "shell command started after a filesystem-mode resume (run with sh -c)")
 	f.StringArrayVar(&volumes, "volume", nil, "mount a named volume: NAME:/path (repeatable)")
+	f.StringVar(&expiresAt, "expires-at", "", "retention: delete the sandbox and its snapshots once it is hibernated after this RFC 3339 time (default: never)")
 	return func(req *apiv1.CreateSandboxRequest) error {
+		if expiresAt != "" && expiresAt != "never" {
+			t, err := parseExpiresAt(expiresAt)
+			if err != nil {
+				return err
+			}
+			req.ExpiresAt = &t
+		}
 		if idle >= 0 {
 			req.IdleTimeoutS = &idle
 		}
@@ -60,10 +70,11 @@ func (a *app) setCommand() *cobra.Command {
 		onTimeout string
 		mode      string
 		onResume  string
+		expiresAt string
 		asJSON    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "set ID [--idle-timeout S] [--timeout S] [--on-timeout hibernate|delete] [--mode memory|filesystem|none] [--on-resume CMD]",
+		Use:   "set ID [--idle-timeout S] [--timeout S] [--on-timeout hibernate|delete] [--mode memory|filesystem|none] [--on-resume CMD] [--expires-at RFC3339|never]",
 		Short: "Change a sandbox's lifecycle policies",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,6 +98,17 @@ func (a *app) setCommand() *cobra.Command {
 				}
 				req.OnResume = &cmdline
 			}
+			if f.Changed("expires-at") {
+				if expiresAt == "never" || expiresAt == "" {
+					req.ExpiresAt = apiv1.ExpireNever
+				} else {
+					t, err := parseExpiresAt(expiresAt)
+					if err != nil {
+						return err
+					}
+					req.ExpiresAt = apiv1.ExpireAt(t)
+				}
+			}
 			sb, err := a.client().UpdateSandbox(cmd.Context(), args[0], req)
 			if err != nil {
 				return err
@@ -94,8 +116,8 @@ func (a *app) setCommand() *cobra.Command {
 			if asJSON {
 				return printJSON(a.stdout, sb)
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s: idle_timeout_s %d, timeout_s %d, on_timeout %s, mode %s\n",
-				sb.ID, sb.IdleTimeoutS, sb.TimeoutS, sb.OnTimeout, sb.Hibernation.Mode)
+			_, err = fmt.Fprintf(a.stdout, "%s: idle_timeout_s %d, timeout_s %d, on_timeout %s, mode %s, expires_at %s\n",
+				sb.ID, sb.IdleTimeoutS, sb.TimeoutS, sb.OnTimeout, sb.Hibernation.Mode, expiresText(sb.ExpiresAt))
 			return err
 		},
 	}
@@ -105,8 +127,26 @@ func (a *app) setCommand() *cobra.Command {
 	f.StringVar(&onTimeout, "on-timeout", "", "hibernate or delete")
 	f.StringVar(&mode, "mode", "", "memory, filesystem or none")
 	f.StringVar(&onResume, "on-resume", "", "shell command started after a filesystem-mode resume (\"\" = none)")
+	f.StringVar(&expiresAt, "expires-at", "", "retention: an RFC 3339 time after which the hibernated sandbox and its snapshots are deleted, or never")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
+}
+
+// parseExpiresAt reads an --expires-at value (RFC 3339).
+func parseExpiresAt(v string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return t, usagef("--expires-at %q: want an RFC 3339 time (2030-01-02T15:04:05Z) or never", v)
+	}
+	return t, nil
+}
+
+// expiresText shows an expires_at: the time, or "never".
+func expiresText(t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func (a *app) volumeCommand() *cobra.Command {

@@ -9,18 +9,31 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
 )
 
-// snapshotCommand: local tools on a data directory's snapshot store (they open
-// the store directly, read-only, next to a running server or without one).
+// snapshotCommand: snapshots through the server's API (GET/DELETE
+// /v1/snapshots…) by default; with --data-dir (or any store flag) the offline
+// tools that open a data directory's store directly, read-only, next to a running
+// server or without one.
 func (a *app) snapshotCommand() *cobra.Command {
 	var (
 		dataDir string
 		sc      server.StoreConfig
+		asJSON  bool
 	)
+	// offline says the store flags ask for the data-directory mode.
+	offline := func(cmd *cobra.Command) bool {
+		for _, name := range []string{"data-dir", "store", "s3-endpoint", "s3-bucket", "s3-access-key", "s3-secret-key", "s3-region", "s3-prefix"} {
+			if cmd.Flags().Changed(name) {
+				return true
+			}
+		}
+		return false
+	}
 	open := func(ctx context.Context) (snapshot.Store, func() error, error) {
 		if sc.S3AccessKey == "" {
 			sc.S3AccessKey = envOr("TORPOR_S3_ACCESS_KEY", os.Getenv("AWS_ACCESS_KEY_ID"))
@@ -32,12 +45,12 @@ func (a *app) snapshotCommand() *cobra.Command {
 	}
 	cmd := &cobra.Command{
 		Use:   "snapshot",
-		Short: "List, inspect and verify snapshots in a data directory's store (local, no server needed)",
+		Short: "List, inspect, verify and delete snapshots (through the server; --data-dir reads a data directory's store directly)",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory")
+	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "read this data directory's store directly instead of asking the server (offline mode; ls, inspect, verify)")
 	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", "plain"), "snapshot store: plain, chunked or s3 (as given to torpor serve)")
 	pf.StringVar(&sc.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3")
 	pf.StringVar(&sc.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3")
@@ -45,12 +58,16 @@ func (a *app) snapshotCommand() *cobra.Command {
 	pf.StringVar(&sc.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
 	pf.StringVar(&sc.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
 	pf.StringVar(&sc.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket")
+	pf.BoolVar(&asJSON, "json", false, "print JSON (server mode)")
 
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List committed snapshots with logical, stored and new bytes",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !offline(cmd) {
+				return a.snapshotLs(cmd, asJSON)
+			}
 			st, closeFn, err := open(cmd.Context())
 			if err != nil {
 				return err
@@ -88,9 +105,16 @@ func (a *app) snapshotCommand() *cobra.Command {
 	}
 	inspect := &cobra.Command{
 		Use:   "inspect ID",
-		Short: "Print a snapshot's manifest as JSON",
+		Short: "Print a snapshot as JSON (offline: its manifest)",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !offline(cmd) {
+				snap, err := a.client().GetSnapshot(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return printJSON(a.stdout, snap)
+			}
 			st, closeFn, err := open(cmd.Context())
 			if err != nil {
 				return err
@@ -108,6 +132,17 @@ func (a *app) snapshotCommand() *cobra.Command {
 		Short: "Read every chunk of a snapshot from the durable store and check its sha256",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !offline(cmd) {
+				r, err := a.client().VerifySnapshot(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(a.stdout, r)
+				}
+				_, err = fmt.Fprintf(a.stdout, "%s ok: %d files, %s verified\n", args[0], r.Files, mib(r.Bytes))
+				return err
+			}
 			st, closeFn, err := open(cmd.Context())
 			if err != nil {
 				return err
@@ -126,6 +161,47 @@ func (a *app) snapshotCommand() *cobra.Command {
 			return err
 		},
 	}
-	cmd.AddCommand(ls, inspect, verify)
+	rm := &cobra.Command{
+		Use:   "rm ID",
+		Short: "Delete a snapshot (refused while a sandbox resumes from it; through the server only)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if offline(cmd) {
+				return usagef("snapshot rm works through the server only (the server's database records the snapshot); drop --data-dir and the store flags")
+			}
+			if err := a.client().DeleteSnapshot(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			_, err := fmt.Fprintf(a.stdout, "deleted %s\n", args[0])
+			return err
+		},
+	}
+	cmd.AddCommand(ls, inspect, verify, rm)
 	return cmd
+}
+
+// snapshotLs lists the server's snapshots.
+func (a *app) snapshotLs(cmd *cobra.Command, asJSON bool) error {
+	snaps, err := a.client().ListSnapshots(cmd.Context())
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(a.stdout, apiv1.ListSnapshotsResponse{Snapshots: snaps})
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSANDBOX\tLOGICAL\tSTORED\tNEW\tDEDUP\tPARENT\tDURABLE\tEXPIRES\tCREATED")
+	for _, s := range snaps {
+		dedup := "-"
+		if s.DedupRatio > 0 {
+			dedup = fmt.Sprintf("%.2fx", s.DedupRatio)
+		}
+		parent := s.Parent
+		if parent == "" {
+			parent = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", s.ID, s.SandboxID, mib(s.LogicalBytes), mib(s.StoredBytes),
+			mib(s.NewBytes), dedup, parent, s.Durable, expiresText(s.ExpiresAt), s.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+	}
+	return tw.Flush()
 }

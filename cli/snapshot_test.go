@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+// torpor snapshot ls|inspect|verify|rm talk to the server by default; --data-dir
+// reads a store directly; create and set send expires_at.
+func TestSnapshotCommands(t *testing.T) {
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	snap := apiv1.Snapshot{ID: "snap-a", SandboxID: "sbx-1", Bytes: 200 << 20, LogicalBytes: 200 << 20, StoredBytes: 50 << 20,
+		NewBytes: 10 << 20, DedupRatio: 4, Durable: true, Parent: "snap-0", ExpiresAt: &exp, Engine: "gvisor"}
+	bodies := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies[r.Method+" "+r.URL.Path] = string(b)
+		w.Header().Set("Content-Type", "application/json")
+		errBody := func(status int, code, msg string) {
+			w.WriteHeader(status)
+			json.NewEncoder(w).Encode(apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: code, Message: msg}})
+		}
+		switch r.Method + " " + r.URL.Path {
+		case "GET /v1/snapshots":
+			json.NewEncoder(w).Encode(apiv1.ListSnapshotsResponse{Snapshots: []apiv1.Snapshot{snap}})
+		case "GET /v1/snapshots/snap-a":
+			json.NewEncoder(w).Encode(snap)
+		case "POST /v1/snapshots/snap-a/verify":
+			json.NewEncoder(w).Encode(apiv1.VerifySnapshotResponse{OK: true, Files: 3, Bytes: 200 << 20})
+		case "POST /v1/snapshots/snap-bad/verify":
+			errBody(422, apiv1.CodeSnapshotCorrupt, "snapshot snap-bad: file pages.img: sha256 mismatch")
+		case "DELETE /v1/snapshots/snap-a":
+			errBody(409, apiv1.CodeConflict, "snapshot snap-a is in use: sandbox sbx-1 resumes from it")
+		case "DELETE /v1/snapshots/snap-old":
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			json.NewEncoder(w).Encode(apiv1.Sandbox{ID: "sbx-1", State: apiv1.StateRunning, ExpiresAt: &exp,
+				Hibernation: apiv1.Hibernation{Mode: "memory"}})
+		}
+	}))
+	defer srv.Close()
+	run := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Run(context.Background(), append([]string{"--url", srv.URL}, args...), strings.NewReader(""), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		code, out, errb := run(args...)
+		if code != 0 {
+			t.Fatalf("torpor %v: exit %d: %s", args, code, errb)
+		}
+		return out
+	}
+
+	out := must("snapshot", "ls")
+	for _, w := range []string{"snap-a", "sbx-1", "200.0 MiB", "50.0 MiB", "10.0 MiB", "4.00x", "snap-0", "true", "2030-01-02T03:04:05Z"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("snapshot ls lacks %q:\n%s", w, out)
+		}
+	}
+	var got apiv1.Snapshot
+	if err := json.Unmarshal([]byte(must("snapshot", "inspect", "snap-a")), &got); err != nil || got.StoredBytes != 50<<20 || got.NewBytes != 10<<20 {
+		t.Errorf("snapshot inspect: %+v %v", got, err)
+	}
+	if out := must("snapshot", "verify", "snap-a"); out != "snap-a ok: 3 files, 200.0 MiB verified\n" {
+		t.Errorf("snapshot verify: %q", out)
+	}
+	if code, _, errb := run("snapshot", "verify", "snap-bad"); code == 0 || !strings.Contains(errb, "pages.img") {
+		t.Errorf("verify of a corrupt snapshot: exit %d, stderr %q", code, errb)
+	}
+	if code, _, errb := run("snapshot", "rm", "snap-a"); code == 0 || !strings.Contains(errb, "in use") {
+		t.Errorf("rm of a snapshot in use: exit %d, stderr %q", code, errb)
+	}
+	if out := must("snapshot", "rm", "snap-old"); out != "deleted snap-old\n" {
+		t.Errorf("snapshot rm: %q", out)
+	}
+	// --data-dir: the offline mode reads the directory (an empty store here) and
+	// never calls the server.
+	delete(bodies, "GET /v1/snapshots")
+	if out := must("snapshot", "ls", "--data-dir", t.TempDir()); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
+		t.Errorf("offline ls of an empty data dir: %q", out)
+	}
+	if _, ok := bodies["GET /v1/snapshots"]; ok {
+		t.Error("offline ls called the server")
+	}
+	if code, _, _ := run("snapshot", "rm", "snap-old", "--data-dir", t.TempDir()); code != 2 {
+		t.Errorf("offline rm: exit %d, want 2 (usage)", code)
+	}
+
+	// Retention flags.
+	must("create", "--expires-at", "2030-01-02T03:04:05Z")
+	var cr apiv1.CreateSandboxRequest
+	if err := json.Unmarshal([]byte(bodies["POST /v1/sandboxes"]), &cr); err != nil || cr.ExpiresAt == nil || !cr.ExpiresAt.Equal(exp) {
+		t.Errorf("create --expires-at sent %s", bodies["POST /v1/sandboxes"])
+	}
+	if out := must("set", "sbx-1", "--expires-at", "never"); !strings.Contains(out, "expires_at 2030-01-02T03:04:05Z") {
+		t.Errorf("set output %q", out)
+	}
+	if b := strings.TrimSpace(bodies["PATCH /v1/sandboxes/sbx-1"]); b != `{"expires_at":null}` {
+		t.Errorf("set --expires-at never sent %s", b)
+	}
+	must("set", "sbx-1", "--expires-at", "2030-01-02T03:04:05Z")
+	if b := strings.TrimSpace(bodies["PATCH /v1/sandboxes/sbx-1"]); b != `{"expires_at":"2030-01-02T03:04:05Z"}` {
+		t.Errorf("set --expires-at TIME sent %s", b)
+	}
+	if code, _, _ := run("set", "sbx-1", "--expires-at", "tomorrow"); code != 2 {
+		t.Errorf("set --expires-at tomorrow: exit %d, want 2", code)
+	}
+}
