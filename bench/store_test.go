@@ -1,0 +1,224 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/server"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/snapshot/chunked"
+	"github.com/torpor/torpor/snapshot/chunked/s3test"
+	"github.com/torpor/torpor/workload"
+)
+
+// Targets of the store benchmark (issue 4).
+const (
+	TargetDiffHibernateGiBs = 1.0 // diff hibernate ≥ 1 GiB/s of logical memory
+	TargetWarmResumeRatio   = 1.1 // resume from a warm chunk cache ≤ 1.1 × the plain store's
+)
+
+// storeResult is one store's measurement at one working-set size.
+type storeResult struct {
+	name   string
+	ws     int
+	first  float64 // first hibernate, GiB/s of logical bytes
+	diff   Summary // diff hibernates, GiB/s
+	warm   Summary // resume (time to first request), ms, local copies kept
+	cold   Summary // resume with the opened copies and the chunk cache emptied, ms
+	logMiB float64 // median logical snapshot size
+}
+
+// BenchmarkStore compares the snapshot stores in one run on the same workload
+// (the Python server of the resume benchmark, 64 MiB of data; set
+// TORPOR_BENCH_STORE_MIB=64,512 for more sizes, TORPOR_BENCH_STORES=plain,chunked
+// to leave stores out): hibernate throughput of a first
+// and of diff hibernates (logical snapshot bytes / hibernate_ms), and resume
+// time (proxied GET to a hibernated sandbox until its answer) from the plain
+// store, the chunked store on local disk with its opened copy kept (warm) and
+// removed (cold), and the chunked store on S3 (versitygw on localhost, skipped
+// when not installed) warm and cold (opened copies and chunk cache emptied).
+// Each phase has max(b.N, 5) cycles; p50s are reported and printed:
+//
+//	go test -run '^$' -bench Store ./bench
+func BenchmarkStore(b *testing.B) {
+	sizes := []int{64}
+	if v := os.Getenv("TORPOR_BENCH_STORE_MIB"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				b.Fatalf("TORPOR_BENCH_STORE_MIB=%q: want sizes in MiB, comma-separated", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	kinds := []string{"plain", "chunked", "s3"}
+	if v := os.Getenv("TORPOR_BENCH_STORES"); v != "" {
+		kinds = strings.Split(v, ",")
+		for _, k := range kinds {
+			if k != "plain" && k != "chunked" && k != "s3" {
+				b.Fatalf("TORPOR_BENCH_STORES=%q: want plain, chunked and/or s3, comma-separated", v)
+			}
+		}
+	}
+	var results []storeResult
+	for _, ws := range sizes {
+		for _, kind := range kinds {
+			b.Run(fmt.Sprintf("%s-%dMiB", kind, ws), func(b *testing.B) {
+				cycles := b.N
+				if cycles < 5 {
+					cycles = 5
+				}
+				r := measureStore(b, kind, ws, cycles)
+				results = append(results, r)
+				b.ReportMetric(r.first, "first_hib_GiB/s")
+				b.ReportMetric(r.diff.P50, "diff_hib_p50_GiB/s")
+				b.ReportMetric(r.warm.P50, "resume_warm_p50_ms")
+				if r.cold.N > 0 {
+					b.ReportMetric(r.cold.P50, "resume_cold_p50_ms")
+				}
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+	writeStoreTable(os.Stderr, results)
+}
+
+func writeStoreTable(f *os.File, results []storeResult) {
+	if len(results) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(f, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s\tresume warm p50 ms\tresume cold p50 ms\twarm/plain")
+	plain := map[int]float64{}
+	for _, r := range results {
+		if r.name == "plain" {
+			plain[r.ws] = r.warm.P50
+		}
+	}
+	for _, r := range results {
+		cold, ratio := "-", "-"
+		if r.cold.N > 0 {
+			cold = fmt.Sprintf("%.0f", r.cold.P50)
+		}
+		if p := plain[r.ws]; p > 0 {
+			ratio = fmt.Sprintf("%.2f", r.warm.P50/p)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (%d)\t%.0f (%d)\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
+			r.diff.P50, r.diff.N, r.warm.P50, r.warm.N, cold, ratio)
+	}
+	w.Flush()
+	fmt.Fprintf(f, "targets: diff hibernate ≥ %.1f GiB/s; warm resume ≤ %.1f× plain\n", TargetDiffHibernateGiBs, TargetWarmResumeRatio)
+}
+
+// measureStore starts a server with store kind, one sandbox running the
+// workload, and runs a first hibernate, cycles warm cycles and (chunked stores)
+// cycles cold ones.
+func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var cfg server.StoreConfig
+	switch kind {
+	case "plain":
+	case "chunked":
+		cfg.Kind = "chunked"
+	case "s3":
+		s3 := s3test.Start(b)
+		const bucket = "torpor-bench"
+		if _, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
+			SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
+			b.Fatal(err)
+		}
+		cfg = server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: bucket,
+			S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey, S3Region: s3.Region}
+	}
+	srv := servertest.Start(b, servertest.Options{Store: cfg})
+	c := srv.Client
+	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: memoryFor(ws)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := sb.ID
+	if err := workload.Start(ctx, c, id, ws); err != nil {
+		b.Fatal(err)
+	}
+	st, err := workload.Get(ctx, c, id, "/count")
+	if err != nil {
+		b.Fatal(err)
+	}
+	count := st.Count
+	r := storeResult{name: kind, ws: ws}
+	var logical []float64
+
+	// cycle hibernates (returning GiB/s), optionally empties the local copies,
+	// and times the first proxied request.
+	cycle := func(label string, cold bool) (gibs, resumeMS float64) {
+		t0 := time.Now()
+		h, err := c.Hibernate(ctx, id)
+		if err != nil {
+			b.Fatalf("%s: %s hibernate: %v", kind, label, err)
+		}
+		ms := msOf(time.Since(t0))
+		if h.Snapshot == nil {
+			b.Fatalf("%s: %s hibernate: no snapshot in the answer", kind, label)
+		}
+		if h.Snapshot.HibernateMS > 0 {
+			ms = float64(h.Snapshot.HibernateMS)
+		}
+		logical = append(logical, float64(h.Snapshot.Bytes)/(1<<20))
+		gibs = float64(h.Snapshot.Bytes) / (1 << 30) / (ms / 1000)
+		if cold {
+			for _, sub := range []string{"open", "cache"} {
+				dir := filepath.Join(srv.DataDir, "chunks", sub)
+				ents, _ := os.ReadDir(dir)
+				for _, e := range ents {
+					if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		}
+		t0 = time.Now()
+		st, err := workload.Get(ctx, c, id, "/count")
+		d := time.Since(t0)
+		if err != nil {
+			b.Fatalf("%s: %s resume: %v", kind, label, err)
+		}
+		if st.Count != count+1 {
+			b.Fatalf("%s: %s resume: counter %d, want %d", kind, label, st.Count, count+1)
+		}
+		count = st.Count
+		return gibs, msOf(d)
+	}
+
+	first, firstResume := cycle("first", false)
+	r.first = first
+	b.Logf("%s %d MiB: first hibernate %.3f GiB/s, resume %.0f ms", kind, ws, first, firstResume)
+	var diff, warm, cold []float64
+	for i := 0; i < cycles; i++ {
+		g, ms := cycle("warm", false)
+		diff, warm = append(diff, g), append(warm, ms)
+	}
+	if kind != "plain" {
+		for i := 0; i < cycles; i++ {
+			g, ms := cycle("cold", true)
+			diff, cold = append(diff, g), append(cold, ms)
+		}
+	}
+	r.diff, r.warm, r.cold = Summarize(diff), Summarize(warm), Summarize(cold)
+	r.logMiB = Percentile(logical, 50)
+	b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s; resume warm p50 %.0f ms, cold p50 %.0f ms",
+		kind, ws, r.diff.P50, r.warm.P50, r.cold.P50)
+	if err := c.DeleteSandbox(ctx, id); err != nil {
+		b.Logf("delete %s: %v", id, err)
+	}
+	return r
+}
