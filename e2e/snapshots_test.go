@@ -8,6 +8,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/server/servertest"
 )
 
@@ -203,4 +204,52 @@ func TestSnapshotRetention(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	wantState(t, c, keep.ID, apiv1.StateHibernated)
+}
+
+// TestSnapshotAPIChunked: with the chunked store a diff hibernate's snapshot
+// reports new_bytes below its stored_bytes, a dedup ratio, its parent; verify reads
+// the chunks from the backend and names the corrupt chunk.
+func TestSnapshotAPIChunked(t *testing.T) {
+	srv := start(t, servertest.Options{Store: server.StoreConfig{Kind: "chunked"}})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	h1 := hibernate(t, c, sb.ID)
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	sh(t, c, sb.ID, "echo changed > /root/changed.txt")
+	h2 := hibernate(t, c, sb.ID)
+	id := h2.Snapshot.ID
+	snap, err := c.GetSnapshot(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("diff snapshot: logical %d stored %d new %d ratio %.2f", snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.DedupRatio)
+	if snap.LogicalBytes <= 0 || snap.StoredBytes <= 0 || snap.NewBytes >= snap.StoredBytes || snap.DedupRatio <= 0 {
+		t.Errorf("chunked diff snapshot sizes: %+v", snap)
+	}
+	if snap.Parent != h1.Snapshot.ID || !snap.Durable {
+		t.Errorf("parent %q durable %v, want %s and true", snap.Parent, snap.Durable, h1.Snapshot.ID)
+	}
+	if vr, err := c.VerifySnapshot(ctx, id); err != nil || !vr.OK {
+		t.Fatalf("verify: %+v %v", vr, err)
+	}
+	flips := corruptMemoryFile(t, srv, id)
+	res := rawCall(t, http.MethodPost, srv.URL+"/v1/snapshots/"+id+"/verify", "", nil)
+	if res.Status != http.StatusUnprocessableEntity || !strings.Contains(res.Err.Message, "pages.img") {
+		t.Errorf("verify of a corrupt chunk: %d %s", res.Status, res.Body)
+	}
+	for _, f := range flips {
+		if f.chunk != "" && !strings.Contains(res.Err.Message, f.chunk) {
+			t.Errorf("verify message %q does not name chunk %s", res.Err.Message, f.chunk)
+		}
+	}
+	t.Logf("verify of the corrupt chunk: %d %s", res.Status, res.Err.Message)
+	for _, f := range flips {
+		flipByte(t, f.path, f.off)
+	}
+	if vr, err := c.VerifySnapshot(ctx, id); err != nil || !vr.OK {
+		t.Errorf("verify after restoring the byte: %+v %v", vr, err)
+	}
 }
