@@ -26,11 +26,12 @@ func withSizes(rec *metadata.Snapshot, man snapshot.Manifest) *metadata.Snapshot
 }
 
 // snapView is a snapshot record as the API shows it. Records made before sizes
-// were kept read them from the store's manifest.
+// were kept read them once from the store's manifest and keep them.
 func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []string) apiv1.Snapshot {
 	if rec.LogicalBytes == 0 && rec.StoredBytes == 0 {
 		if man, err := m.cfg.Store.Manifest(ctx, rec.ID); err == nil {
 			withSizes(rec, man)
+			_ = m.cfg.DB.SetSnapshotSizes(ctx, rec.ID, rec.LogicalBytes, rec.StoredBytes, rec.NewBytes)
 		}
 	}
 	v := apiv1.Snapshot{ID: rec.ID, SandboxID: rec.SandboxID, Bytes: rec.Bytes, HibernateMS: rec.HibernateMS,

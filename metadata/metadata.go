@@ -330,6 +330,16 @@ func (d *DB) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	return out, rows.Err()
 }
 
+// SetSnapshotSizes fills in the sizes of a snapshot record made before they were
+// kept (read back from its manifest).
+func (d *DB) SetSnapshotSizes(ctx context.Context, id string, logical, stored, newBytes int64) error {
+	if _, err := d.SQL.ExecContext(ctx, `UPDATE snapshots SET logical_bytes = ?, stored_bytes = ?, new_bytes = ? WHERE id = ?`,
+		logical, stored, newBytes, id); err != nil {
+		return fmt.Errorf("metadata: set snapshot sizes %s: %w", id, err)
+	}
+	return nil
+}
+
 // SnapshotUsers returns the ids of the sandboxes that resume from snapshot id
 // (sandboxes.snapshot_id) or are writing it (pending_snapshot).
 func (d *DB) SnapshotUsers(ctx context.Context, id string) ([]string, error) {

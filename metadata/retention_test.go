@@ -55,6 +55,13 @@ func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
 		t.Fatalf("users of snap-old: %v %v", users, err)
 	}
 
+	if err := db.SetSnapshotSizes(ctx, "snap-old", 100, 100, 100); err != nil {
+		t.Fatal(err)
+	}
+	if snap, _ := db.GetSnapshot(ctx, "snap-old"); snap.LogicalBytes != 100 || snap.StoredBytes != 100 || snap.NewBytes != 100 {
+		t.Fatalf("backfilled sizes: %+v", snap)
+	}
+
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	s.ExpiresAt = &at
 	s.ID, s.SnapshotID = "sbx-new", ""
