@@ -176,8 +176,16 @@ func TestSnapshotRetention(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("expired sandbox deleted %v after its expires_at was set in the past", time.Since(t0).Round(time.Millisecond))
-	if _, err := c.GetSnapshot(ctx, snapID); !client.IsNotFound(err) {
-		t.Errorf("snapshot of the expired sandbox: %v, want not_found", err)
+	// The record goes first, then its snapshots (the same order as DELETE).
+	for t1 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		_, err := c.GetSnapshot(ctx, snapID)
+		if client.IsNotFound(err) {
+			break
+		}
+		if time.Since(t1) > 5*time.Second {
+			t.Errorf("snapshot %s of the expired sandbox: %v, want not_found", snapID, err)
+			break
+		}
 	}
 	assertGone(t, srv, expiring.ID)
 
