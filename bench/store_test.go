@@ -2,11 +2,14 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -27,13 +30,16 @@ const (
 
 // storeResult is one store's measurement at one working-set size.
 type storeResult struct {
-	name   string
-	ws     int
-	first  float64 // first hibernate, GiB/s of logical bytes
-	diff   Summary // diff hibernates, GiB/s
-	warm   Summary // resume (time to first request), ms, local copies kept
-	cold   Summary // resume with the opened copies and the chunk cache emptied, ms
-	logMiB float64 // median logical snapshot size
+	name  string
+	ws    int
+	first float64 // first hibernate, GiB/s of logical bytes
+	diff  Summary // diff hibernates, GiB/s
+	warm  Summary // resume (time to first request), ms, local copies kept
+	cold  Summary // resume with the opened copies and the chunk cache emptied, ms
+	// Server-side parts of the warm resumes (from its "resumed" log line): the
+	// store's Open (verification, and reassembly when cold) and runsc restore.
+	warmOpen, warmRestore, coldOpen Summary
+	logMiB                          float64 // median logical snapshot size
 }
 
 // BenchmarkStore compares the snapshot stores in one run on the same workload
@@ -82,8 +88,11 @@ func BenchmarkStore(b *testing.B) {
 				b.ReportMetric(r.first, "first_hib_GiB/s")
 				b.ReportMetric(r.diff.P50, "diff_hib_p50_GiB/s")
 				b.ReportMetric(r.warm.P50, "resume_warm_p50_ms")
+				b.ReportMetric(r.warmOpen.P50, "warm_store_open_p50_ms")
+				b.ReportMetric(r.warmRestore.P50, "warm_runsc_restore_p50_ms")
 				if r.cold.N > 0 {
 					b.ReportMetric(r.cold.P50, "resume_cold_p50_ms")
+					b.ReportMetric(r.coldOpen.P50, "cold_store_open_p50_ms")
 				}
 				b.ReportMetric(0, "ns/op")
 			})
@@ -97,7 +106,7 @@ func writeStoreTable(f *os.File, results []storeResult) {
 		return
 	}
 	w := tabwriter.NewWriter(f, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s\tresume warm p50 ms\tresume cold p50 ms\twarm/plain")
+	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s\tresume warm p50 ms (open, restore)\tresume cold p50 ms (open)\twarm/plain")
 	plain := map[int]float64{}
 	for _, r := range results {
 		if r.name == "plain" {
@@ -107,13 +116,13 @@ func writeStoreTable(f *os.File, results []storeResult) {
 	for _, r := range results {
 		cold, ratio := "-", "-"
 		if r.cold.N > 0 {
-			cold = fmt.Sprintf("%.0f", r.cold.P50)
+			cold = fmt.Sprintf("%.0f (%.0f)", r.cold.P50, r.coldOpen.P50)
 		}
 		if p := plain[r.ws]; p > 0 {
 			ratio = fmt.Sprintf("%.2f", r.warm.P50/p)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (%d)\t%.0f (%d)\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
-			r.diff.P50, r.diff.N, r.warm.P50, r.warm.N, cold, ratio)
+		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (n=%d)\t%.0f (%.0f, %.0f)\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
+			r.diff.P50, r.diff.N, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, cold, ratio)
 	}
 	w.Flush()
 	fmt.Fprintf(f, "targets: diff hibernate ≥ %.1f GiB/s; warm resume ≤ %.1f× plain\n", TargetDiffHibernateGiBs, TargetWarmResumeRatio)
@@ -140,7 +149,9 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 		cfg = server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: bucket,
 			S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey, S3Region: s3.Region}
 	}
-	srv := servertest.Start(b, servertest.Options{Store: cfg})
+	logs := &resumeLog{}
+	srv := servertest.Start(b, servertest.Options{Store: cfg,
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	c := srv.Client
 	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: memoryFor(ws)})
 	if err != nil {
@@ -203,22 +214,56 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 	r.first = first
 	b.Logf("%s %d MiB: first hibernate %.3f GiB/s, resume %.0f ms", kind, ws, first, firstResume)
 	var diff, warm, cold []float64
+	logs.take()
 	for i := 0; i < cycles; i++ {
 		g, ms := cycle("warm", false)
 		diff, warm = append(diff, g), append(warm, ms)
 	}
+	open, restore := logs.take()
+	r.warmOpen, r.warmRestore = Summarize(open), Summarize(restore)
 	if kind != "plain" {
 		for i := 0; i < cycles; i++ {
 			g, ms := cycle("cold", true)
 			diff, cold = append(diff, g), append(cold, ms)
 		}
+		open, _ = logs.take()
+		r.coldOpen = Summarize(open)
 	}
 	r.diff, r.warm, r.cold = Summarize(diff), Summarize(warm), Summarize(cold)
 	r.logMiB = Percentile(logical, 50)
-	b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s; resume warm p50 %.0f ms, cold p50 %.0f ms",
-		kind, ws, r.diff.P50, r.warm.P50, r.cold.P50)
+	b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s; resume warm p50 %.0f ms (store open %.0f ms, runsc restore %.0f ms), cold p50 %.0f ms (store open %.0f ms)",
+		kind, ws, r.diff.P50, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, r.cold.P50, r.coldOpen.P50)
 	if err := c.DeleteSandbox(ctx, id); err != nil {
 		b.Logf("delete %s: %v", id, err)
 	}
 	return r
+}
+
+// resumeLog is the server's JSON log; it keeps the verify_ms (the store's Open)
+// and restore_ms of every "resumed" line.
+type resumeLog struct {
+	mu            sync.Mutex
+	open, restore []float64
+}
+
+func (l *resumeLog) Write(p []byte) (int, error) {
+	var line struct {
+		Msg       string  `json:"msg"`
+		VerifyMS  float64 `json:"verify_ms"`
+		RestoreMS float64 `json:"restore_ms"`
+	}
+	if json.Unmarshal(p, &line) == nil && line.Msg == "resumed" {
+		l.mu.Lock()
+		l.open, l.restore = append(l.open, line.VerifyMS), append(l.restore, line.RestoreMS)
+		l.mu.Unlock()
+	}
+	return len(p), nil
+}
+
+// take returns and forgets the samples so far.
+func (l *resumeLog) take() (open, restore []float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	open, restore, l.open, l.restore = l.open, l.restore, nil, nil
+	return open, restore
 }

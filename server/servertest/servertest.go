@@ -56,6 +56,8 @@ type Options struct {
 	// Store selects the snapshot store (passed to server.Config.Store); the zero
 	// value is the default plain-file store.
 	Store server.StoreConfig
+	// Logger receives the server's log (nil = warnings and errors to the test's log).
+	Logger *slog.Logger
 }
 
 var (
@@ -119,7 +121,10 @@ func Start(t testing.TB, opts Options) *Server {
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TestResumeDelay:    opts.TestResumeDelay,
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store:              opts.Store,
+		Store: opts.Store,
+	}
+	if opts.Logger != nil {
+		cfg.Logger = opts.Logger
 	}
 	cfg.DisableLifecycle = !opts.Lifecycle
 	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval
