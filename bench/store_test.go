@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -51,7 +52,10 @@ type storeResult struct {
 // store, the chunked store on local disk with its opened copy kept (warm) and
 // removed (cold), and the chunked store on S3 (versitygw on localhost, skipped
 // when not installed) warm and cold (opened copies and chunk cache emptied).
-// Each phase has max(b.N, 5) cycles; p50s are reported and printed:
+// Each phase has max(b.N, 5) cycles; p50s are reported and printed.
+// TORPOR_BENCH_SYNC=1 runs sync(2) between each hibernate and the resume (a
+// diagnostic: the chunked store does not fsync its opened copy, and its
+// writeback during runsc restore is what slows the warm resume):
 //
 //	go test -run '^$' -bench Store ./bench
 func BenchmarkStore(b *testing.B) {
@@ -196,6 +200,9 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 					}
 				}
 			}
+		}
+		if os.Getenv("TORPOR_BENCH_SYNC") != "" {
+			syscall.Sync()
 		}
 		t0 = time.Now()
 		st, err := workload.Get(ctx, c, id, "/count")
