@@ -54,8 +54,8 @@ type storeResult struct {
 // when not installed) warm and cold (opened copies and chunk cache emptied).
 // Each phase has max(b.N, 5) cycles; p50s are reported and printed.
 // TORPOR_BENCH_SYNC=1 runs sync(2) between each hibernate and the resume (a
-// diagnostic: the chunked store does not fsync its opened copy, and its
-// writeback during runsc restore is what slows the warm resume):
+// diagnostic: with it the chunked store's warm runsc restore is as fast as the
+// plain store's, so writeback left over from its hibernate slows the restore):
 //
 //	go test -run '^$' -bench Store ./bench
 func BenchmarkStore(b *testing.B) {
