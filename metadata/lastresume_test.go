@@ -2,8 +2,6 @@ package metadata
 
 import (
 	"context"
-	"database/sql"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,23 +11,8 @@ import (
 // TestLastResume: the resume report round-trips through the database, and a
 // database made before the column existed gets it on open.
 func TestLastResume(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "old.db")
-	old, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := old.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, image TEXT NOT NULL,
-		image_digest TEXT NOT NULL, guest_digest TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus REAL NOT NULL,
-		env TEXT NOT NULL, generation INTEGER NOT NULL, forked_from TEXT NOT NULL DEFAULT '',
-		snapshot_id TEXT NOT NULL DEFAULT '', pending_snapshot TEXT NOT NULL DEFAULT '', instance TEXT NOT NULL DEFAULT '',
-		seq INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '', deleting INTEGER NOT NULL DEFAULT 0,
-		created_at TEXT NOT NULL, state_changed_at TEXT NOT NULL, last_hibernate_at TEXT, last_resume_at TEXT,
-		resume_ms INTEGER NOT NULL DEFAULT 0);
-		INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
-		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 4, '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z');`); err != nil {
-		t.Fatal(err)
-	}
-	old.Close()
+	path := oldDatabase(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
+		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 4, '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z');`)
 	db, err := Open(path)
 	if err != nil {
 		t.Fatalf("open an old database: %v", err)

@@ -102,7 +102,7 @@ func (p Policy) values() []any {
 }
 
 type policyScan struct {
-	p                          Policy
+	p                                     Policy
 	onResume, volumes, usageAt, expiresAt string
 }
 

@@ -2,8 +2,6 @@ package metadata
 
 import (
 	"context"
-	"database/sql"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -12,27 +10,10 @@ import (
 // column, snapshots without logical/stored/new bytes) is migrated on Open: old
 // rows read as "never expires" and size 0, new values round-trip.
 func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "old.db")
-	old, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := old.Exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT NOT NULL, image TEXT NOT NULL,
-		image_digest TEXT NOT NULL, guest_digest TEXT NOT NULL, memory_mib INTEGER NOT NULL, cpus REAL NOT NULL,
-		env TEXT NOT NULL, generation INTEGER NOT NULL, forked_from TEXT NOT NULL DEFAULT '',
-		snapshot_id TEXT NOT NULL DEFAULT '', pending_snapshot TEXT NOT NULL DEFAULT '', instance TEXT NOT NULL DEFAULT '',
-		seq INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '', deleting INTEGER NOT NULL DEFAULT 0,
-		created_at TEXT NOT NULL, state_changed_at TEXT NOT NULL, last_hibernate_at TEXT, last_resume_at TEXT,
-		resume_ms INTEGER NOT NULL DEFAULT 0);
-		CREATE TABLE snapshots (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, parent TEXT NOT NULL DEFAULT '',
-		bytes INTEGER NOT NULL, hibernate_ms INTEGER NOT NULL, engine TEXT NOT NULL, created_at TEXT NOT NULL);
-		INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, snapshot_id, created_at, state_changed_at)
+	path := oldDatabase(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, snapshot_id, created_at, state_changed_at)
 		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 1, 'snap-old', '2024-01-01T00:00:00Z', '2024-01-01T00:00:00Z');
 		INSERT INTO snapshots (id, sandbox_id, bytes, hibernate_ms, engine, created_at)
-		VALUES ('snap-old', 'sbx-old', 100, 5, 'gvisor', '2024-01-01T00:00:00Z');`); err != nil {
-		t.Fatal(err)
-	}
-	old.Close()
+		VALUES ('snap-old', 'sbx-old', 100, 5, 'gvisor', '2024-01-01T00:00:00Z');`)
 	db, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
