@@ -80,35 +80,7 @@ func TestHibernateResumeCycles(t *testing.T) {
 		wantState(t, c, id, apiv1.StateHibernated)
 
 		// The proxied request resumes the sandbox.
-		t1 := time.Now()
-		st, err := workload.Get(ctx, c, id, "/count")
-		if err != nil {
-			t.Fatalf("cycle %d: GET /count after hibernate: %v", k, err)
-		}
-		firstAnswer := time.Since(t1)
-		if st.Count != count+1 {
-			t.Errorf("cycle %d: count %d after resume, want %d (previous+1)", k, st.Count, count+1)
-		}
-		if st.Pid != first.Pid {
-			t.Errorf("cycle %d: workload pid %d after resume, want %d", k, st.Pid, first.Pid)
-		}
-		cs, err := workload.Get(ctx, c, id, "/checksum")
-		if err != nil {
-			t.Fatalf("cycle %d: GET /checksum: %v", k, err)
-		}
-		if cs.SHA256 != first.SHA256 || cs.Bytes != first.Bytes {
-			t.Errorf("cycle %d: data checksum %s (%d bytes), want %s (%d bytes)", k, cs.SHA256, cs.Bytes, first.SHA256, first.Bytes)
-		}
-		if cs.Count != st.Count+1 {
-			t.Errorf("cycle %d: /checksum count %d, want %d", k, cs.Count, st.Count+1)
-		}
-		count = cs.Count
-
-		r := wantState(t, c, id, apiv1.StateRunning)
-		if r.Generation == gen {
-			t.Errorf("cycle %d: generation %d unchanged by resume", k, gen)
-		}
-		gen = r.Generation
+		firstAnswer, r := resumeByRequest(t, ctx, c, id, k, first, &count, &gen)
 		t.Logf("cycle %d: first proxied answer %v after the request (resume_ms %d, hibernate_ms %d, snapshot %d bytes)",
 			k, firstAnswer.Round(time.Millisecond), r.ResumeMS, h.Snapshot.HibernateMS, h.Snapshot.Bytes)
 

@@ -22,6 +22,7 @@ import (
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/workload"
 )
 
 // dataDir is shared by every test of the package (see doc.go): the base image is
@@ -303,4 +304,42 @@ func metric(t *testing.T, srv *servertest.Server, name string) float64 {
 	}
 	t.Fatalf("metric %s not in /metrics", name)
 	return 0
+}
+
+// resumeByRequest sends GET /count through the port proxy to the hibernated
+// sandbox id, which resumes it, and checks that the workload continued where it
+// stopped: counter previous+1 (*count), same pid as first, the data's checksum
+// unchanged, a new generation (*gen). It updates *count and *gen and returns the
+// time to the first answer and the sandbox as the API then reports it.
+func resumeByRequest(t *testing.T, ctx context.Context, c *client.Client, id string, k int, first workload.State, count, gen *int64) (time.Duration, apiv1.Sandbox) {
+	t.Helper()
+	t1 := time.Now()
+	st, err := workload.Get(ctx, c, id, "/count")
+	if err != nil {
+		t.Fatalf("cycle %d: GET /count after hibernate: %v", k, err)
+	}
+	firstAnswer := time.Since(t1)
+	if st.Count != *count+1 {
+		t.Errorf("cycle %d: count %d after resume, want %d (previous+1)", k, st.Count, *count+1)
+	}
+	if st.Pid != first.Pid {
+		t.Errorf("cycle %d: workload pid %d after resume, want %d", k, st.Pid, first.Pid)
+	}
+	cs, err := workload.Get(ctx, c, id, "/checksum")
+	if err != nil {
+		t.Fatalf("cycle %d: GET /checksum: %v", k, err)
+	}
+	if cs.SHA256 != first.SHA256 || cs.Bytes != first.Bytes {
+		t.Errorf("cycle %d: data checksum %s (%d bytes), want %s (%d bytes)", k, cs.SHA256, cs.Bytes, first.SHA256, first.Bytes)
+	}
+	if cs.Count != st.Count+1 {
+		t.Errorf("cycle %d: /checksum count %d, want %d", k, cs.Count, st.Count+1)
+	}
+	*count = cs.Count
+	r := wantState(t, c, id, apiv1.StateRunning)
+	if r.Generation == *gen {
+		t.Errorf("cycle %d: generation %d unchanged by resume", k, *gen)
+	}
+	*gen = r.Generation
+	return firstAnswer, r
 }
