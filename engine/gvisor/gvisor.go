@@ -396,12 +396,10 @@ func (e *Engine) run(ctx context.Context, args ...string) ([]byte, error) {
 		cmd.Stdout = &out
 	}
 	cmd.Stderr = errf
+	// Its own session: a runsc command outlives a crashed server, so a checkpoint
+	// under way completes and the next server commits it (manager.Reconcile).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	t0 := time.Now()
 	err = cmd.Run()
-	if os.Getenv("TORPOR_TRACE") != "" {
-		fmt.Fprintf(os.Stderr, "runsc %s: %v\n", args[0], time.Since(t0))
-	}
 	if err != nil {
 		msg, _ := os.ReadFile(errf.Name())
 		return out.Bytes(), fmt.Errorf("runsc %s: %v: %s", args[0], err, lastLines(string(msg), 5))
