@@ -160,7 +160,7 @@ func TestLifecycleBusyJobNotHibernated(t *testing.T) {
 	srv := lcStart(t)
 	c := srv.Client
 	sb := lcCreate(t, c, apiv1.CreateSandboxRequest{IdleTimeoutS: lcInt(3)})
-	const job = 15 * time.Second
+	const job = 20 * time.Second // the figure
 	if _, err := c.ExecBackground(lcCtx(t, time.Minute), sb.ID, apiv1.ExecRequest{
 		Cmd: []string{"timeout", fmt.Sprint(int(job.Seconds())), "sh", "-c", "while :; do :; done"}}); err != nil {
 		t.Fatal(err)
