@@ -21,6 +21,21 @@ import (
 // as it was last written before the hibernate.
 func TestHibernateResumeCycles(t *testing.T) {
 	srv := start(t, servertest.Options{})
+	continuityCycles(t, srv, 5, nil)
+}
+
+// cycleHooks let a caller act around each cycle's resume: Before runs after the
+// hibernate of cycle k (snapshot snap) and before the proxied request resumes the
+// sandbox; After runs right after that request was answered.
+type cycleHooks struct {
+	Before, After func(k int, snap string)
+}
+
+// continuityCycles is the body of TestHibernateResumeCycles, shared with the
+// store tests: a sandbox with the 64 MiB workload and a growing set of files goes
+// through the given number of hibernate/resume cycles, each checked as described
+// there.
+func continuityCycles(t *testing.T, srv *servertest.Server, cycles int, hooks *cycleHooks) {
 	c := srv.Client
 	ctx := ctxFor(t, 10*time.Minute)
 	sb := create(t, c, apiv1.CreateSandboxRequest{})
@@ -64,7 +79,7 @@ func TestHibernateResumeCycles(t *testing.T) {
 
 	gen := sb.Generation
 	snaps := map[string]bool{}
-	for k := 1; k <= 5; k++ {
+	for k := 1; k <= cycles; k++ {
 		// A new file and a changed old one, through each way.
 		apiWrite(fmt.Sprintf("/root/work/api-%d.bin", k), random(256<<10+k))
 		apiWrite(fmt.Sprintf("/root/work/api-%d.bin", k-1), random(128<<10+k))
@@ -78,9 +93,15 @@ func TestHibernateResumeCycles(t *testing.T) {
 		}
 		snaps[h.Snapshot.ID] = true
 		wantState(t, c, id, apiv1.StateHibernated)
+		if hooks != nil && hooks.Before != nil {
+			hooks.Before(k, h.Snapshot.ID)
+		}
 
 		// The proxied request resumes the sandbox.
 		firstAnswer, r := resumeByRequest(t, ctx, c, id, k, first, &count, &gen)
+		if hooks != nil && hooks.After != nil {
+			hooks.After(k, h.Snapshot.ID)
+		}
 		t.Logf("cycle %d: first proxied answer %v after the request (resume_ms %d, hibernate_ms %d, snapshot %d bytes)",
 			k, firstAnswer.Round(time.Millisecond), r.ResumeMS, h.Snapshot.HibernateMS, h.Snapshot.Bytes)
 
