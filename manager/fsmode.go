@@ -148,8 +148,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	s.Instance = ""
 	s.LastHibernateAt = &now
 	s.StateChangedAt = now
-	rec := withSizes(&metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
-		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}, man)
+	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		return err
 	}

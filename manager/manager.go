@@ -614,8 +614,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		s.LastHibernateAt = &now
 	}
 	s.StateChangedAt = now
-	snapRec := withSizes(&metadata.Snapshot{ID: snapID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
-		HibernateMS: elapsed.Milliseconds(), Engine: man.Engine + " " + man.EngineVersion, CreatedAt: now}, man)
+	snapRec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
 	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
 		return "", err
 	}

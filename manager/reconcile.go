@@ -148,8 +148,7 @@ func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	s.State = apiv1.StateHibernated
 	s.StateChangedAt = man.CreatedAt
 	s.LastHibernateAt = &man.CreatedAt
-	rec := withSizes(&metadata.Snapshot{ID: man.ID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
-		HibernateMS: man.HibernateMS, Engine: man.Engine + " " + man.EngineVersion, CreatedAt: man.CreatedAt}, man)
+	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		m.log.Warn("reconcile: finish hibernate", "sandbox", s.ID, "err", err)
 	}

@@ -14,6 +14,15 @@ import (
 // Snapshot visibility (GET/DELETE /v1/snapshots…, verify) and retention
 // (expires_at, checked by the lifecycle loop).
 
+// snapshotRecord is the metadata record of a committed manifest for sandbox s:
+// sizes from the manifest (a plain-file store has no chunks: its logical, stored
+// and new bytes are all Bytes), hibernate time hibernateMS, created at.
+func snapshotRecord(man snapshot.Manifest, s *metadata.Sandbox, hibernateMS int64, at time.Time) *metadata.Snapshot {
+	rec := &metadata.Snapshot{ID: man.ID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
+		HibernateMS: hibernateMS, Engine: man.Engine + " " + man.EngineVersion, CreatedAt: at}
+	return withSizes(rec, man)
+}
+
 // withSizes copies a committed manifest's sizes into its record. A plain-file
 // store has no chunks: its logical, stored and new bytes are all Bytes.
 func withSizes(rec *metadata.Snapshot, man snapshot.Manifest) *metadata.Snapshot {

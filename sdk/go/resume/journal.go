@@ -374,26 +374,11 @@ func (j *Journal) append(rec record) error {
 // renames it into place and fsyncs the directory. With appendTo it appends to an
 // existing file instead (fsynced too).
 func writeFileSync(path string, data []byte, appendTo bool) error {
+	target, flags := path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC
 	if appendTo {
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-		if err != nil {
-			return err
-		}
-		if _, err := f.Write(data); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-		return syncDir(filepath.Dir(path))
+		target, flags = path, os.O_WRONLY|os.O_CREATE|os.O_APPEND
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(target, flags, 0o600)
 	if err != nil {
 		return err
 	}
@@ -408,8 +393,10 @@ func writeFileSync(path string, data []byte, appendTo bool) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
+	if !appendTo {
+		if err := os.Rename(target, path); err != nil {
+			return err
+		}
 	}
 	return syncDir(filepath.Dir(path))
 }
