@@ -133,6 +133,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecRequest":           ExecRequest{Cmd: []string{"x"}, Env: map[string]string{"a": "b"}, Cwd: "/", Stdin: "x", TimeoutS: 1, Background: true},
 		"ExecEvent":             ExecEvent{Stream: "stdout", Data: []byte("x"), ExitCode: &code, Pid: 1, Error: "e"},
 		"ForkRequest":           ForkRequest{Volumes: "copy"},
+		"HibernateRequest":      HibernateRequest{AsyncUpload: new(bool)},
 		"ForkResponse":          ForkResponse{},
 		"Image":                 Image{},
 		"ListImagesResponse":    ListImagesResponse{},

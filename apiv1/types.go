@@ -305,9 +305,10 @@ type Snapshot struct {
 	NewBytes     int64 `json:"new_bytes"`
 	// DedupRatio is LogicalBytes / StoredBytes (0 when unknown).
 	DedupRatio float64 `json:"dedup_ratio"`
-	// Durable is true once every byte is in the durable tier. Stores commit
-	// synchronously (hibernate returns after the commit), so it is always true
-	// today; asynchronous upload is not built.
+	// Durable is true once every byte is in the durable tier. A hibernate
+	// commits synchronously unless asked for an asynchronous upload
+	// (HibernateRequest.AsyncUpload or serve --async-upload); then it is false
+	// until the background upload has put every chunk and the manifest there.
 	Durable bool `json:"durable"`
 	// ExpiresAt is the owning sandbox's expires_at (null = never): the snapshot is
 	// deleted with that sandbox unless another sandbox (a fork) resumes from it.
@@ -356,6 +357,15 @@ type ExecEvent struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 	Pid      int    `json:"pid,omitempty"`
 	Error    string `json:"error,omitempty"`
+}
+
+// HibernateRequest is the optional body of POST /v1/sandboxes/{id}/hibernate.
+type HibernateRequest struct {
+	// AsyncUpload answers once the snapshot is committed on this host's disk and
+	// uploads it to the durable tier in the background (snapshot "durable": false
+	// until done; retried with backoff from the local copy). Needs the chunked
+	// or s3 store. Absent: the server's --async-upload setting (default false).
+	AsyncUpload *bool `json:"async_upload,omitempty"`
 }
 
 // HibernateResponse is the body of POST /v1/sandboxes/{id}/hibernate.

@@ -63,8 +63,16 @@ func newFakeServer(t *testing.T) *fakeServer {
 			writeErr(w, 409, apiv1.CodeConflict, "sandbox "+sb.ID+" is "+string(sb.State))
 			return
 		}
+		var req apiv1.HibernateRequest
+		if b, _ := io.ReadAll(r.Body); len(b) > 0 {
+			if err := json.Unmarshal(b, &req); err != nil {
+				writeErr(w, 400, apiv1.CodeInvalidArgument, err.Error())
+				return
+			}
+		}
 		sb.State = apiv1.StateHibernated
-		sb.Snapshot = &apiv1.Snapshot{ID: "snap-" + sb.ID, SandboxID: sb.ID, Bytes: 150 << 20, HibernateMS: 1234, Engine: "gvisor"}
+		durable := req.AsyncUpload == nil || !*req.AsyncUpload
+		sb.Snapshot = &apiv1.Snapshot{ID: "snap-" + sb.ID, SandboxID: sb.ID, Bytes: 150 << 20, HibernateMS: 1234, Engine: "gvisor", Durable: durable}
 		writeJSON(w, 200, sb)
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
@@ -420,6 +428,10 @@ func TestHibernateResumeForkRm(t *testing.T) {
 	if out := f.mustRun("resume", "sb1"); out != "resumed sb1 in 87 ms (generation 2)\n" {
 		t.Fatalf("resume: %q", out)
 	}
+	if out := f.mustRun("hibernate", "--async-upload", "sb1"); out != "hibernated sb1: snapshot snap-sb1, 150.0 MiB, 1234 ms (not durable yet: uploading in the background)\n" {
+		t.Fatalf("hibernate --async-upload: %q", out)
+	}
+	f.mustRun("resume", "sb1")
 	f.mustRun("hibernate", "sb1")
 	var sb apiv1.Sandbox
 	if err := json.Unmarshal([]byte(f.mustRun("resume", "--json", "sb1")), &sb); err != nil || sb.ResumeMS != 87 || sb.State != apiv1.StateRunning {

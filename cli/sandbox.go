@@ -118,14 +118,18 @@ func (a *app) inspectCommand() *cobra.Command {
 }
 
 func (a *app) hibernateCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, async bool
 	cmd := &cobra.Command{
 		Use:   "hibernate ID",
 		Short: "Hibernate a running sandbox to a snapshot and release its compute",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sp := a.newSpinner("hibernating " + args[0])
-			sb, err := a.client().Hibernate(cmd.Context(), args[0])
+			var req apiv1.HibernateRequest
+			if cmd.Flags().Changed("async-upload") {
+				req.AsyncUpload = &async
+			}
+			sb, err := a.client().HibernateWith(cmd.Context(), args[0], req)
 			sp.done()
 			if err != nil {
 				return err
@@ -137,12 +141,17 @@ func (a *app) hibernateCommand() *cobra.Command {
 				_, err = fmt.Fprintf(a.stdout, "hibernated %s\n", sb.ID)
 				return err
 			}
-			_, err = fmt.Fprintf(a.stdout, "hibernated %s: snapshot %s, %s, %d ms\n",
-				sb.ID, sb.Snapshot.ID, mib(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS)
+			durable := ""
+			if !sb.Snapshot.Durable {
+				durable = " (not durable yet: uploading in the background)"
+			}
+			_, err = fmt.Fprintf(a.stdout, "hibernated %s: snapshot %s, %s, %d ms%s\n",
+				sb.ID, sb.Snapshot.ID, mib(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS, durable)
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	cmd.Flags().BoolVar(&async, "async-upload", false, "answer once the snapshot is on local disk and upload it to the durable tier in the background (default: the server's --async-upload)")
 	return cmd
 }
 

@@ -28,6 +28,7 @@ type serveConfig struct {
 	S3Region    string
 	S3Prefix    string
 	CacheBytes  int64
+	AsyncUpload bool
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -58,6 +59,9 @@ func (a *app) serveCommand() *cobra.Command {
 			default:
 				return usagef("--store %q: want plain, chunked or s3", cfg.Store)
 			}
+			if cfg.AsyncUpload && cfg.Store == "plain" {
+				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
+			}
 			return runServe(cmd.Context(), cfg)
 		},
 	}
@@ -75,6 +79,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
 	f.StringVar(&cfg.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket (e.g. torpor/)")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
+	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }
 

@@ -258,8 +258,18 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 // Hibernate captures a running sandbox to a snapshot and releases its compute. The
 // returned sandbox is hibernated, with Snapshot filled.
 func (c *Client) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	return c.HibernateWith(ctx, id, apiv1.HibernateRequest{})
+}
+
+// HibernateWith is Hibernate with choices (req.AsyncUpload: answer before the
+// snapshot is in the durable tier; its Snapshot.Durable says when it is).
+func (c *Client) HibernateWith(ctx context.Context, id string, req apiv1.HibernateRequest) (apiv1.Sandbox, error) {
 	var sb apiv1.Sandbox
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "hibernate"), nil, &sb)
+	var body any
+	if req.AsyncUpload != nil {
+		body = req
+	}
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "hibernate"), body, &sb)
 	return sb, err
 }
 

@@ -18,16 +18,23 @@ import (
 // 4th resume the local chunk cache and the opened snapshot copies are emptied,
 // so that resume is a cold resume from S3 alone.
 func TestStoreS3Cycles(t *testing.T) {
+	_, srv := startS3(t, "torpor-e2e", server.StoreConfig{})
+	storeCycles(t, srv, 5, 4)
+}
+
+// startS3 starts a versitygw server and a torpor server whose store is the
+// chunked store on bucket there; cfg adds store options (UploadRetry, …).
+func startS3(t *testing.T, bucket string, cfg server.StoreConfig) (*s3test.Server, *servertest.Server) {
+	t.Helper()
 	s3 := s3test.Start(t)
-	const bucket = "torpor-e2e"
 	// The server expects the bucket to exist.
 	if _, err := chunked.NewS3(ctxFor(t, time.Minute), chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket,
 		AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
 		t.Fatal(err)
 	}
-	srv := startWithStore(t, server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: bucket,
-		S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey, S3Region: s3.Region})
-	storeCycles(t, srv, 5, 4)
+	cfg.Kind, cfg.S3Endpoint, cfg.S3Bucket = "s3", s3.Endpoint, bucket
+	cfg.S3AccessKey, cfg.S3SecretKey, cfg.S3Region = s3.AccessKey, s3.SecretKey, s3.Region
+	return s3, startWithStore(t, cfg)
 }
 
 // TestStoreChunkedCycles is the continuity test, shorter (2 cycles), with the

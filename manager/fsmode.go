@@ -60,7 +60,7 @@ func (m *Manager) isFilesystemSnapshot(ctx context.Context, id string) bool {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.Sandbox) error {
+func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.Sandbox, async bool) error {
 	start := time.Now()
 	m.accrue(ctx, s, start)
 	c := m.liveClient(s.ID)
@@ -133,7 +133,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 		CreatedAt:   now,
 		HibernateMS: time.Since(start).Milliseconds(),
 	}
-	man, err = m.cfg.Store.Commit(ctx, snapID, man)
+	man, err = m.commitSnapshot(ctx, snapID, man, async)
 	if err != nil {
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""

@@ -275,7 +275,7 @@ func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) err
 		m.accrue(ctx, s, now)
 		s.TimeoutBaseMS = s.RunningMS // a new period starts with the next resume
 		m.log.Info("timeout: hibernating", "sandbox", id, "timeout_s", s.TimeoutS, "mode", s.HibernationMode)
-		return m.hibernateLocked(ctx, s)
+		return m.hibernateLocked(ctx, s, m.cfg.AsyncUpload)
 	}
 	if s.IdleTimeoutS <= 0 || !m.stillIdle(id, s.Instance, time.Duration(s.IdleTimeoutS)*time.Second) {
 		return nil
@@ -285,7 +285,7 @@ func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) err
 		return m.deleteLocked(ctx, s)
 	}
 	m.log.Info("idle: hibernating", "sandbox", id, "idle_timeout_s", s.IdleTimeoutS, "mode", s.HibernationMode)
-	return m.hibernateLocked(ctx, s)
+	return m.hibernateLocked(ctx, s, m.cfg.AsyncUpload)
 }
 
 func (m *Manager) stillIdle(id, instance string, window time.Duration) bool {
@@ -298,15 +298,16 @@ func (m *Manager) stillIdle(id, instance string, window time.Duration) bool {
 // hibernateLocked hibernates a running sandbox as its hibernation mode says: the
 // one code path of a manual, an idle-triggered and a timeout-triggered hibernate.
 // The caller holds s's lock. Mode none keeps nothing, so it cannot be hibernated
-// (ErrConflict): the idle trigger deletes such a sandbox instead.
-func (m *Manager) hibernateLocked(ctx context.Context, s *metadata.Sandbox) error {
+// (ErrConflict): the idle trigger deletes such a sandbox instead. async selects
+// an asynchronous upload (see HibernateOptions).
+func (m *Manager) hibernateLocked(ctx context.Context, s *metadata.Sandbox, async bool) error {
 	switch s.HibernationMode {
 	case apiv1.ModeNone:
 		return conflict("sandbox %s has hibernation mode none, which keeps nothing; change its hibernation_mode (PATCH) to hibernate it", s.ID)
 	case apiv1.ModeFilesystem:
-		return m.hibernateFilesystemLocked(ctx, s)
+		return m.hibernateFilesystemLocked(ctx, s, async)
 	}
-	_, err := m.snapshotLocked(ctx, s, false)
+	_, err := m.snapshotLocked(ctx, s, false, async)
 	return err
 }
 

@@ -72,6 +72,18 @@ type Config struct {
 	// marked resuming and before the engine restores it: tests use it to race
 	// other calls against a resume. Zero in production.
 	TestResumeDelay time.Duration
+	// AsyncUpload is the default for hibernates that do not choose (see
+	// HibernateOptions): commit on local disk, upload in the background. Needs
+	// a snapshot.AsyncStore.
+	AsyncUpload bool
+}
+
+// HibernateOptions are a hibernate call's choices.
+type HibernateOptions struct {
+	// AsyncUpload: answer once the snapshot is committed on local disk and let
+	// the store upload it in the background (the snapshot reports durable false
+	// until then). nil = Config.AsyncUpload.
+	AsyncUpload *bool
 }
 
 // Manager owns all sandboxes of one server.
@@ -522,7 +534,14 @@ func (m *Manager) collectSnapshots(ctx context.Context) {
 // compute. It returns once the snapshot is committed and the state hibernated is
 // persisted. A hibernated sandbox is returned as it is. Errors: ErrNotFound;
 // ErrConflict for a sandbox in state creating or error.
-func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, error) {
+func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOptions) (apiv1.Sandbox, error) {
+	async := m.cfg.AsyncUpload
+	if opts.AsyncUpload != nil {
+		async = *opts.AsyncUpload
+	}
+	if _, ok := m.cfg.Store.(snapshot.AsyncStore); async && !ok {
+		return apiv1.Sandbox{}, invalid("async_upload: this server's snapshot store commits synchronously only; start it with --store chunked or --store s3")
+	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return apiv1.Sandbox{}, err
@@ -540,7 +559,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, erro
 		return apiv1.Sandbox{}, conflict("sandbox %s is %s; only a running sandbox can be hibernated", id, s.State)
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := m.hibernateLocked(ctx, s); err != nil {
+	if err := m.hibernateLocked(ctx, s, async); err != nil {
 		return m.view(ctx, s), err
 	}
 	return m.view(ctx, s), nil
@@ -549,7 +568,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, erro
 // snapshotLocked checkpoints s's instance into a new committed snapshot. Without
 // leaveRunning the sandbox ends hibernated; with it the sandbox keeps running (a
 // fork source). The caller holds s's lock.
-func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leaveRunning bool) (string, error) {
+func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leaveRunning, async bool) (string, error) {
 	start := time.Now()
 	snapID := newID("snap-")
 	m.accrue(ctx, s, start)
@@ -593,7 +612,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	now := time.Now().UTC()
 	man := m.manifestFor(s, snapID, now)
 	man.HibernateMS = time.Since(start).Milliseconds()
-	man, err = m.cfg.Store.Commit(ctx, snapID, man)
+	man, err = m.commitSnapshot(ctx, snapID, man, async)
 	if err != nil {
 		if leaveRunning {
 			return undo(fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
@@ -622,6 +641,27 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)
 	return snapID, nil
+}
+
+// commitSnapshot commits a staged snapshot: synchronously, or with async (and
+// an AsyncStore) on local disk with the upload left to the store.
+//
+// A synchronous commit that fails on such a store (its durable tier is
+// unreachable) falls back to an asynchronous one: the engine has already
+// stopped the instance, so failing would lose the sandbox's memory. The
+// snapshot then reports durable false until the background upload succeeds.
+func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapshot.Manifest, async bool) (snapshot.Manifest, error) {
+	as, ok := m.cfg.Store.(snapshot.AsyncStore)
+	if ok && async {
+		return as.CommitAsync(ctx, snapID, man)
+	}
+	out, err := m.cfg.Store.Commit(ctx, snapID, man)
+	if err == nil || !ok || ctx.Err() != nil {
+		return out, err
+	}
+	m.log.Warn("synchronous snapshot commit failed; keeping it on local disk for a background upload",
+		"snapshot", snapID, "err", err)
+	return as.CommitAsync(ctx, snapID, man)
 }
 
 // manifestFor is the manifest of a memory snapshot snapID of s, before the store
@@ -768,7 +808,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	ctx = context.WithoutCancel(ctx)
 	switch src.State {
 	case apiv1.StateRunning:
-		if _, err := m.snapshotLocked(ctx, src, true); err != nil {
+		if _, err := m.snapshotLocked(ctx, src, true, m.cfg.AsyncUpload); err != nil {
 			return nil, err
 		}
 	case apiv1.StateHibernated:

@@ -170,7 +170,12 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.Manager.Hibernate(r.Context(), r.PathValue("id"))
+	var req apiv1.HibernateRequest
+	if err := decode(r, &req, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, err := s.Manager.Hibernate(r.Context(), r.PathValue("id"), manager.HibernateOptions{AsyncUpload: req.AsyncUpload})
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -130,6 +130,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
 			VolumesDir: filepath.Join(dir, "volumes")}, TestResumeDelay: cfg.TestResumeDelay,
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
+		AsyncUpload: cfg.Store.AsyncUpload,
 	})
 	if err != nil {
 		return fail(err)

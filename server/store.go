@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
@@ -38,6 +39,15 @@ type StoreConfig struct {
 	// CacheBytes bounds the local chunk cache in front of S3 (default 10 GiB; 0
 	// keeps the default, a negative value disables the cache).
 	CacheBytes int64
+	// AsyncUpload makes asynchronous upload the default for hibernates that do
+	// not choose (idle and timeout hibernates, forks, API calls without
+	// async_upload). Not with the plain store.
+	AsyncUpload bool
+	// UploadRetry is the first delay before a failed background upload is
+	// retried (doubling up to 60 s; default 1 s).
+	UploadRetry time.Duration
+
+	readOnly bool // OpenStore: no background upload
 }
 
 // OpenStore opens the snapshot store a server with data directory dataDir and
@@ -45,7 +55,8 @@ type StoreConfig struct {
 // inspect or verify snapshots next to a running server (read-only use only).
 func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.Store, func() error, error) {
 	if cfg.Kind != "plain" {
-		cfg.CacheBytes = -1 // the running server owns the cache
+		cfg.CacheBytes = -1 // the running server owns the cache (and the uploads)
+		cfg.readOnly = true
 	}
 	return openStore(ctx, dataDir, cfg, slog.Default(), false)
 }
@@ -55,10 +66,14 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	nop := func() error { return nil }
 	switch cfg.Kind {
 	case "", "plain":
+		if cfg.AsyncUpload {
+			return nil, nil, fmt.Errorf("snapshot store plain: --async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
+		}
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
 	case "chunked", "local":
-		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, Logger: log})
+		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC,
+			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -78,7 +93,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 			cache = 0
 		}
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), Backend: b,
-			CacheBytes: cache, AutoGC: autoGC, Logger: log})
+			CacheBytes: cache, AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}

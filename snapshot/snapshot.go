@@ -107,6 +107,23 @@ type Store interface {
 	Recover(ctx context.Context) error
 }
 
+// AsyncStore is a Store that can also commit a snapshot before its bytes reach
+// the durable tier (snapshot/chunked with an outbox in front of its backend).
+type AsyncStore interface {
+	Store
+	// CommitAsync commits a staged snapshot locally: every file is hashed and
+	// the new bytes and the manifest are synced to local disk, so the snapshot
+	// exists, is listed and can be opened from this host at once. A background
+	// upload then moves it to the durable tier, retrying with backoff from the
+	// local copy until it succeeds; Durable reports when it has.
+	CommitAsync(ctx context.Context, id string, m Manifest) (Manifest, error)
+	// Durable reports whether every byte of snapshot id, which the caller knows
+	// is committed, is in the durable tier: false only while it waits for its
+	// upload. It reads local state only (no request to the durable tier), so
+	// listings stay fast and work while that tier is unreachable.
+	Durable(ctx context.Context, id string) (bool, error)
+}
+
 // ErrNotFound is wrapped by errors for snapshots that do not exist.
 var ErrNotFound = errors.New("snapshot not found")
 

@@ -20,6 +20,8 @@
 //	                      whenever missing or failing verification
 //	cache/                the chunk cache (Config.CacheBytes, LRU) in front of a
 //	                      remote backend
+//	outbox/               snapshots committed asynchronously and not yet uploaded:
+//	                      a filesystem backend with their new chunks and manifests
 //
 // # Commit and durability
 //
@@ -27,6 +29,16 @@
 // durable (one syncfs for the filesystem backend; an S3 PUT is durable when it
 // returns), then writes the manifest. A snapshot exists once its manifest exists;
 // a failed Commit leaves the staging directory untouched, so it can be retried.
+//
+// CommitAsync does the same work against the local outbox instead (chunks the
+// backend already holds are not copied) and returns once the outbox is synced:
+// the snapshot exists and opens from this host, but Durable reports false. A
+// background upload copies the outbox's chunks to the backend, then the
+// manifest, then removes them from the outbox; a failure is retried from the
+// outbox with exponential backoff (1 s doubling to 60 s) for as long as it takes,
+// across restarts. A snapshot being uploaded reads its chunks from the outbox;
+// one whose outbox copy is lost before the upload is refused by Open, naming the
+// missing chunk.
 //
 // # Verification
 //
@@ -87,7 +99,13 @@ type Config struct {
 	Workers int
 	// AutoGC runs Collect in the background after Delete (coalesced). Close stops it.
 	AutoGC bool
-	Logger *slog.Logger
+	// UploadRetry is the first delay before a failed asynchronous upload is
+	// retried; it doubles up to 60 s. Default 1 s.
+	UploadRetry time.Duration
+	// ReadOnly is for tools that inspect a store a server owns: no background
+	// upload runs.
+	ReadOnly bool
+	Logger   *slog.Logger
 }
 
 // Store implements snapshot.Store on chunks.
@@ -100,18 +118,31 @@ type Store struct {
 	dec     *zstd.Decoder
 	log     *slog.Logger
 
-	mu        sync.Mutex
-	known     map[string]int64 // chunks in the backend -> stored size
-	pins      map[string]int
-	deleting  map[string]chan struct{}
-	gcActive  bool
-	protected map[string]bool
-	opening   map[string]*sync.Mutex
+	mu    sync.Mutex
+	known map[string]int64 // chunks in the backend -> stored size
+	// knownLoaded: known holds a full listing of the backend (New could reach it).
+	knownLoaded bool
+	pins        map[string]int
+	deleting    map[string]chan struct{}
+	gcActive    bool
+	protected   map[string]bool
+	opening     map[string]*sync.Mutex
 
 	gcMu   sync.Mutex
 	gcKick chan struct{}
 	gcDone chan struct{}
 	closed chan struct{}
+
+	// outbox holds asynchronously committed snapshots until they are uploaded;
+	// outKnown (under mu) lists its chunks. uploadMu orders an upload's manifest
+	// step against Delete.
+	outbox   *FS
+	outKnown map[string]int64
+	uploadMu sync.Mutex
+	upKick   chan struct{}
+	upDone   chan struct{}
+	// upRetry is the first delay before retrying a failed upload (Config.UploadRetry).
+	upRetry time.Duration
 }
 
 var _ snapshot.Store = (*Store)(nil)
@@ -137,8 +168,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
-		pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
-		closed: make(chan struct{})}
+		known: map[string]int64{}, pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
+		closed: make(chan struct{}), outKnown: map[string]int64{},
+		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry}
+	if s.upRetry <= 0 {
+		s.upRetry = time.Second
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -162,8 +197,25 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
 	s.dec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<26))
-	if err := s.loadKnown(ctx); err != nil {
+	if s.outbox, err = NewFS(filepath.Join(abs, "outbox")); err != nil {
 		return nil, err
+	}
+	if err := s.loadOutbox(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.loadKnown(ctx); err != nil {
+		if _, local := s.b.(*FS); local {
+			return nil, err
+		}
+		// Start anyway: snapshots open from local copies and commit
+		// asynchronously; the listing is retried before the next upload or
+		// synchronous commit.
+		s.log.Warn("snapshot store: backend unreachable at start", "err", err)
+	}
+	if !cfg.ReadOnly {
+		go s.uploadLoop()
+	} else {
+		close(s.upDone)
 	}
 	if cfg.AutoGC {
 		s.gcKick = make(chan struct{}, 1)
@@ -190,21 +242,46 @@ func (s *Store) Close() error {
 	if s.gcDone != nil {
 		<-s.gcDone
 	}
+	<-s.upDone
 	return nil
 }
 
+// loadKnown lists the backend's chunks into known (merging: entries added
+// meanwhile stay).
 func (s *Store) loadKnown(ctx context.Context) error {
 	objs, err := s.b.List(ctx, "chunks/")
 	if err != nil {
 		return fmt.Errorf("snapshot store: list chunks: %w", err)
 	}
-	known := make(map[string]int64, len(objs))
-	for _, o := range objs {
-		known[path.Base(o.Key)] = o.Size
-	}
 	s.mu.Lock()
-	s.known = known
+	defer s.mu.Unlock()
+	for _, o := range objs {
+		s.known[path.Base(o.Key)] = o.Size
+	}
+	s.knownLoaded = true
+	return nil
+}
+
+// ensureKnown lists the backend once if New could not.
+func (s *Store) ensureKnown(ctx context.Context) error {
+	s.mu.Lock()
+	ok := s.knownLoaded
 	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	return s.loadKnown(ctx)
+}
+
+// loadOutbox lists the outbox's chunks into outKnown; only New calls it.
+func (s *Store) loadOutbox(ctx context.Context) error {
+	objs, err := s.outbox.List(ctx, "chunks/")
+	if err != nil {
+		return fmt.Errorf("snapshot store: list outbox: %w", err)
+	}
+	for _, o := range objs {
+		s.outKnown[path.Base(o.Key)] = o.Size
+	}
 	return nil
 }
 
@@ -256,11 +333,17 @@ func (s *Store) Stage(ctx context.Context, id string) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", err
 	}
-	ok, err := s.b.Exists(ctx, manifestKey(id))
+	pending, err := s.outbox.Exists(ctx, manifestKey(id))
 	if err != nil {
 		return "", fmt.Errorf("snapshot %s: stage: %w", id, err)
 	}
-	if ok {
+	// An unreachable backend does not stop a stage: an asynchronous commit
+	// does not need it, and a synchronous one fails at its first upload.
+	ok, err := s.b.Exists(ctx, manifestKey(id))
+	if err != nil {
+		s.log.Warn("snapshot stage: backend unreachable; not checked for an existing snapshot", "snapshot", id, "err", err)
+	}
+	if ok || pending {
 		return "", fmt.Errorf("snapshot %s: already committed", id)
 	}
 	if err := os.Mkdir(s.staged(id), 0o700); err != nil {
@@ -319,13 +402,29 @@ type commitState struct {
 	newBytes int64
 }
 
-// Commit implements snapshot.Store.
+// Commit implements snapshot.Store: it returns once the snapshot is in the
+// durable backend.
 func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+	return s.commit(ctx, id, m, false)
+}
+
+// CommitAsync implements snapshot.AsyncStore: it returns once the snapshot is in
+// the local outbox (synced); the upload to the backend follows in the background.
+func (s *Store) CommitAsync(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+	return s.commit(ctx, id, m, true)
+}
+
+func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, async bool) (snapshot.Manifest, error) {
 	if err := checkID(id); err != nil {
 		return m, err
 	}
 	if m.ID != id {
 		return m, fmt.Errorf("snapshot %s: manifest id %q differs", id, m.ID)
+	}
+	if !async {
+		if err := s.ensureKnown(ctx); err != nil {
+			return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+		}
 	}
 	dir := s.staged(id)
 	ents, err := os.ReadDir(dir)
@@ -365,7 +464,7 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 					putBuf(j.data)
 					continue
 				}
-				ref, err := s.putChunk(ctx, st, *j.data)
+				ref, err := s.putChunk(ctx, st, *j.data, async)
 				putBuf(j.data)
 				if err != nil {
 					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
@@ -421,7 +520,11 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 	if firstErr != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, firstErr)
 	}
-	if sy, ok := s.b.(Syncer); ok {
+	target := s.b
+	if async {
+		target = s.outbox
+	}
+	if sy, ok := target.(Syncer); ok {
 		if err := sy.Sync(ctx); err != nil {
 			return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
 		}
@@ -449,8 +552,11 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 	if err != nil {
 		return m, err
 	}
-	if err := s.b.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err != nil {
+	if err := target.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: manifest: %w", id, err)
+	}
+	if async {
+		s.kickUpload()
 	}
 	// Committed. The staged files become the opened copy (verified on Open).
 	_ = os.RemoveAll(s.opened(id))
@@ -460,32 +566,39 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 	return m, nil
 }
 
-// putChunk stores one chunk unless it is all zeros or already stored.
-func (s *Store) putChunk(ctx context.Context, st *commitState, data []byte) (chunkRef, error) {
+// putChunk stores one chunk unless it is all zeros or already stored: in the
+// backend, or with async in the outbox (unless the backend has it).
+func (s *Store) putChunk(ctx context.Context, st *commitState, data []byte, async bool) (chunkRef, error) {
 	ref := chunkRef{Len: int64(len(data))}
 	if allZero(data) {
 		return ref, nil
 	}
-	sum := sha256.Sum256(data)
-	ref.ID = hex.EncodeToString(sum[:])
+	ref.ID = sha256Hex(data)
 	s.pin(ref.ID)
 	st.mu.Lock()
 	st.pinned = append(st.pinned, ref.ID)
 	st.mu.Unlock()
 	s.mu.Lock()
 	z, ok := s.known[ref.ID]
+	if !ok && async {
+		z, ok = s.outKnown[ref.ID]
+	}
 	s.mu.Unlock()
 	if ok {
 		ref.Stored = z
 		return ref, nil
 	}
 	comp := s.enc.EncodeAll(data, make([]byte, 0, len(data)+64))
-	if err := s.b.Put(ctx, chunkKey(ref.ID), bytes.NewReader(comp), int64(len(comp))); err != nil {
+	target, known := s.b, s.known
+	if async {
+		target, known = s.outbox, s.outKnown
+	}
+	if err := target.Put(ctx, chunkKey(ref.ID), bytes.NewReader(comp), int64(len(comp))); err != nil {
 		return ref, err
 	}
 	ref.Stored = int64(len(comp))
 	s.mu.Lock()
-	s.known[ref.ID] = ref.Stored
+	known[ref.ID] = ref.Stored
 	s.mu.Unlock()
 	st.mu.Lock()
 	st.newBytes += ref.Stored
@@ -501,7 +614,10 @@ func (s *Store) readDoc(ctx context.Context, id string) (doc, error) {
 	if err := checkID(id); err != nil {
 		return d, err
 	}
-	r, err := s.b.Get(ctx, manifestKey(id))
+	r, err := s.outbox.Get(ctx, manifestKey(id)) // not uploaded yet?
+	if errors.Is(err, fs.ErrNotExist) {
+		r, err = s.b.Get(ctx, manifestKey(id))
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return d, fmt.Errorf("snapshot %s: %w", id, snapshot.ErrNotFound)
 	}
@@ -536,16 +652,25 @@ func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, err
 
 // List implements snapshot.Store.
 func (s *Store) List(ctx context.Context) ([]string, error) {
+	// The outbox first: an upload writes the backend's manifest before it
+	// removes the outbox's, so a snapshot moving meanwhile is seen at least once.
+	pending, err := s.outbox.List(ctx, "manifests/")
+	if err != nil {
+		return nil, err
+	}
 	objs, err := s.b.List(ctx, "manifests/")
 	if err != nil {
 		return nil, err
 	}
+	seen := map[string]bool{}
 	var ids []string
-	for _, o := range objs {
-		if id, ok := strings.CutSuffix(path.Base(o.Key), ".json"); ok && checkID(id) == nil {
+	for _, o := range append(pending, objs...) {
+		if id, ok := strings.CutSuffix(path.Base(o.Key), ".json"); ok && checkID(id) == nil && !seen[id] {
+			seen[id] = true
 			ids = append(ids, id)
 		}
 	}
+	sort.Strings(ids)
 	return ids, nil
 }
 
@@ -555,8 +680,19 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if err := s.b.Delete(ctx, manifestKey(id)); err != nil {
+	// uploadMu: an upload in flight must not write the manifest back afterwards.
+	s.uploadMu.Lock()
+	pd, perr := s.readOutboxDoc(ctx, id)
+	err := s.outbox.Delete(ctx, manifestKey(id))
+	if err == nil {
+		err = s.b.Delete(ctx, manifestKey(id))
+	}
+	s.uploadMu.Unlock()
+	if err != nil {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
+	if perr == nil {
+		s.dropOutboxChunks(ctx, pd)
 	}
 	if sy, ok := s.b.(Syncer); ok {
 		_ = sy.Sync(ctx)
@@ -588,9 +724,19 @@ func (s *Store) Recover(ctx context.Context) error {
 	if fsb, ok := s.b.(*FS); ok {
 		fsb.CleanTemp()
 	}
+	s.outbox.CleanTemp()
+	if err := s.cleanOutbox(ctx); err != nil {
+		return err
+	}
 	ids, err := s.List(ctx)
 	if err != nil {
-		return err
+		if _, local := s.b.(*FS); local {
+			return err
+		}
+		// Keep every opened copy: without the backend's list, which are dead is
+		// unknown, and a copy may be all there is of a pending snapshot.
+		s.log.Warn("snapshot store: backend unreachable at start; opened copies kept", "err", err)
+		return nil
 	}
 	live := map[string]bool{}
 	for _, id := range ids {
@@ -655,13 +801,19 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 }
 
 // Verify reads every chunk of snapshot id from the durable backend (not the
-// cache, not the opened copy) and checks its hash.
+// cache, not the opened copy; a snapshot still waiting for its upload reads the
+// chunks the backend lacks from the outbox) and checks its hash.
 func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error) {
 	d, err := s.readDoc(ctx, id)
 	if err != nil {
 		return d.Manifest, err
 	}
 	return d.Manifest, s.assemble(ctx, id, "", d, false)
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 func rnd() string {
@@ -771,8 +923,16 @@ func (s *Store) getChunk(ctx context.Context, snap, file string, off int64, ref 
 		return &snapshot.CorruptError{Snapshot: snap, File: file,
 			Reason: fmt.Sprintf("chunk %s at offset %d: %s", ref.ID, off, reason)}
 	}
+	if comp, ok := s.outboxChunk(ctx, ref.ID); ok {
+		if data, err := s.decode(comp, ref); err == nil {
+			return data, nil
+		}
+	}
 	r, err := s.b.Get(ctx, chunkKey(ref.ID))
 	if errors.Is(err, fs.ErrNotExist) {
+		if ok, _ := s.outbox.Exists(ctx, manifestKey(snap)); ok {
+			return nil, corrupt("missing: the snapshot is not durable yet (its upload is pending) and neither its local copy nor the backend has this chunk")
+		}
 		return nil, corrupt("missing")
 	}
 	if err != nil {
@@ -801,8 +961,8 @@ func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
 	if int64(len(data)) != ref.Len {
 		return nil, fmt.Errorf("size %d != %d", len(data), ref.Len)
 	}
-	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != ref.ID {
-		return nil, fmt.Errorf("sha256 mismatch: got %s", hex.EncodeToString(sum[:]))
+	if sum := sha256Hex(data); sum != ref.ID {
+		return nil, fmt.Errorf("sha256 mismatch: got %s", sum)
 	}
 	return data, nil
 }
@@ -859,8 +1019,7 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) error {
 				if t.ref.ID == "" {
 					ok = allZero(b)
 				} else {
-					sum := sha256.Sum256(b)
-					ok = hex.EncodeToString(sum[:]) == t.ref.ID
+					ok = sha256Hex(b) == t.ref.ID
 				}
 				if !ok {
 					errs[w] = &snapshot.CorruptError{Snapshot: id, File: t.fn, Reason: fmt.Sprintf("chunk %s at offset %d: sha256 mismatch", t.ref.ID, t.off)}

@@ -133,6 +133,12 @@ func TestConformanceS3(t *testing.T) {
 		storetest.Options{Corrupt: damage(false), Remove: damage(true)})
 }
 
+func TestConformanceS3Async(t *testing.T) {
+	srv := s3test.Start(t)
+	storetest.RunWith(t, func(t *testing.T) snapshot.Store { return newS3Store(t, srv, 64<<20) },
+		storetest.Options{Corrupt: damage(false), Remove: damage(true), Async: true})
+}
+
 // memImage is synthetic data shaped like gVisor's pages.img: 4 KiB pages of random
 // bytes, with some all-zero pages.
 func memImage(pages int) []byte {
@@ -179,6 +185,12 @@ func fill(b []byte) {
 
 func commit(t *testing.T, s *Store, id string, files map[string][]byte) snapshot.Manifest {
 	t.Helper()
+	return stageAndCommit(t, s, id, files, s.Commit)
+}
+
+func stageAndCommit(t *testing.T, s *Store, id string, files map[string][]byte,
+	commitFn func(context.Context, string, snapshot.Manifest) (snapshot.Manifest, error)) snapshot.Manifest {
+	t.Helper()
 	dir, err := s.Stage(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +200,7 @@ func commit(t *testing.T, s *Store, id string, files map[string][]byte) snapshot
 			t.Fatal(err)
 		}
 	}
-	m, err := s.Commit(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-t", Engine: "test", CreatedAt: time.Now()})
+	m, err := commitFn(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-t", Engine: "test", CreatedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,18 +371,7 @@ func TestGCConcurrentWithCommits(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := s.Collect(ctx, nil); err != nil {
-				t.Error(err)
-				return
-			}
-			gcRuns++
-		}
+		gcRuns = collectUntil(t, s, stop)
 	}()
 	for w := 0; w < 2; w++ {
 		wg.Add(1)
@@ -426,4 +427,222 @@ func TestGCConcurrentWithCommits(t *testing.T) {
 		mustOpen(t, s, id, map[string][]byte{"pages.img": img})
 	}
 	t.Logf("%d GC runs during %d commits", gcRuns, 2*rounds)
+}
+
+func commitAsync(t *testing.T, s *Store, id string, files map[string][]byte) snapshot.Manifest {
+	t.Helper()
+	return stageAndCommit(t, s, id, files, s.CommitAsync)
+}
+
+func durable(t *testing.T, s *Store, id string) bool {
+	t.Helper()
+	ok, err := s.Durable(ctx, id)
+	if err != nil {
+		t.Fatalf("durable %s: %v", id, err)
+	}
+	return ok
+}
+
+func waitDurable(t *testing.T, s *Store, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); !durable(t, s, id); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot %s not durable after 60 s", id)
+		}
+	}
+}
+
+func outboxEmpty(t *testing.T, s *Store) {
+	t.Helper()
+	for _, prefix := range []string{"chunks/", "manifests/"} {
+		objs, err := s.outbox.List(ctx, prefix)
+		if err != nil || len(objs) != 0 {
+			t.Fatalf("outbox %s: %d objects left (%v)", prefix, len(objs), err)
+		}
+	}
+}
+
+// An asynchronous hibernate while the S3 server is down: the snapshot is
+// committed locally, reported not durable, opens from the local copy, survives a
+// restart of the store, and is uploaded by the retries once S3 is back; then it
+// opens on another host from S3 alone.
+func TestS3AsyncUploadOutage(t *testing.T) {
+	srv := s3test.Start(t)
+	dir := t.TempDir()
+	b := newS3Backend(t, srv)
+	s, err := New(ctx, Config{Dir: dir, Backend: b, CacheBytes: 64 << 20, UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := memImage(2048)
+	files := map[string][]byte{"pages.img": img, "checkpoint.img": []byte("kernel")}
+	commit(t, s, "snap-a", files)
+
+	srv.Stop()
+	img2 := mutate(img, 0.05, 8, 3)
+	files2 := map[string][]byte{"pages.img": img2, "checkpoint.img": []byte("kernel 2")}
+	m := commitAsync(t, s, "snap-b", files2)
+	if m.NewBytes == 0 || m.NewBytes > m.LogicalBytes/5 {
+		t.Fatalf("diff commit to the outbox: new %d of %d logical bytes", m.NewBytes, m.LogicalBytes)
+	}
+	if durable(t, s, "snap-b") {
+		t.Fatal("snap-b durable while the S3 server is down")
+	}
+	if ids, _ := s.Pending(ctx); len(ids) != 1 || ids[0] != "snap-b" {
+		t.Fatalf("pending: %v", ids)
+	}
+	mustOpen(t, s, "snap-b", files2)   // from the local copy
+	time.Sleep(300 * time.Millisecond) // several failed attempts
+	if durable(t, s, "snap-b") {
+		t.Fatal("snap-b durable while the S3 server is down")
+	}
+
+	// A restart while the upload is pending: the new process finds it and goes on.
+	s.Close()
+	s, err = New(ctx, Config{Dir: dir, Backend: b, CacheBytes: 64 << 20, UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if durable(t, s, "snap-b") {
+		t.Fatal("snap-b durable after a restart while S3 is down")
+	}
+	mustOpen(t, s, "snap-b", files2)
+
+	srv.Restart()
+	s.UploadNow()
+	waitDurable(t, s, "snap-b")
+	outboxEmpty(t, s)
+
+	// Another host with an empty disk resumes snap-b from S3 alone.
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b, CacheBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if !durable(t, s2, "snap-b") {
+		t.Fatal("snap-b not durable seen from another host")
+	}
+	mustOpen(t, s2, "snap-b", files2)
+	mustOpen(t, s2, "snap-a", files)
+}
+
+// A pending snapshot whose local copy is lost before its upload: Open refuses
+// it with an error naming the missing chunk and saying the snapshot is not
+// durable, and the upload does not write a manifest for it.
+func TestS3AsyncLostLocalCopyRefused(t *testing.T) {
+	srv := s3test.Start(t)
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: newS3Backend(t, srv), CacheBytes: 64 << 20,
+		UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	srv.Stop()
+	files := map[string][]byte{"pages.img": memImage(512)}
+	commitAsync(t, s, "snap-c", files)
+	d, err := s.readDoc(ctx, "snap-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := d.Files[0].Chunks[3].ID
+	if err := os.Remove(filepath.Join(s.outbox.Dir(), filepath.FromSlash(chunkKey(lost)))); err != nil {
+		t.Fatal(err)
+	}
+	dropLocal(t, s)
+	srv.Restart()
+	s.UploadNow()
+	time.Sleep(500 * time.Millisecond)
+	_, _, err = s.Open(ctx, "snap-c")
+	var ce *snapshot.CorruptError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), lost) || !strings.Contains(err.Error(), "not durable") {
+		t.Fatalf("open of a pending snapshot with a lost chunk: %v", err)
+	}
+	if durable(t, s, "snap-c") {
+		t.Fatal("a snapshot with a lost chunk was made durable")
+	}
+	// Deleting it clears the outbox.
+	if err := s.Delete(ctx, "snap-c"); err != nil {
+		t.Fatal(err)
+	}
+	outboxEmpty(t, s)
+	if ids, err := s.List(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("after deleting the pending snapshot: %v %v", ids, err)
+	}
+}
+
+// Asynchronous commits, uploads, deletes and collections at once: every
+// snapshot still alive at the end opens, from S3 alone, byte for byte.
+func TestS3AsyncWithGCConcurrent(t *testing.T) {
+	srv := s3test.Start(t)
+	b := newS3Backend(t, srv)
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: b, CacheBytes: 64 << 20, UploadRetry: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := memImage(512)
+	want := map[string][]byte{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	gcDone := make(chan int)
+	go func() { gcDone <- collectUntil(t, s, stop) }()
+	for w := 0; w < 3; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 6; i++ {
+				id := fmt.Sprintf("snap-w%d-%d", w, i)
+				img := mutate(base, 0.05, 4, uint64(w*100+i))
+				commitAsync(t, s, id, map[string][]byte{"pages.img": img})
+				if i%2 == 1 {
+					if err := s.Delete(ctx, id); err != nil {
+						t.Error(err)
+					}
+					continue
+				}
+				mu.Lock()
+				want[id] = img
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for id := range want {
+		waitDurable(t, s, id)
+	}
+	close(stop)
+	t.Logf("%d collections ran during the commits and uploads", <-gcDone)
+	if _, err := s.Collect(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	outboxEmpty(t, s)
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for id, img := range want {
+		mustOpen(t, s2, id, map[string][]byte{"pages.img": img})
+	}
+}
+
+// collectUntil runs Collect over and over until stop is closed (or it fails);
+// it returns how many collections ran.
+func collectUntil(t *testing.T, s *Store, stop <-chan struct{}) int {
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return n
+		default:
+		}
+		if _, err := s.Collect(ctx, nil); err != nil {
+			t.Errorf("collect: %v", err)
+			return n
+		}
+	}
 }

@@ -78,6 +78,11 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 		return nil, fmt.Errorf("s3 backend: %w", err)
 	}
 	ok, err := c.BucketExists(ctx, cfg.Bucket)
+	if err != nil && !cfg.CreateBucket && minio.ToErrorResponse(err).StatusCode == 0 {
+		// Unreachable (no HTTP answer): start anyway, so a server restarted
+		// during an outage serves what it has on local disk and uploads later.
+		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix}, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("s3 backend %s bucket %s: %w", cfg.Endpoint, cfg.Bucket, err)
 	}

@@ -28,6 +28,10 @@ type Options struct {
 	// Remove deletes stored content of file in committed snapshot id.
 	// Default: remove the file from the directory Open returned.
 	Remove func(t *testing.T, s snapshot.Store, id, file string)
+	// Async commits every snapshot with CommitAsync (the store must be a
+	// snapshot.AsyncStore) and waits until Durable reports true, so every case
+	// runs on snapshots that went through the background upload.
+	Async bool
 }
 
 // Run runs the suite against stores made by newStore (a fresh, empty store per call).
@@ -67,9 +71,30 @@ func RunWith(t *testing.T, newStore func(t *testing.T) snapshot.Store, o Options
 				t.Fatal(err)
 			}
 		}
-		m, err := s.Commit(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-test", Engine: "test", CreatedAt: time.Now()})
+		man := snapshot.Manifest{ID: id, SandboxID: "sbx-test", Engine: "test", CreatedAt: time.Now()}
+		if !o.Async {
+			m, err := s.Commit(ctx, id, man)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		as := s.(snapshot.AsyncStore)
+		m, err := as.CommitAsync(ctx, id, man)
 		if err != nil {
 			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			ok, err := as.Durable(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("snapshot %s: not durable 60 s after CommitAsync", id)
+			}
 		}
 		return m
 	}
