@@ -40,7 +40,10 @@ type storeResult struct {
 	// Server-side parts of the warm resumes (from its "resumed" log line): the
 	// store's Open (verification, and reassembly when cold) and runsc restore.
 	warmOpen, warmRestore, coldOpen Summary
-	logMiB                          float64 // median logical snapshot size
+	// Server-side parts of the diff hibernates ("snapshot committed" lines):
+	// runsc checkpoint and the store's commit, ms.
+	diffCheckpoint, diffCommit Summary
+	logMiB                     float64 // median logical snapshot size
 }
 
 // BenchmarkStore compares the snapshot stores in one run on the same workload
@@ -110,7 +113,7 @@ func writeStoreTable(f *os.File, results []storeResult) {
 		return
 	}
 	w := tabwriter.NewWriter(f, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s\tresume warm p50 ms (open, restore)\tresume cold p50 ms (open)\twarm/plain")
+	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s (checkpoint, commit ms)\tresume warm p50 ms (open, restore)\tresume cold p50 ms (open)\twarm/plain")
 	plain := map[int]float64{}
 	for _, r := range results {
 		if r.name == "plain" {
@@ -125,8 +128,8 @@ func writeStoreTable(f *os.File, results []storeResult) {
 		if p := plain[r.ws]; p > 0 {
 			ratio = fmt.Sprintf("%.2f", r.warm.P50/p)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (n=%d)\t%.0f (%.0f, %.0f)\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
-			r.diff.P50, r.diff.N, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, cold, ratio)
+		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (%.0f, %.0f; n=%d)\t%.0f (%.0f, %.0f)\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
+			r.diff.P50, r.diffCheckpoint.P50, r.diffCommit.P50, r.diff.N, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, cold, ratio)
 	}
 	w.Flush()
 	fmt.Fprintf(f, "targets: diff hibernate ≥ %.1f GiB/s; warm resume ≤ %.1f× plain\n", TargetDiffHibernateGiBs, TargetWarmResumeRatio)
@@ -155,7 +158,7 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 	}
 	logs := &resumeLog{}
 	srv := servertest.Start(b, servertest.Options{Store: cfg,
-		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: logLevel()}))})
 	c := srv.Client
 	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: memoryFor(ws)})
 	if err != nil {
@@ -226,16 +229,19 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 		g, ms := cycle("warm", false)
 		diff, warm = append(diff, g), append(warm, ms)
 	}
-	open, restore := logs.take()
-	r.warmOpen, r.warmRestore = Summarize(open), Summarize(restore)
+	lg := logs.take()
+	r.warmOpen, r.warmRestore = Summarize(lg.open), Summarize(lg.restore)
+	checkpoint, commit := lg.checkpoint, lg.commit
 	if kind != "plain" {
 		for i := 0; i < cycles; i++ {
 			g, ms := cycle("cold", true)
 			diff, cold = append(diff, g), append(cold, ms)
 		}
-		open, _ = logs.take()
-		r.coldOpen = Summarize(open)
+		lg = logs.take()
+		r.coldOpen = Summarize(lg.open)
+		checkpoint, commit = append(checkpoint, lg.checkpoint...), append(commit, lg.commit...)
 	}
+	r.diffCheckpoint, r.diffCommit = Summarize(checkpoint), Summarize(commit)
 	r.diff, r.warm, r.cold = Summarize(diff), Summarize(warm), Summarize(cold)
 	r.logMiB = Percentile(logical, 50)
 	b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s; resume warm p50 %.0f ms (store open %.0f ms, runsc restore %.0f ms), cold p50 %.0f ms (store open %.0f ms)",
@@ -246,31 +252,58 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 	return r
 }
 
-// resumeLog is the server's JSON log; it keeps the verify_ms (the store's Open)
-// and restore_ms of every "resumed" line.
-type resumeLog struct {
-	mu            sync.Mutex
-	open, restore []float64
+// logLevel is the server log's level: TORPOR_BENCH_LOG=FILE copies the log to
+// FILE at level debug (the stores' per-phase timings), for diagnosis.
+func logLevel() slog.Level {
+	if os.Getenv("TORPOR_BENCH_LOG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }
+
+// resumeLog is the server's JSON log; it keeps the verify_ms (the store's Open)
+// and restore_ms of every "resumed" line, and the checkpoint_ms and commit_ms of
+// every "snapshot committed" line.
+type resumeLog struct {
+	mu  sync.Mutex
+	cur logSamples
+}
+
+type logSamples struct{ open, restore, checkpoint, commit []float64 }
 
 func (l *resumeLog) Write(p []byte) (int, error) {
 	var line struct {
-		Msg       string  `json:"msg"`
-		VerifyMS  float64 `json:"verify_ms"`
-		RestoreMS float64 `json:"restore_ms"`
+		Msg          string  `json:"msg"`
+		VerifyMS     float64 `json:"verify_ms"`
+		RestoreMS    float64 `json:"restore_ms"`
+		CheckpointMS float64 `json:"checkpoint_ms"`
+		CommitMS     float64 `json:"commit_ms"`
 	}
-	if json.Unmarshal(p, &line) == nil && line.Msg == "resumed" {
-		l.mu.Lock()
-		l.open, l.restore = append(l.open, line.VerifyMS), append(l.restore, line.RestoreMS)
-		l.mu.Unlock()
+	if f := os.Getenv("TORPOR_BENCH_LOG"); f != "" {
+		if lf, err := os.OpenFile(f, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			lf.Write(p)
+			lf.Close()
+		}
+	}
+	if json.Unmarshal(p, &line) != nil {
+		return len(p), nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch line.Msg {
+	case "resumed":
+		l.cur.open, l.cur.restore = append(l.cur.open, line.VerifyMS), append(l.cur.restore, line.RestoreMS)
+	case "snapshot committed":
+		l.cur.checkpoint, l.cur.commit = append(l.cur.checkpoint, line.CheckpointMS), append(l.cur.commit, line.CommitMS)
 	}
 	return len(p), nil
 }
 
 // take returns and forgets the samples so far.
-func (l *resumeLog) take() (open, restore []float64) {
+func (l *resumeLog) take() logSamples {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	open, restore, l.open, l.restore = l.open, l.restore, nil, nil
-	return open, restore
+	s := l.cur
+	l.cur = logSamples{}
+	return s
 }

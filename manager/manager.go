@@ -606,13 +606,16 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if !leaveRunning {
 		m.dropLive(s.ID) // connections to the agent do not survive a checkpoint
 	}
+	tCheckpoint := time.Now()
 	if err := m.cfg.Engine.Checkpoint(ctx, s.Instance, dir, leaveRunning); err != nil {
 		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
 	}
 	now := time.Now().UTC()
+	checkpointDur := now.Sub(tCheckpoint)
 	man := m.manifestFor(s, snapID, now)
 	man.HibernateMS = time.Since(start).Milliseconds()
 	man, err = m.commitSnapshot(ctx, snapID, man, async)
+	commitDur := time.Since(now)
 	if err != nil {
 		if leaveRunning {
 			return undo(fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
@@ -637,6 +640,9 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
 		return "", err
 	}
+	m.log.Info("snapshot committed", "sandbox", s.ID, "snapshot", snapID, "total_ms", time.Since(start).Milliseconds(),
+		"checkpoint_ms", checkpointDur.Milliseconds(), "commit_ms", commitDur.Milliseconds(),
+		"bytes", man.Bytes, "new_bytes", snapRec.NewBytes, "leave_running", leaveRunning)
 	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,13 +47,24 @@ type Syncer interface {
 
 // FS is the local filesystem backend: one file per key under a directory. Put
 // writes a temporary file and renames it into place, so a reader never sees a
-// partial object. Chunk files are not fsynced one by one (thousands of fsyncs
-// per snapshot would dominate a hibernate); Sync flushes the whole filesystem
-// with one syncfs(2) before the store writes a manifest, and manifests
-// themselves ("manifests/…") are fsynced with their directory on Put.
+// partial object. Chunk files are not fsynced in Put; Sync makes every Put since
+// the last Sync durable: a few (≤ syncEachMax, a diff snapshot's) by fsync of
+// each file and its directory, in parallel; more (a first snapshot's thousands)
+// by one syncfs(2) of the whole filesystem, cheaper than thousands of fsyncs
+// but also flushing unrelated dirty data such as the engine's freshly written
+// checkpoint — the reason for the per-file path: it keeps a diff hibernate from
+// writing the whole checkpoint to disk. Manifests ("manifests/…") are fsynced
+// with their directory on Put.
 type FS struct {
 	dir string
+
+	mu     sync.Mutex
+	dirty  []string   // files Put since the last Sync
+	syncMu sync.Mutex // one Sync at a time: a Sync returns after the files it took are durable
 }
+
+// syncEachMax is the most files Sync fsyncs one by one before it uses syncfs.
+const syncEachMax = 512
 
 var _ Backend = (*FS)(nil)
 var _ Syncer = (*FS)(nil)
@@ -133,17 +145,100 @@ func (b *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if manifest {
 		return syncDir(filepath.Dir(p))
 	}
+	b.mu.Lock()
+	b.dirty = append(b.dirty, p)
+	b.mu.Unlock()
 	return nil
 }
 
-// Sync implements Syncer with syncfs(2) on the backend's filesystem.
+// Sync implements Syncer: every file Put since the last Sync (by any caller)
+// is durable, with its directory entry, when it returns nil.
 func (b *FS) Sync(ctx context.Context) error {
-	f, err := os.Open(b.dir)
+	b.syncMu.Lock()
+	defer b.syncMu.Unlock()
+	b.mu.Lock()
+	files := b.dirty
+	b.dirty = nil
+	b.mu.Unlock()
+	err := b.syncFiles(ctx, files)
+	if err != nil {
+		b.mu.Lock()
+		b.dirty = append(b.dirty, files...) // still owed
+		b.mu.Unlock()
+	}
+	return err
+}
+
+func (b *FS) syncFiles(ctx context.Context, files []string) error {
+	if len(files) == 0 {
+		return nil
+	}
+	if len(files) > syncEachMax {
+		f, err := os.Open(b.dir)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return unix.Syncfs(int(f.Fd()))
+	}
+	dirs := map[string]bool{}
+	for _, p := range files {
+		dirs[filepath.Dir(p)] = true
+	}
+	paths := append([]string(nil), files...)
+	for d := range dirs {
+		paths = append(paths, d)
+	}
+	// Files first, then their directories (the rename is durable once the
+	// directory is); fsyncs on one ext4 journal coalesce, so they run in parallel.
+	var mu sync.Mutex
+	var firstErr error
+	run := func(ps []string) {
+		var wg sync.WaitGroup
+		next := make(chan string)
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for p := range next {
+					if err := syncPath(p); err != nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for _, p := range ps {
+			next <- p
+		}
+		close(next)
+		wg.Wait()
+	}
+	run(paths[:len(files)])
+	if firstErr == nil {
+		run(paths[len(files):])
+	}
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return firstErr
+}
+
+// syncPath fsyncs a file or directory. A file removed meanwhile (a chunk
+// collected by GC) needs no sync.
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return unix.Syncfs(int(f.Fd()))
+	return f.Sync()
 }
 
 // Get implements Backend.
@@ -216,11 +311,4 @@ func (b *FS) List(ctx context.Context, prefix string) ([]Object, error) {
 	return out, err
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func syncDir(dir string) error { return syncPath(dir) }

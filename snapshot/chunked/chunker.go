@@ -46,12 +46,16 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, maxChunk); return &b
 func getBuf() *[]byte  { return bufPool.Get().(*[]byte) }
 func putBuf(b *[]byte) { bufPool.Put(b) }
 
-// next returns the next chunk and its offset, or io.EOF. The chunk is a pooled
-// buffer: hand it back with putBuf when done.
-func (c *chunker) next() (*[]byte, int64, error) {
+// next returns the next chunk, its offset and its key, or io.EOF. The chunk is a
+// pooled buffer: hand it back with putBuf when done. The key (FNV-1a over the
+// chunk's page CRC-32Cs and its length, computed for free from the cut-point
+// CRCs) is a cheap fingerprint: equal chunks have equal keys; equal keys say
+// nothing without a byte comparison (see parentCopy).
+func (c *chunker) next() (*[]byte, int64, uint64, error) {
 	pb := getBuf()
 	buf := (*pb)[:0]
 	start := c.off
+	key := uint64(fnvOffset)
 	for pages := 0; pages < maxPages; pages++ {
 		page := buf[len(buf) : len(buf)+pageSize]
 		n, err := io.ReadFull(c.r, page)
@@ -60,21 +64,48 @@ func (c *chunker) next() (*[]byte, int64, error) {
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			if len(buf) == 0 {
 				putBuf(pb)
-				return nil, start, io.EOF
+				return nil, start, 0, io.EOF
 			}
 			*pb = buf
-			return pb, start, nil
+			return pb, start, fnvMix(key, uint64(len(buf))), nil
 		}
 		if err != nil {
 			putBuf(pb)
-			return nil, start, err
+			return nil, start, 0, err
 		}
-		if crc32.Checksum(page, castagnoli)%cutModulus == cutModulus-1 {
+		crc := crc32.Checksum(page, castagnoli)
+		key = fnvMix(key, uint64(crc))
+		if crc%cutModulus == cutModulus-1 {
 			break
 		}
 	}
 	*pb = buf
-	return pb, start, nil
+	return pb, start, fnvMix(key, uint64(len(buf))), nil
+}
+
+// fingerprint is the key chunker.next gives chunk b: FNV-1a over the CRC-32C
+// of each whole page, then the length (a trailing partial page has no CRC).
+func fingerprint(b []byte) uint64 {
+	key := uint64(fnvOffset)
+	for p := 0; p+pageSize <= len(b); p += pageSize {
+		key = fnvMix(key, uint64(crc32.Checksum(b[p:p+pageSize], castagnoli)))
+	}
+	return fnvMix(key, uint64(len(b)))
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvMix folds the 8 bytes of v into FNV-1a hash h.
+func fnvMix(h, v uint64) uint64 {
+	for i := 0; i < 8; i++ {
+		h ^= v & 0xff
+		h *= fnvPrime
+		v >>= 8
+	}
+	return h
 }
 
 func allZero(b []byte) bool {
