@@ -12,7 +12,6 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/snapshot"
-	"github.com/torpor/torpor/snapshot/chunked"
 )
 
 // snapshotCommand: snapshots through the server's API (GET/DELETE
@@ -149,8 +148,8 @@ func (a *app) snapshotCommand() *cobra.Command {
 			}
 			defer closeFn()
 			var m snapshot.Manifest
-			if c, ok := st.(*chunked.Store); ok {
-				m, err = c.Verify(cmd.Context(), args[0])
+			if v, ok := st.(snapshot.Verifier); ok {
+				m, err = v.Verify(cmd.Context(), args[0])
 			} else {
 				_, m, err = st.Open(cmd.Context(), args[0])
 			}

@@ -126,12 +126,6 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	return m.cfg.DB.DeleteSnapshot(ctx, id)
 }
 
-// verifier is a store that can check a snapshot against its durable copy
-// (snapshot/chunked) without assembling it for a restore.
-type verifier interface {
-	Verify(ctx context.Context, id string) (snapshot.Manifest, error)
-}
-
 // VerifySnapshot reads every byte of a snapshot and checks its hashes. Errors:
 // ErrNotFound; ErrSnapshotCorrupt naming the file (and chunk) that failed.
 func (m *Manager) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySnapshotResponse, error) {
@@ -140,7 +134,7 @@ func (m *Manager) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySn
 	}
 	var man snapshot.Manifest
 	var err error
-	if v, ok := m.cfg.Store.(verifier); ok {
+	if v, ok := m.cfg.Store.(snapshot.Verifier); ok {
 		man, err = v.Verify(ctx, id)
 	} else {
 		_, man, err = m.cfg.Store.Open(ctx, id)

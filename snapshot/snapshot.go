@@ -41,6 +41,10 @@ type File struct {
 	// on several cores at once.
 	BlockBytes int64    `json:"block_bytes,omitempty"`
 	Blocks     []string `json:"blocks,omitempty"`
+	// BlockXXH3, when set, are the XXH3-128 sums (32 hex digits) of the same
+	// BlockBytes-long blocks: what a resume checks (see BlockSums). Manifests
+	// written before it have Blocks only.
+	BlockXXH3 []string `json:"block_xxh3,omitempty"`
 }
 
 // SandboxSpec is what a snapshot restores to: enough to start the sandbox again.
@@ -126,6 +130,15 @@ type AsyncStore interface {
 
 // ErrNotFound is wrapped by errors for snapshots that do not exist.
 var ErrNotFound = errors.New("snapshot not found")
+
+// Verifier is a store that checks a whole committed snapshot, every byte,
+// against the durable hashes its manifest records (snapshot/local: each file's
+// sha256; snapshot/chunked: each chunk from the durable backend), without
+// preparing it for a restore. Errors: ErrNotFound; *CorruptError naming the
+// file (and chunk); read errors.
+type Verifier interface {
+	Verify(ctx context.Context, id string) (Manifest, error)
+}
 
 // CorruptError says which snapshot file failed verification and why.
 type CorruptError struct {

@@ -164,6 +164,7 @@ type Store struct {
 }
 
 var _ snapshot.Store = (*Store)(nil)
+var _ snapshot.Verifier = (*Store)(nil)
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
@@ -556,21 +557,41 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, firstErr)
 	}
 	tHashed := time.Now()
+	// The block sums a warm Open checks the opened copy with (see verifyDir),
+	// computed while the chunks sync: ~20 ms for 512 MiB.
+	sums := make([][]string, len(names))
+	sumErrs := make([]error, len(names))
+	sumsDone := make(chan struct{})
+	go func() {
+		defer close(sumsDone)
+		for fi, n := range names {
+			var size int64
+			for _, r := range d.Files[fi].Chunks {
+				size += r.Len
+			}
+			sums[fi], sumErrs[fi] = snapshot.BlockSums(ctx, filepath.Join(dir, n), size)
+		}
+	}()
 	target := s.b
 	if async {
 		target = s.outbox
 	}
 	if sy, ok := target.(Syncer); ok {
 		if err := sy.Sync(ctx); err != nil {
+			<-sumsDone
 			return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
 		}
+	}
+	<-sumsDone
+	if err := errors.Join(sumErrs...); err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: block sums: %w", id, err)
 	}
 	tSynced := time.Now()
 	m.Files, m.Bytes = nil, 0
 	seen := map[string]bool{}
 	var stored int64
 	nchunks := 0
-	for _, fc := range d.Files {
+	for fi, fc := range d.Files {
 		var size int64
 		for _, r := range fc.Chunks {
 			size += r.Len
@@ -580,7 +601,8 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			}
 			nchunks++
 		}
-		m.Files = append(m.Files, snapshot.File{Name: fc.Name, Bytes: size, SHA256: treeHash(fc.Chunks)})
+		m.Files = append(m.Files, snapshot.File{Name: fc.Name, Bytes: size, SHA256: treeHash(fc.Chunks),
+			BlockBytes: snapshot.BlockSumBytes, BlockXXH3: sums[fi]})
 		m.Bytes += size
 	}
 	m.LogicalBytes, m.StoredBytes, m.NewBytes, m.Chunks = logical, stored, st.newBytes, nchunks
@@ -858,6 +880,20 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 	return dir, d.Manifest, nil
 }
 
+// knownKeys says whether d carries its chunks' keys for every chunk and block
+// sums for every file.
+func knownKeys(d doc) bool {
+	if len(d.keys) != len(d.Files) || len(d.Manifest.Files) != len(d.Files) {
+		return false
+	}
+	for i, fc := range d.Files {
+		if len(d.keys[i]) != len(fc.Chunks) || len(d.Manifest.Files[i].BlockXXH3) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Verify reads every chunk of snapshot id from the durable backend (not the
 // cache, not the opened copy; a snapshot still waiting for its upload reads the
 // chunks the backend lacks from the outbox) and checks its hash.
@@ -1056,9 +1092,21 @@ func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
 	return data, nil
 }
 
-// verifyDir checks the opened copy of a snapshot chunk by chunk, in parallel,
-// and returns the chunks' keys (fingerprint) as a by-product.
+// verifyDir checks the opened copy of a snapshot and returns the chunks' keys
+// (fingerprint). When this process already knows the keys (it committed or
+// verified the snapshot) and the manifest has block sums, the copy is checked
+// against those (snapshot.VerifyBlockSums: XXH3, ~20 ms for 512 MiB); else
+// chunk by chunk against the chunk ids (sha256, ~150 ms for 512 MiB on 2 cores),
+// the keys computed on the way.
 func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint64, error) {
+	if knownKeys(d) {
+		for _, f := range d.Manifest.Files {
+			if err := snapshot.VerifyBlockSums(ctx, id, dir, f); err != nil {
+				return nil, err
+			}
+		}
+		return d.keys, nil
+	}
 	type vt struct {
 		f   *os.File
 		off int64
