@@ -79,6 +79,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -420,7 +421,7 @@ type job struct {
 	file, idx int
 	off       int64
 	key       uint64
-	data      *[]byte // pooled (chunker.next)
+	data      []byte // a slice of the staged file's read-only mapping
 }
 
 type commitState struct {
@@ -492,15 +493,13 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			defer wg.Done()
 			for j := range jobs {
 				if ctx.Err() != nil {
-					putBuf(j.data)
 					continue
 				}
-				known, ok := par.match(names[j.file], j.key, *j.data)
+				known, ok := par.match(names[j.file], j.key, j.data)
 				if ok {
 					st.reused.Add(1)
 				}
-				ref, err := s.putChunk(ctx, st, *j.data, async, known.ID)
-				putBuf(j.data)
+				ref, err := s.putChunk(ctx, st, j.data, async, known.ID)
 				if err != nil {
 					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
 					continue
@@ -511,42 +510,42 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			}
 		}()
 	}
+	// The staged files are read through read-only mappings: the chunks handed to
+	// the workers are slices of them, compared with the parent's copy (also
+	// mapped) and compressed in place, without copying 512 MiB through buffers.
+	var mapped [][]byte
+	defer func() {
+		for _, b := range mapped {
+			_ = syscall.Munmap(b)
+		}
+	}()
 	var logical int64
 	func() {
 		defer close(jobs)
 		for fi, n := range names {
 			d.Files[fi].Name = n
-			f, err := os.Open(filepath.Join(dir, n))
+			data, err := mapStaged(filepath.Join(dir, n))
 			if err != nil {
 				fail(err)
 				return
 			}
-			c := newChunker(f)
-			for idx := 0; ; idx++ {
-				pb, off, key, err := c.next()
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					f.Close()
-					fail(err)
-					return
-				}
-				n := int64(len(*pb))
-				logical += n
+			if data != nil {
+				mapped = append(mapped, data)
+			}
+			for idx, off := 0, 0; off < len(data); idx++ {
+				n, key := cut(data[off:])
+				logical += int64(n)
 				refsMu.Lock()
-				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: n})
+				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: int64(n)})
 				refsMu.Unlock()
 				d.keys[fi] = append(d.keys[fi], key)
 				select {
-				case jobs <- job{file: fi, idx: idx, off: off, key: key, data: pb}:
+				case jobs <- job{file: fi, idx: idx, off: int64(off), key: key, data: data[off : off+n]}:
 				case <-ctx.Done():
-					putBuf(pb)
-					f.Close()
 					return
 				}
+				off += n
 			}
-			f.Close()
 		}
 	}()
 	wg.Wait()
@@ -857,6 +856,25 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		return "", d.Manifest, err
 	}
 	return dir, d.Manifest, nil
+}
+
+// mapStaged maps the file at path read-only and shared; an empty file is nil.
+// The caller unmaps it (syscall.Munmap) once no slice of it is in use.
+func mapStaged(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return nil, err
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	return data, nil
 }
 
 // knownKeys says whether d carries the keys of all its chunks.

@@ -1,10 +1,7 @@
 package chunked
 
 import (
-	"bufio"
 	"hash/crc32"
-	"io"
-	"sync"
 )
 
 // Chunking: page-aligned content-defined chunks.
@@ -29,61 +26,32 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// chunker splits a stream into page-aligned content-defined chunks.
-type chunker struct {
-	r   *bufio.Reader
-	off int64
-}
-
-func newChunker(r io.Reader) *chunker {
-	return &chunker{r: bufio.NewReaderSize(r, 1<<20)}
-}
-
-// bufPool recycles chunk buffers (allocating and zeroing 64 KiB per chunk was a
-// quarter of a diff commit's CPU time).
-var bufPool = sync.Pool{New: func() any { b := make([]byte, maxChunk); return &b }}
-
-func getBuf() *[]byte  { return bufPool.Get().(*[]byte) }
-func putBuf(b *[]byte) { bufPool.Put(b) }
-
-// next returns the next chunk, its offset and its key, or io.EOF. The chunk is a
-// pooled buffer: hand it back with putBuf when done. The key (FNV-1a over the
-// chunk's page CRC-32Cs and its length, computed for free from the cut-point
-// CRCs) is a cheap fingerprint: equal chunks have equal keys; equal keys say
-// nothing without a byte comparison (see parentCopy).
-func (c *chunker) next() (*[]byte, int64, uint64, error) {
-	pb := getBuf()
-	buf := (*pb)[:0]
-	start := c.off
-	key := uint64(fnvOffset)
+// cut returns the length of the chunk that starts at data[0] and its key: whole
+// pages up to and including the first whose CRC-32C ≡ cutModulus-1 (mod
+// cutModulus), at most maxPages; a trailing partial page (fewer than pageSize
+// bytes left) ends the chunk it falls in, or is a chunk of its own. The key
+// (FNV-1a over the chunk's page CRC-32Cs, then its length; computed from the
+// cut-point CRCs, so free) equals fingerprint(data[:n]): a cheap fingerprint,
+// equal for equal chunks, proving nothing without a byte comparison (see
+// parentCopy). data must not be empty.
+func cut(data []byte) (n int, key uint64) {
+	key = fnvOffset
 	for pages := 0; pages < maxPages; pages++ {
-		page := buf[len(buf) : len(buf)+pageSize]
-		n, err := io.ReadFull(c.r, page)
-		buf = buf[:len(buf)+n]
-		c.off += int64(n)
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			if len(buf) == 0 {
-				putBuf(pb)
-				return nil, start, 0, io.EOF
-			}
-			*pb = buf
-			return pb, start, fnvMix(key, uint64(len(buf))), nil
+		if len(data)-n < pageSize {
+			n = len(data)
+			break
 		}
-		if err != nil {
-			putBuf(pb)
-			return nil, start, 0, err
-		}
-		crc := crc32.Checksum(page, castagnoli)
+		crc := crc32.Checksum(data[n:n+pageSize], castagnoli)
 		key = fnvMix(key, uint64(crc))
+		n += pageSize
 		if crc%cutModulus == cutModulus-1 {
 			break
 		}
 	}
-	*pb = buf
-	return pb, start, fnvMix(key, uint64(len(buf))), nil
+	return n, fnvMix(key, uint64(n))
 }
 
-// fingerprint is the key chunker.next gives chunk b: FNV-1a over the CRC-32C
+// fingerprint is the key cut gives chunk b: FNV-1a over the CRC-32C
 // of each whole page, then the length (a trailing partial page has no CRC).
 func fingerprint(b []byte) uint64 {
 	key := uint64(fnvOffset)
