@@ -322,7 +322,7 @@ type doc struct {
 	Chunking string            `json:"chunking"`
 	Manifest snapshot.Manifest `json:"manifest"`
 	Files    []fileChunks      `json:"chunks"`
-	// keys[file][chunk] are the chunk keys (chunker.next), known in memory for
+	// keys[file][chunk] are the chunk keys (cut), known in memory for
 	// snapshots this process committed or verified; not stored.
 	keys [][]uint64
 }
@@ -1096,7 +1096,7 @@ func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
 // its key: a CRC-32C per 4 KiB page, the check ext4 and Btrfs use for their
 // metadata, which finds every error burst up to 32 bits in a page and any other
 // damage but for a 2^-32 chance per page; ~25 ms for 512 MiB on 2 cores, and
-// free at commit (the chunker computes the keys to cut chunks). Else each chunk
+// free at commit (cut computes the keys while it cuts chunks). Else each chunk
 // is checked against its id (sha256, ~150 ms for 512 MiB) and the keys are
 // computed on the way. Chunks read from the cache or the backend are always
 // checked against their sha256 ids (assemble).

@@ -15,7 +15,7 @@ import (
 // chunk with sha256 was 85% of such a commit's CPU (measured: 390 ms of chunking
 // for 524 MB on 2 cores). When the parent's opened copy is on local disk, intact
 // since this process verified or wrote it, each new chunk is instead looked up by
-// its key (chunker.next) among the parent's chunks and compared byte for byte
+// its key (cut) among the parent's chunks and compared byte for byte
 // with the parent's copy; an identical chunk takes the parent's chunk id. Only
 // chunks that differ, or whose parent copy is not usable, are hashed. A byte
 // comparison is exact, so the ids stay content addresses: no chunk is ever named
