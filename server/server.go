@@ -22,6 +22,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,7 +74,8 @@ type Server struct {
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	closeStore func() error
-	stopLC     func() // stops the lifecycle loop and waits for it
+	lock       *os.File // the data directory's flock (lockDataDir)
+	stopLC     func()   // stops the lifecycle loop and waits for it
 	handler    http.Handler
 }
 
@@ -92,8 +96,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", dir, err)
 	}
+	lock, err := lockDataDir(dir)
+	if err != nil {
+		return nil, err
+	}
 	db, err := metadata.Open(filepath.Join(dir, "torpor.db"))
 	if err != nil {
+		lock.Close()
 		return nil, err
 	}
 	var closeStore func() error
@@ -102,6 +111,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			closeStore()
 		}
 		db.Close()
+		lock.Close()
 		return nil, err
 	}
 	images, err := image.Open(filepath.Join(dir, "images"), db.SQL)
@@ -139,7 +149,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore}
+	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
@@ -157,7 +167,36 @@ func (s *Server) Close() error {
 	if s.closeStore != nil {
 		s.closeStore()
 	}
-	return s.db.Close()
+	err := s.db.Close()
+	s.lock.Close()
+	return err
+}
+
+// lockDataDir takes the data directory's lock: an exclusive flock(2) on
+// DIR/lock, held until the returned file is closed (or the process ends), with
+// the holder's pid written in it. One server per data directory: a second one
+// would reattach the first one's sandboxes and run their lifecycles twice.
+// Errors: the data directory is locked by another process (naming its pid), or
+// the lock file cannot be opened.
+func lockDataDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("data dir %s: lock: %w", dir, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("data dir %s is in use by another torpor server (pid %s); stop it or use another --data-dir",
+				dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("data dir %s: lock: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
 }
 
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully

@@ -1,0 +1,28 @@
+package server
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestDataDirLock: a second server on a data directory is refused, naming the
+// first one's pid, until the first one lets go.
+func TestDataDirLock(t *testing.T) {
+	dir := t.TempDir()
+	first, err := lockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lockDataDir(dir)
+	if err == nil || !strings.Contains(err.Error(), "in use by another torpor server (pid "+strconv.Itoa(os.Getpid())+")") {
+		t.Fatalf("second lock: %v, want refused naming pid %d", err, os.Getpid())
+	}
+	first.Close()
+	again, err := lockDataDir(dir)
+	if err != nil {
+		t.Fatalf("lock after the first was released: %v", err)
+	}
+	again.Close()
+}
