@@ -89,6 +89,31 @@ func (m *Manager) addOpen(id string, conns, execs int) {
 	m.lc.mu.Unlock()
 }
 
+// HibernateDrain is how long a hibernate waits for the sandbox's proxied
+// connections and exec streams in flight to end before its checkpoint cuts them
+// (an exec's process goes on inside the snapshot; its stream ends with exit
+// code 255). Requests that arrive meanwhile wait for the sandbox's lock and
+// resume it afterwards.
+const HibernateDrain = 10 * time.Second
+
+// drain waits, up to d, until sandbox id has no proxied connection and no exec
+// stream open, and returns how many are still open. The caller holds id's lock,
+// so none starts meanwhile.
+func (m *Manager) drain(id string, d time.Duration) (conns, execs int) {
+	deadline := time.Now().Add(d)
+	for {
+		m.lc.mu.Lock()
+		if a := m.lc.act[id]; a != nil {
+			conns, execs = a.conns, a.execs
+		}
+		m.lc.mu.Unlock()
+		if conns+execs == 0 || !time.Now().Before(deadline) {
+			return conns, execs
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // countConn counts a proxied connection as open until it is closed.
 func (m *Manager) countConn(id string, c net.Conn) net.Conn {
 	m.addOpen(id, 1, 0)

@@ -604,6 +604,10 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return undo(err)
 	}
 	if !leaveRunning {
+		if conns, execs := m.drain(s.ID, HibernateDrain); conns+execs > 0 {
+			m.log.Warn("hibernate: cutting requests still in flight after the drain", "sandbox", s.ID,
+				"proxied_connections", conns, "exec_streams", execs, "drain_s", HibernateDrain.Seconds())
+		}
 		m.dropLive(s.ID) // connections to the agent do not survive a checkpoint
 	}
 	tCheckpoint := time.Now()
@@ -899,33 +903,35 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 }
 
 // acquire returns the agent client of a running sandbox, resuming it first if it
-// is hibernated. A call that arrives while the sandbox is hibernating or resuming
-// waits for that to finish.
-func (m *Manager) acquire(ctx context.Context, id string) (*metadata.Sandbox, *agentclient.Client, error) {
+// is hibernated, with the sandbox's lock held: the caller starts its request to
+// the agent and then calls unlock, so no hibernate, resume or delete comes
+// between the choice of instance and the request reaching it. A call that
+// arrives while the sandbox is hibernating or resuming waits for that to finish.
+func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, func(), error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer unlock()
 	s, err := m.get(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	switch s.State {
-	case apiv1.StateRunning:
-	case apiv1.StateHibernated:
-		if err := m.resumeLocked(context.WithoutCancel(ctx), s); err != nil {
-			return nil, nil, err
+	if err == nil {
+		switch s.State {
+		case apiv1.StateRunning:
+		case apiv1.StateHibernated:
+			err = m.resumeLocked(context.WithoutCancel(ctx), s)
+		default:
+			err = conflict("sandbox %s is %s", id, s.State)
 		}
-	default:
-		return nil, nil, conflict("sandbox %s is %s", id, s.State)
 	}
 	c := m.liveClient(id)
-	if c == nil {
-		return nil, nil, conflict("sandbox %s: no guest agent connection", id)
+	if err == nil && c == nil {
+		err = conflict("sandbox %s: no guest agent connection", id)
+	}
+	if err != nil {
+		unlock()
+		return nil, nil, err
 	}
 	m.touch(id)
-	return s, c, nil
+	return c, unlock, nil
 }
 
 // Exec starts a command in the sandbox (waking it if hibernated) and returns the
@@ -951,10 +957,11 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 	if req.Cwd != "" && !filepath.IsAbs(req.Cwd) {
 		return nil, invalid("cwd %q: must be an absolute path", req.Cwd)
 	}
-	_, c, err := m.acquire(ctx, id)
+	c, unlock, err := m.acquire(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock() // after the agent answered: the command has started
 	return m.trackExec(id, c)(c.Exec(ctx, req))
 }
 
@@ -977,23 +984,27 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser,
 	if err := checkPath(path); err != nil {
 		return nil, 0, err
 	}
-	_, c, err := m.acquire(ctx, id)
+	c, unlock, err := m.acquire(ctx, id)
 	if err != nil {
 		return nil, 0, err
 	}
+	defer unlock()
 	r, n, err := c.ReadFile(ctx, path)
 	return r, n, agentErr(err)
 }
 
 // WriteFile writes a file in the sandbox atomically (waking it if hibernated).
+// It holds the sandbox's lock until the agent has the whole file, so a hibernate
+// or delete waits for an upload in progress.
 func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, size int64) error {
 	if err := checkPath(path); err != nil {
 		return err
 	}
-	_, c, err := m.acquire(ctx, id)
+	c, unlock, err := m.acquire(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	return agentErr(c.WriteFile(ctx, path, r, size))
 }
 
@@ -1038,7 +1049,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err == nil {
 		m.touch(id)
 	}
-	unlock()
+	defer unlock() // dialled and counted under the lock: a hibernate then waits for it
 	if err != nil {
 		return nil, err
 	}

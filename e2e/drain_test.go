@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/workload"
+)
+
+// TestRequestsRacingHibernate: execs, proxied requests and file writes fired at
+// a sandbox while another caller hibernates and resumes it over and over all
+// succeed. A request that arrives during a hibernate waits and resumes the
+// sandbox; one in flight when a hibernate begins is drained first. Every exec
+// that reports success ran exactly once (one line each in a log), and the
+// workload's counter never repeats a value.
+func TestRequestsRacingHibernate(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	id := sb.ID
+	if err := workload.Start(ctx, c, id, 8); err != nil {
+		t.Fatal(err)
+	}
+
+	const cycles, workers, perWorker = 6, 3, 15
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var execOK, hibs atomic.Int64
+	var mu sync.Mutex
+	var failures []string
+	var counts []int64
+	failf := func(format string, args ...any) {
+		mu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	for w := 0; w < workers; w++ {
+		wg.Add(3)
+		go func() { // execs that append a line
+			defer wg.Done()
+			for i := 0; i < perWorker; i++ {
+				_, errb, code, err := c.ExecCollect(ctx, id, apiv1.ExecRequest{
+					Cmd: []string{"sh", "-c", "echo " + strconv.Itoa(w) + "-" + strconv.Itoa(i) + " >> /root/drain.log"}})
+				if err != nil || code != 0 {
+					failf("exec %d-%d: exit %d, err %v, stderr %q", w, i, code, err, errb)
+					continue
+				}
+				execOK.Add(1)
+			}
+		}()
+		go func() { // proxied requests
+			defer wg.Done()
+			for i := 0; i < perWorker; i++ {
+				st, err := workload.Get(ctx, c, id, "/count")
+				if err != nil {
+					failf("proxied GET /count: %v", err)
+					continue
+				}
+				mu.Lock()
+				counts = append(counts, st.Count)
+				mu.Unlock()
+			}
+		}()
+		go func() { // file writes
+			defer wg.Done()
+			for i := 0; i < perWorker; i++ {
+				p := "/root/drain-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				if err := c.WriteFile(ctx, id, p, strings.NewReader("x")); err != nil {
+					failf("PUT %s: %v", p, err)
+				}
+			}
+		}()
+	}
+	hibDone := make(chan struct{})
+	go func() {
+		defer close(hibDone)
+		for k := 0; k < cycles; k++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.Hibernate(ctx, id); err != nil {
+				failf("hibernate %d: %v", k, err)
+				continue
+			}
+			hibs.Add(1)
+			time.Sleep(50 * time.Millisecond)
+			if _, err := c.Resume(ctx, id); err != nil {
+				failf("resume %d: %v", k, err)
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-hibDone
+	for _, f := range failures {
+		t.Error(f)
+	}
+	if hibs.Load() < 2 {
+		t.Errorf("only %d hibernates ran during the requests", hibs.Load())
+	}
+	lines := strings.Count(sh(t, c, id, "cat /root/drain.log"), "\n")
+	if int64(lines) != execOK.Load() {
+		t.Errorf("%d lines in the log, %d execs reported success: a command ran without its success being reported, or twice", lines, execOK.Load())
+	}
+	seen := map[int64]bool{}
+	for _, n := range counts {
+		if seen[n] {
+			t.Errorf("counter value %d answered twice", n)
+		}
+		seen[n] = true
+	}
+	t.Logf("%d hibernates; %d execs, %d proxied requests, %d file writes, all answered", hibs.Load(), execOK.Load(), len(counts), workers*perWorker)
+}
