@@ -88,6 +88,11 @@ func (a *app) snapshotCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSANDBOX\tLOGICAL\tSTORED\tNEW\tDEDUP\tPARENT\tCREATED")
 			for _, m := range ms {
+				if m.StoredBytes == 0 && m.Chunks == 0 {
+					// A plain-store manifest from before it recorded sizes:
+					// every byte stored, once.
+					m.StoredBytes, m.NewBytes = m.Bytes, m.Bytes
+				}
 				dedup := "-"
 				if m.StoredBytes > 0 {
 					dedup = fmt.Sprintf("%.2fx", float64(m.Bytes)/float64(m.StoredBytes))

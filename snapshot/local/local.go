@@ -130,6 +130,8 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 	for _, f := range files {
 		m.Bytes += f.Bytes
 	}
+	// Every byte is stored, once, by this snapshot.
+	m.LogicalBytes, m.StoredBytes, m.NewBytes = m.Bytes, m.Bytes, m.Bytes
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return m, err
