@@ -556,7 +556,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOption
 		return m.view(ctx, s), nil
 	case apiv1.StateRunning:
 	default:
-		return apiv1.Sandbox{}, conflict("sandbox %s is %s; only a running sandbox can be hibernated", id, s.State)
+		return apiv1.Sandbox{}, conflict("sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := m.hibernateLocked(ctx, s, async); err != nil {
@@ -719,7 +719,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return nil
 	case apiv1.StateHibernated:
 	default:
-		return conflict("sandbox %s is %s; only a hibernated sandbox can be resumed", s.ID, s.State)
+		return conflict("sandbox %s is in state %s; only a hibernated sandbox can be resumed", s.ID, s.State)
 	}
 	if m.isFilesystemSnapshot(ctx, s.SnapshotID) {
 		return m.resumeFilesystemLocked(ctx, s)
@@ -823,7 +823,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		}
 	case apiv1.StateHibernated:
 	default:
-		return nil, conflict("sandbox %s is %s; only a running or hibernated sandbox can be forked", id, src.State)
+		return nil, conflict("sandbox %s is in state %s; only a running or hibernated sandbox can be forked", id, src.State)
 	}
 	dir, man, err := m.cfg.Store.Open(ctx, src.SnapshotID)
 	if err != nil {
@@ -919,7 +919,7 @@ func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, 
 		case apiv1.StateHibernated:
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
 		default:
-			err = conflict("sandbox %s is %s", id, s.State)
+			err = conflict("sandbox %s is in state %s", id, s.State)
 		}
 	}
 	c := m.liveClient(id)
@@ -1043,7 +1043,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 		case apiv1.StateHibernated:
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
 		default:
-			err = conflict("sandbox %s is %s", id, s.State)
+			err = conflict("sandbox %s is in state %s", id, s.State)
 		}
 	}
 	if err == nil {
