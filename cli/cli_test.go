@@ -316,6 +316,14 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+func TestCpRelativeSandboxPath(t *testing.T) {
+	f := newFakeServer(t)
+	r := f.run("", "cp", "./local.txt", "sb1:work/x.txt")
+	if r.code != 2 || !strings.Contains(r.stderr, `"sb1:work/x.txt": the path after sb1: must be absolute`) {
+		t.Fatalf("cp to a relative sandbox path: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 func TestExecExitCodePassthrough(t *testing.T) {
 	f := newFakeServer(t)
 	f.mustRun("create")

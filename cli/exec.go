@@ -138,6 +138,11 @@ A destination ending in / (or an existing local directory) gets the source's bas
 			did, dpath, dRemote := remoteSpec(dst)
 			switch {
 			case !sRemote && !dRemote:
+				for _, arg := range args {
+					if i := strings.IndexByte(arg, ':'); i > 0 && !strings.ContainsAny(arg[:i], `/\`) {
+						return usagef("%q: the path after %s: must be absolute (ID:/abs/path)", arg, arg[:i])
+					}
+				}
 				return usagef("one of SRC and DST must be a sandbox path ID:/abs/path")
 			case sRemote && dRemote:
 				if strings.HasSuffix(dpath, "/") {
