@@ -222,3 +222,29 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestMissingSnapshotDirectory: a snapshot the database records but whose
+// directory is gone refuses the resume with 422 snapshot_corrupt naming it; the
+// sandbox stays hibernated and resumes once the directory is back.
+func TestMissingSnapshotDirectory(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	h := hibernate(t, c, sb.ID)
+	dir := filepath.Join(srv.DataDir, "snapshots", h.Snapshot.ID)
+	aside := dir + ".aside"
+	if err := os.Rename(dir, aside); err != nil {
+		t.Fatal(err)
+	}
+	res := rawCall(t, http.MethodPost, srv.URL+"/v1/sandboxes/"+sb.ID+"/resume", "", nil)
+	if res.Status != http.StatusUnprocessableEntity || res.Err.Code != apiv1.CodeSnapshotCorrupt || !strings.Contains(res.Err.Message, h.Snapshot.ID) {
+		t.Errorf("resume without its snapshot: HTTP %d %s %q, want 422 snapshot_corrupt naming %s", res.Status, res.Err.Code, res.Err.Message, h.Snapshot.ID)
+	}
+	wantState(t, c, sb.ID, apiv1.StateHibernated)
+	if err := os.Rename(aside, dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctxFor(t, time.Minute), sb.ID); err != nil {
+		t.Fatalf("resume with the snapshot back: %v", err)
+	}
+}

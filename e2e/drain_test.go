@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,4 +123,51 @@ func TestRequestsRacingHibernate(t *testing.T) {
 		seen[n] = true
 	}
 	t.Logf("%d hibernates; %d execs, %d proxied requests, %d file writes, all answered", hibs.Load(), execOK.Load(), len(counts), workers*perWorker)
+}
+
+// TestStalledUploadDoesNotFreezeSandbox: a client that starts a file upload and
+// then sends nothing holds no lock on the sandbox: an exec meanwhile is
+// answered, and a hibernate drains the upload, cuts it after the drain and
+// goes on; the cut upload is answered 409 and writes nothing.
+func TestStalledUploadDoesNotFreezeSandbox(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "PUT /v1/sandboxes/%s/files?path=/root/stalled HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n", sb.ID)
+	conn.Write(make([]byte, 1000))
+	answer := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(conn)
+		answer <- string(b)
+	}()
+	time.Sleep(500 * time.Millisecond) // the upload has reached the agent
+
+	// Liveness, not speed: with the upload holding the sandbox these would wait
+	// for the client, which never sends the rest.
+	ectx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if out, _, code, err := c.ExecCollect(ectx, sb.ID, apiv1.ExecRequest{Cmd: []string{"echo", "alive"}}); err != nil || code != 0 || string(out) != "alive\n" {
+		t.Fatalf("exec during a stalled upload: %q exit %d err %v", out, code, err)
+	}
+	if _, err := c.Hibernate(ectx, sb.ID); err != nil {
+		t.Fatalf("hibernate during a stalled upload: %v", err)
+	}
+	select {
+	case a := <-answer:
+		if !strings.Contains(a, " 409 ") || !strings.Contains(a, "nothing was written") {
+			t.Errorf("the cut upload's answer: %q, want 409 saying nothing was written", a)
+		}
+	case <-ectx.Done():
+		t.Fatal("the cut upload got no answer")
+	}
+	if _, err := c.ReadFile(ectx, sb.ID, "/root/stalled"); err == nil {
+		t.Error("/root/stalled exists after its upload was cut")
+	}
 }

@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -188,13 +187,9 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 		s.Error = cause.Error()
 		return cause
 	}
-	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
+	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume "+s.ID)
 	if err != nil {
-		var ce *snapshot.CorruptError
-		if errors.As(err, &ce) {
-			return back(fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err))
-		}
-		return back(fmt.Errorf("resume %s: %w", s.ID, err))
+		return back(err)
 	}
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {

@@ -90,9 +90,10 @@ func (m *Manager) addOpen(id string, conns, execs int) {
 }
 
 // HibernateDrain is how long a hibernate waits for the sandbox's proxied
-// connections and exec streams in flight to end before its checkpoint cuts them
-// (an exec's process goes on inside the snapshot; its stream ends with exit
-// code 255). Requests that arrive meanwhile wait for the sandbox's lock and
+// connections, exec streams and file uploads in flight to end before its
+// checkpoint cuts them (an exec stream ends with exit code 255 and the agent
+// kills its command on resume, its client being gone; an upload writes
+// nothing). Requests that arrive meanwhile wait for the sandbox's lock and
 // resume it afterwards.
 const HibernateDrain = 10 * time.Second
 

@@ -95,8 +95,12 @@ type Manager struct {
 	mu    sync.Mutex
 	locks map[string]*sandboxLock
 	live  map[string]*agentclient.Client // sandbox id -> agent client, while running
-	lc    lifecycle                      // activity tracking for the idle trigger (idle.go)
-	conns connTracker                    // open connections to each instance (watch.go)
+	// uploads holds the cancel functions of file uploads in flight, by sandbox
+	// id: dropLive ends them (an upload's body read blocks on its client, so
+	// closing the agent connection alone would not).
+	uploads map[string]map[*context.CancelFunc]struct{}
+	lc      lifecycle   // activity tracking for the idle trigger (idle.go)
+	conns   connTracker // open connections to each instance (watch.go)
 }
 
 type sandboxLock struct {
@@ -391,7 +395,31 @@ func (m *Manager) dropLive(id string) {
 		c.CloseIdleConnections()
 		delete(m.live, id)
 	}
+	for cancel := range m.uploads[id] {
+		(*cancel)()
+	}
+	delete(m.uploads, id)
 	m.mu.Unlock()
+}
+
+// trackUpload records an upload to sandbox id for dropLive to cancel; the
+// returned function forgets it.
+func (m *Manager) trackUpload(id string, cancel context.CancelFunc) func() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.uploads == nil {
+		m.uploads = map[string]map[*context.CancelFunc]struct{}{}
+	}
+	if m.uploads[id] == nil {
+		m.uploads[id] = map[*context.CancelFunc]struct{}{}
+	}
+	key := &cancel
+	m.uploads[id][key] = struct{}{}
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.uploads[id], key)
+	}
 }
 
 // Create validates req, persists a sandbox in state creating, starts it and waits
@@ -674,6 +702,24 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 	return as.CommitAsync(ctx, snapID, man)
 }
 
+// openSnapshot opens snapshot id for a restore (Store.Open: verified). A
+// snapshot that fails verification, or that the database records but the
+// store no longer has, is ErrSnapshotCorrupt (422) naming it; errors start
+// with what ("resume sbx-…").
+func (m *Manager) openSnapshot(ctx context.Context, id, what string) (string, snapshot.Manifest, error) {
+	dir, man, err := m.cfg.Store.Open(ctx, id)
+	var ce *snapshot.CorruptError
+	switch {
+	case err == nil:
+		return dir, man, nil
+	case errors.As(err, &ce):
+		return "", man, fmt.Errorf("%w: %s: %v", ErrSnapshotCorrupt, what, err)
+	case errors.Is(err, snapshot.ErrNotFound):
+		return "", man, fmt.Errorf("%w: %s: snapshot %s is recorded but missing from the store: %v", ErrSnapshotCorrupt, what, id, err)
+	}
+	return "", man, fmt.Errorf("%s: %w", what, err)
+}
+
 // manifestFor is the manifest of a memory snapshot snapID of s, before the store
 // fills in its files.
 func (m *Manager) manifestFor(s *metadata.Sandbox, snapID string, at time.Time) snapshot.Manifest {
@@ -736,13 +782,9 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	// sandbox stays hibernated, no generation is taken). Other calls on this
 	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
-	dir, man, err := m.cfg.Store.Open(ctx, s.SnapshotID)
+	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume "+s.ID)
 	if err != nil {
-		var ce *snapshot.CorruptError
-		if errors.As(err, &ce) {
-			return fmt.Errorf("%w: resume %s: %v", ErrSnapshotCorrupt, s.ID, err)
-		}
-		return fmt.Errorf("resume %s: %w", s.ID, err)
+		return err
 	}
 	verifyDur := time.Since(tVerify)
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
@@ -825,12 +867,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	default:
 		return nil, conflict("sandbox %s is in state %s; only a running or hibernated sandbox can be forked", id, src.State)
 	}
-	dir, man, err := m.cfg.Store.Open(ctx, src.SnapshotID)
+	dir, man, err := m.openSnapshot(ctx, src.SnapshotID, "fork "+id)
 	if err != nil {
-		var ce *snapshot.CorruptError
-		if errors.As(err, &ce) {
-			return nil, fmt.Errorf("%w: fork %s: %v", ErrSnapshotCorrupt, id, err)
-		}
 		return nil, err
 	}
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
@@ -994,8 +1032,11 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser,
 }
 
 // WriteFile writes a file in the sandbox atomically (waking it if hibernated).
-// It holds the sandbox's lock until the agent has the whole file, so a hibernate
-// or delete waits for an upload in progress.
+// The upload starts under the sandbox's lock, which is let go once the agent
+// reads the first bytes (the upload is then bound to this instance); from then
+// on it counts as a request in flight, which a hibernate drains for up to
+// HibernateDrain and then cuts. A cut upload writes nothing (the agent renames
+// the file into place only when it has all of it) and returns ErrConflict.
 func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, size int64) error {
 	if err := checkPath(path); err != nil {
 		return err
@@ -1004,8 +1045,39 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	return agentErr(c.WriteFile(ctx, path, r, size))
+	var once sync.Once
+	release := func() { once.Do(unlock) }
+	defer release()
+	m.addOpen(id, 0, 1)
+	defer m.addOpen(id, 0, -1)
+	uctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer m.trackUpload(id, cancel)()
+	// The agent request reads a pipe, not r: a read of r blocks on the client,
+	// and a cancelled request must not wait for it.
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := io.Copy(pw, r)
+		pw.CloseWithError(err)
+	}()
+	defer context.AfterFunc(uctx, func() { pr.CloseWithError(context.Canceled) })()
+	defer pr.CloseWithError(io.ErrClosedPipe)
+	err = c.WriteFile(uctx, path, &releaseOnRead{r: pr, release: release}, size)
+	if err != nil && ctx.Err() == nil && m.liveClient(id) != c {
+		return conflict("sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
+	}
+	return agentErr(err)
+}
+
+// releaseOnRead calls release before its first Read.
+type releaseOnRead struct {
+	r       io.Reader
+	release func()
+}
+
+func (b *releaseOnRead) Read(p []byte) (int, error) {
+	b.release()
+	return b.r.Read(p)
 }
 
 func agentErr(err error) error {

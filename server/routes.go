@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -262,6 +263,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
+		// An upload cut short leaves its body unread, perhaps by a client that
+		// sends nothing more: end that read now.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 		s.fail(w, r, err)
 		return
 	}
