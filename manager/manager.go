@@ -940,12 +940,13 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	return out, nil
 }
 
-// acquire returns the agent client of a running sandbox, resuming it first if it
-// is hibernated, with the sandbox's lock held: the caller starts its request to
-// the agent and then calls unlock, so no hibernate, resume or delete comes
-// between the choice of instance and the request reaching it. A call that
-// arrives while the sandbox is hibernating or resuming waits for that to finish.
-func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, func(), error) {
+// lockRunning takes sandbox id's lock and returns it running, resuming it
+// first if it is hibernated; the caller starts its request and then calls
+// unlock, so no hibernate, resume or delete comes between the choice of
+// instance and the request reaching it. A call that arrives while the sandbox
+// is hibernating or resuming waits for that to finish. Errors: ErrNotFound;
+// ErrConflict for a sandbox in another state; the resume's errors.
+func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox, func(), error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -960,15 +961,26 @@ func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, 
 			err = conflict("sandbox %s is in state %s", id, s.State)
 		}
 	}
-	c := m.liveClient(id)
-	if err == nil && c == nil {
-		err = conflict("sandbox %s: no guest agent connection", id)
-	}
 	if err != nil {
 		unlock()
 		return nil, nil, err
 	}
 	m.touch(id)
+	return s, unlock, nil
+}
+
+// acquire is lockRunning for a request to the guest agent: it returns the
+// agent's client, with the lock held.
+func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, func(), error) {
+	_, unlock, err := m.lockRunning(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := m.liveClient(id)
+	if c == nil {
+		unlock()
+		return nil, nil, conflict("sandbox %s: no guest agent connection", id)
+	}
 	return c, unlock, nil
 }
 
@@ -1104,27 +1116,11 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 		// is reachable only through the API's own calls.
 		return nil, invalid("port %d: reserved for torpor's guest agent", port)
 	}
-	unlock, err := m.lock(ctx, id)
+	s, unlock, err := m.lockRunning(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	s, err := m.get(ctx, id)
-	if err == nil {
-		switch s.State {
-		case apiv1.StateRunning:
-		case apiv1.StateHibernated:
-			err = m.resumeLocked(context.WithoutCancel(ctx), s)
-		default:
-			err = conflict("sandbox %s is in state %s", id, s.State)
-		}
-	}
-	if err == nil {
-		m.touch(id)
 	}
 	defer unlock() // dialled and counted under the lock: a hibernate then waits for it
-	if err != nil {
-		return nil, err
-	}
 	c, err := m.cfg.Engine.Dial(ctx, s.Instance, port)
 	if err != nil {
 		return nil, err
