@@ -26,3 +26,21 @@ func TestDataDirLock(t *testing.T) {
 	}
 	again.Close()
 }
+
+// TestDataDirLockSurvivesLockFileRemoval: removing DIR/lock while a server
+// holds the directory does not let a second one in.
+func TestDataDirLockSurvivesLockFileRemoval(t *testing.T) {
+	dir := t.TempDir()
+	first, err := lockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if err := os.Remove(dir + "/lock"); err != nil {
+		t.Fatal(err)
+	}
+	if second, err := lockDataDir(dir); err == nil {
+		second.Close()
+		t.Fatal("a second lock was granted after DIR/lock was removed")
+	}
+}

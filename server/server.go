@@ -172,31 +172,33 @@ func (s *Server) Close() error {
 	return err
 }
 
-// lockDataDir takes the data directory's lock: an exclusive flock(2) on
-// DIR/lock, held until the returned file is closed (or the process ends), with
-// the holder's pid written in it. One server per data directory: a second one
-// would reattach the first one's sandboxes and run their lifecycles twice.
-// Errors: the data directory is locked by another process (naming its pid), or
-// the lock file cannot be opened.
+// lockDataDir takes the data directory's lock: an exclusive flock(2) on the
+// directory itself (so deleting a file cannot undo it), held until the returned
+// file is closed or the process ends; the holder's pid is written to DIR/lock
+// for the message a second server gets. One server per data directory: a
+// second one would reattach the first one's sandboxes and run their lifecycles
+// twice. Errors: the directory is locked by another process (naming the pid in
+// DIR/lock), or it cannot be opened.
 func lockDataDir(dir string) (*os.File, error) {
-	path := filepath.Join(dir, "lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("data dir %s: lock: %w", dir, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		f.Close()
+	pidFile := filepath.Join(dir, "lock")
+	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		d.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("data dir %s is in use by another torpor server (pid %s); stop it or use another --data-dir",
-				dir, strings.TrimSpace(string(holder)))
+			holder, _ := os.ReadFile(pidFile)
+			pid := strings.TrimSpace(string(holder))
+			if pid == "" {
+				pid = "unknown"
+			}
+			return nil, fmt.Errorf("data dir %s is in use by another torpor server (pid %s); stop it or use another --data-dir", dir, pid)
 		}
 		return nil, fmt.Errorf("data dir %s: lock: %w", dir, err)
 	}
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return f, nil
+	_ = os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	return d, nil
 }
 
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
