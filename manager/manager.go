@@ -639,7 +639,17 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		m.dropLive(s.ID) // connections to the agent do not survive a checkpoint
 	}
 	tCheckpoint := time.Now()
-	if err := m.cfg.Engine.Checkpoint(ctx, s.Instance, dir, leaveRunning); err != nil {
+	// An engine that can hand back the image before tearing the exited instance
+	// down (engine.ExitCheckpointer) has it removed while the store commits;
+	// both end before the hibernate is persisted and acknowledged.
+	var stopped chan error
+	if xc, ok := m.cfg.Engine.(engine.ExitCheckpointer); ok && !leaveRunning {
+		if err := xc.CheckpointExit(ctx, s.Instance, dir); err != nil {
+			return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
+		}
+		stopped = make(chan error, 1)
+		go func(inst string) { stopped <- m.cfg.Engine.Stop(ctx, inst) }(s.Instance)
+	} else if err := m.cfg.Engine.Checkpoint(ctx, s.Instance, dir, leaveRunning); err != nil {
 		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
 	}
 	now := time.Now().UTC()
@@ -648,6 +658,9 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	man.HibernateMS = time.Since(start).Milliseconds()
 	man, err = m.commitSnapshot(ctx, snapID, man, async)
 	commitDur := time.Since(now)
+	if stopped != nil {
+		m.awaitStop(ctx, s, stopped)
+	}
 	if err != nil {
 		if leaveRunning {
 			return undo(fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
@@ -679,6 +692,21 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)
 	return snapID, nil
+}
+
+// awaitStop waits for the teardown of s's checkpointed instance started by
+// snapshotLocked. A failed teardown does not undo the hibernate (the snapshot
+// is complete and the instance runs no guest code); it is tried once more and,
+// if it fails again, logged, and the next server start removes the remains
+// (Reconcile).
+func (m *Manager) awaitStop(ctx context.Context, s *metadata.Sandbox, stopped <-chan error) {
+	err := <-stopped
+	if err == nil {
+		return
+	}
+	if err = m.cfg.Engine.Stop(ctx, s.Instance); err != nil {
+		m.log.Error("hibernate: removing the checkpointed instance failed", "sandbox", s.ID, "instance", s.Instance, "err", err)
+	}
 }
 
 // commitSnapshot commits a staged snapshot: synchronously, or with async (and

@@ -1,7 +1,9 @@
 // Package enginetest is the conformance suite every engine.Engine implementation
 // runs (gVisor today, a microVM engine later): start, the guest agent answering,
 // checkpoint and restore with state continuing, one checkpoint restored twice as
-// independent clones, checkpoint that leaves the instance running, stop and list.
+// independent clones, checkpoint that leaves the instance running, a
+// CheckpointExit image restored while its instance is torn down (for an
+// engine.ExitCheckpointer), stop and list.
 package enginetest
 
 import (
@@ -173,6 +175,47 @@ func Run(t *testing.T, s Setup) {
 			t.Fatalf("clone sees the source's later write: %q", got)
 		}
 	})
+
+	if xc, ok := e.(engine.ExitCheckpointer); ok {
+		t.Run("CheckpointExitThenStop", func(t *testing.T) {
+			c := start(t, "e0", "")
+			run(t, c, "sh", "-c", "echo kept > /root/x && sleep 1000 >/dev/null 2>&1 &")
+			dir := filepath.Join(t.TempDir(), "ckpt")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := xc.CheckpointExit(ctx, prefix+"e0", dir); err != nil {
+				t.Fatal(err)
+			}
+			// The image is complete before the teardown: restore it while the
+			// exited instance is still being removed.
+			var wg sync.WaitGroup
+			var stopErr error
+			wg.Add(1)
+			go func() { defer wg.Done(); stopErr = e.Stop(ctx, prefix+"e0") }()
+			c1 := start(t, "e1", dir)
+			wg.Wait()
+			if stopErr != nil {
+				t.Fatalf("Stop after CheckpointExit: %v", stopErr)
+			}
+			if _, err := e.Dial(ctx, prefix+"e0", engine.AgentPort); !errors.Is(err, engine.ErrNotRunning) {
+				t.Fatalf("Dial after CheckpointExit and Stop: %v, want ErrNotRunning", err)
+			}
+			infos, err := e.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range infos {
+				if i.ID == prefix+"e0" {
+					t.Fatalf("%se0 still listed after Stop: %+v", prefix, i)
+				}
+			}
+			if got := run(t, c1, "cat", "/root/x"); got != "kept" {
+				t.Fatalf("restored from a CheckpointExit image: /root/x = %q", got)
+			}
+			run(t, c1, "sh", "-c", "pgrep -x sleep || ps -eo comm | grep -qx sleep")
+		})
+	}
 
 	t.Run("BadInput", func(t *testing.T) {
 		sp := s.Spec

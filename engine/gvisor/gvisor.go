@@ -60,7 +60,10 @@ type Engine struct {
 	scope string
 }
 
-var _ engine.Engine = (*Engine)(nil)
+var (
+	_ engine.Engine           = (*Engine)(nil)
+	_ engine.ExitCheckpointer = (*Engine)(nil)
+)
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,59}$`)
 
@@ -201,6 +204,24 @@ func (e *Engine) cgroupPath(id string) string { return "/torpor-" + e.scope + "/
 
 // Checkpoint implements engine.Engine.
 func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
+	if err := e.checkpoint(ctx, id, dir, leaveRunning); err != nil {
+		return err
+	}
+	if !leaveRunning {
+		return e.Stop(ctx, id)
+	}
+	return nil
+}
+
+// CheckpointExit implements engine.ExitCheckpointer: runsc checkpoint without
+// --leave-running, after which gVisor kills the sentry's kernel
+// (pkg/sentry/state.SaveOpts.Save: "Kill the sandbox") and the sandbox process
+// exits on its own; Stop removes the rest.
+func (e *Engine) CheckpointExit(ctx context.Context, id, dir string) error {
+	return e.checkpoint(ctx, id, dir, false)
+}
+
+func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor: checkpoint %s: image path %q is not absolute", id, dir)
 	}
@@ -211,9 +232,6 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	args = append(args, id)
 	if _, err := e.run(ctx, args...); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", id, err)
-	}
-	if !leaveRunning {
-		return e.Stop(ctx, id)
 	}
 	return nil
 }
