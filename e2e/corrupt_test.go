@@ -201,12 +201,8 @@ func corruptMemoryFile(t *testing.T, srv *servertest.Server, id string) []flip {
 			t.Fatalf("manifest %s: pages.img has no stored chunk", man)
 		}
 		ch := stored[len(stored)/2]
-		obj := filepath.Join(srv.DataDir, "chunks", "store", "chunks", ch.id[:2], ch.id)
-		st, err := os.Stat(obj)
-		if err != nil {
-			t.Fatalf("chunk of pages.img: %v", err)
-		}
-		fl := flipByte(t, obj, st.Size()/2)
+		obj, off, n := findInPack(t, filepath.Join(srv.DataDir, "chunks", "store"), ch.id)
+		fl := flipByte(t, obj, off+n/2)
 		fl.chunk = ch.id
 		flips := []flip{fl}
 		if copyPath := filepath.Join(srv.DataDir, "chunks", "open", id, "pages.img"); fileExists(copyPath) {
@@ -216,6 +212,38 @@ func corruptMemoryFile(t *testing.T, srv *servertest.Server, id string) []flip {
 	}
 	t.Fatalf("manifest %s has no pages.img", man)
 	return nil
+}
+
+// findInPack returns the pack file holding chunk id in the filesystem backend
+// at dir, and the chunk's offset and stored length in it (from the packs'
+// indexes, index/<pack>.json).
+func findInPack(t *testing.T, dir, id string) (path string, off, n int64) {
+	t.Helper()
+	idx, _ := filepath.Glob(filepath.Join(dir, "index", "*.json"))
+	for _, p := range idx {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var x struct {
+			Chunks []struct {
+				ID  string `json:"id"`
+				Off int64  `json:"off"`
+				Len int64  `json:"len"`
+			} `json:"chunks"`
+		}
+		if err := json.Unmarshal(b, &x); err != nil {
+			t.Fatalf("pack index %s: %v", p, err)
+		}
+		for _, c := range x.Chunks {
+			if c.ID == id {
+				pack := strings.TrimSuffix(filepath.Base(p), ".json")
+				return filepath.Join(dir, "packs", pack[:2], pack), c.Off, c.Len
+			}
+		}
+	}
+	t.Fatalf("chunk %s is in none of the %d pack indexes under %s", id, len(idx), dir)
+	return "", 0, 0
 }
 
 func fileExists(p string) bool {

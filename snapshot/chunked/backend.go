@@ -16,7 +16,7 @@ import (
 )
 
 // Backend is the durable tier: a flat namespace of immutable objects. Keys are
-// slash-separated ("chunks/ab/abcd…", "manifests/snap-x.json"). Implementations
+// slash-separated ("packs/ab/abcd…", "manifests/snap-x.json"). Implementations
 // are safe for concurrent use.
 type Backend interface {
 	// Put stores size bytes read from r under key, replacing any object there. When
@@ -25,6 +25,11 @@ type Backend interface {
 	Put(ctx context.Context, key string, r io.Reader, size int64) error
 	// Get opens an object. A missing key is an error wrapping fs.ErrNotExist.
 	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	// GetRange returns the n bytes of an object from byte offset off (one
+	// ranged read: a pack's chunks are fetched this way). A missing key is an
+	// error wrapping fs.ErrNotExist; an object shorter than off+n one wrapping
+	// io.ErrUnexpectedEOF.
+	GetRange(ctx context.Context, key string, off, n int64) ([]byte, error)
 	// Exists reports whether key is stored.
 	Exists(ctx context.Context, key string) (bool, error)
 	// Delete removes key; a missing key is not an error.
@@ -75,7 +80,7 @@ func NewFS(dir string) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range []string{".tmp", "chunks", "manifests"} {
+	for _, d := range []string{".tmp", "chunks", "packs", "index", "manifests"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
 			return nil, fmt.Errorf("chunk backend %s: %w", abs, err)
 		}
@@ -248,6 +253,27 @@ func (b *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	return os.Open(p)
+}
+
+// GetRange implements Backend.
+func (b *FS) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	p, err := b.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%s: bytes %d-%d: %w", key, off, off+n, io.ErrUnexpectedEOF)
+		}
+		return nil, err
+	}
+	return buf, nil
 }
 
 // Exists implements Backend.

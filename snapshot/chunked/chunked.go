@@ -123,8 +123,9 @@ type Store struct {
 	dec     *zstd.Decoder
 	log     *slog.Logger
 
-	mu    sync.Mutex
-	known map[string]int64 // chunks in the backend -> stored size
+	mu sync.Mutex
+	// known: the backend's chunks and packs (loaded from its indexes).
+	known *packSet
 	// knownLoaded: known holds a full listing of the backend (New could reach it).
 	knownLoaded bool
 	pins        map[string]int
@@ -140,10 +141,15 @@ type Store struct {
 	closed  chan struct{}
 
 	// outbox holds asynchronously committed snapshots until they are uploaded;
-	// outKnown (under mu) lists its chunks. uploadMu orders an upload's manifest
-	// step against Delete.
+	// outKnown (under mu) lists its chunks and packs. uploadMu orders an
+	// upload's manifest step against Delete.
 	outbox   *FS
-	outKnown map[string]int64
+	outKnown *packSet
+	// outGen (under mu) counts manifests written to the outbox.
+	outGen uint64
+	// loadMu makes loadKnown single-flight: a Collect never runs beside a
+	// load that could merge back a pack it deleted.
+	loadMu   sync.Mutex
 	uploadMu sync.Mutex
 	upKick   chan struct{}
 	upDone   chan struct{}
@@ -188,8 +194,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
-		known: map[string]int64{}, pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
-		closed: make(chan struct{}), outKnown: map[string]int64{},
+		known: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
+		closed: make(chan struct{}), outKnown: newPackSet(),
 		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry}
 	if s.upRetry <= 0 {
 		s.upRetry = time.Second
@@ -270,17 +276,26 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// loadKnown lists the backend's chunks into known (merging: entries added
-// meanwhile stay).
+// loadKnown reads the backend's pack indexes (and lists its loose chunks) into
+// known, merging: entries added meanwhile stay.
 func (s *Store) loadKnown(ctx context.Context) error {
-	objs, err := s.b.List(ctx, "chunks/")
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	set, err := loadPacks(ctx, s.b, s.workers, s.log)
 	if err != nil {
-		return fmt.Errorf("snapshot store: list chunks: %w", err)
+		return fmt.Errorf("snapshot store: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, o := range objs {
-		s.known[path.Base(o.Key)] = o.Size
+	for id, entries := range set.packs {
+		if _, ok := s.known.packs[id]; !ok {
+			s.known.packs[id] = entries
+		}
+	}
+	for id, l := range set.locs {
+		if _, ok := s.known.locs[id]; !ok {
+			s.known.locs[id] = l
+		}
 	}
 	s.knownLoaded = true
 	return nil
@@ -292,20 +307,22 @@ func (s *Store) ensureKnown(ctx context.Context) error {
 	ok := s.knownLoaded
 	s.mu.Unlock()
 	if ok {
+		// A load that started before knownLoaded was set may still run: wait
+		// for it (loadMu), so it cannot merge stale entries back later.
+		s.loadMu.Lock()
+		s.loadMu.Unlock()
 		return nil
 	}
 	return s.loadKnown(ctx)
 }
 
-// loadOutbox lists the outbox's chunks into outKnown; only New calls it.
+// loadOutbox reads the outbox's packs into outKnown; only New calls it.
 func (s *Store) loadOutbox(ctx context.Context) error {
-	objs, err := s.outbox.List(ctx, "chunks/")
+	set, err := loadPacks(ctx, s.outbox, s.workers, s.log)
 	if err != nil {
-		return fmt.Errorf("snapshot store: list outbox: %w", err)
+		return fmt.Errorf("snapshot store: outbox: %w", err)
 	}
-	for _, o := range objs {
-		s.outKnown[path.Base(o.Key)] = o.Size
-	}
+	s.outKnown = set
 	return nil
 }
 
@@ -473,10 +490,22 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	sort.Strings(names)
 
 	st := &commitState{}
-	defer func() { s.unpin(st.pinned) }()
+	kick := false
+	defer func() {
+		s.unpin(st.pinned)
+		if kick { // after unpinning: the upload drops what no snapshot needs
+			s.kickUpload()
+		}
+	}()
 	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]uint64, len(names))}
 	par := s.openParent(m.Parent)
 	defer par.close()
+	var target Backend = s.b
+	set := s.known
+	if async {
+		target, set = s.outbox, s.outKnown
+	}
+	pw := s.newPackWriter(target, set)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	jobs := make(chan job, 2*s.workers)
@@ -499,7 +528,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 				if ok {
 					st.reused.Add(1)
 				}
-				ref, err := s.putChunk(ctx, st, j.data, async, known.ID)
+				ref, err := s.putChunk(ctx, st, pw, j.data, async, known.ID)
 				if err != nil {
 					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
 					continue
@@ -552,13 +581,21 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if firstErr == nil && ctx.Err() != nil {
 		firstErr = ctx.Err()
 	}
+	if firstErr == nil {
+		firstErr = pw.flush(ctx)
+	}
 	if firstErr != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, firstErr)
 	}
 	tHashed := time.Now()
-	target := s.b
 	if async {
-		target = s.outbox
+		// Chunks found in the backend may sit in packs a concurrent
+		// synchronous commit has not synced yet.
+		if sy, ok := s.b.(Syncer); ok {
+			if err := sy.Sync(ctx); err != nil {
+				return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
+			}
+		}
 	}
 	if sy, ok := target.(Syncer); ok {
 		if err := sy.Sync(ctx); err != nil {
@@ -592,10 +629,15 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if err := target.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: manifest: %w", id, err)
 	}
-	s.rememberDoc(id, d)
 	if async {
-		s.kickUpload()
+		// Before the unpin: an outbox clean-up that listed the pending
+		// manifests before this one must not act on that list.
+		s.mu.Lock()
+		s.outGen++
+		s.mu.Unlock()
 	}
+	s.rememberDoc(id, d)
+	kick = async
 	s.log.Debug("snapshot commit", "snapshot", id, "async", async, "chunk_ms", tHashed.Sub(tStart).Milliseconds(),
 		"sync_ms", tSynced.Sub(tHashed).Milliseconds(), "manifest_ms", time.Since(tSynced).Milliseconds(),
 		"chunks", m.Chunks, "from_parent_copy", st.reused.Load(), "new_bytes", m.NewBytes)
@@ -610,10 +652,11 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	return m, nil
 }
 
-// putChunk stores one chunk unless it is all zeros or already stored: in the
-// backend, or with async in the outbox (unless the backend has it). id, when
-// set, is data's sha256 already known from an exact comparison (parentCopy).
-func (s *Store) putChunk(ctx context.Context, st *commitState, data []byte, async bool, id string) (chunkRef, error) {
+// putChunk stores one chunk through pw unless it is all zeros or already
+// stored: in the backend, or with async in the outbox (unless the backend has
+// it). id, when set, is data's sha256 already known from an exact comparison
+// (parentCopy).
+func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, data []byte, async bool, id string) (chunkRef, error) {
 	ref := chunkRef{Len: int64(len(data)), ID: id}
 	if id == "" {
 		if allZero(data) {
@@ -626,27 +669,28 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, data []byte, asyn
 	st.pinned = append(st.pinned, ref.ID)
 	st.mu.Unlock()
 	s.mu.Lock()
-	z, ok := s.known[ref.ID]
+	l, ok := s.known.locs[ref.ID]
 	if !ok && async {
-		z, ok = s.outKnown[ref.ID]
+		l, ok = s.outKnown.locs[ref.ID]
 	}
 	s.mu.Unlock()
 	if ok {
+		ref.Stored = l.Len
+		return ref, nil
+	}
+	if z, ok := pw.has(ref.ID); ok {
 		ref.Stored = z
 		return ref, nil
 	}
 	comp := s.enc.EncodeAll(data, make([]byte, 0, len(data)+64))
-	target, known := s.b, s.known
-	if async {
-		target, known = s.outbox, s.outKnown
-	}
-	if err := target.Put(ctx, chunkKey(ref.ID), bytes.NewReader(comp), int64(len(comp))); err != nil {
+	ref.Stored = int64(len(comp))
+	added, err := pw.add(ctx, ref.ID, comp)
+	if err != nil {
 		return ref, err
 	}
-	ref.Stored = int64(len(comp))
-	s.mu.Lock()
-	known[ref.ID] = ref.Stored
-	s.mu.Unlock()
+	if !added {
+		return ref, nil
+	}
 	st.mu.Lock()
 	st.newBytes += ref.Stored
 	st.mu.Unlock()
@@ -943,11 +987,35 @@ func rnd() string {
 	return hex.EncodeToString(b[:])
 }
 
-type task struct {
+// A fetch is a run of chunks of one file that one ranged read of one pack
+// returns (up to fetchSpan bytes, fetchMax chunks): what makes a cold resume
+// from S3 a few hundred requests instead of one per chunk.
+const (
+	fetchSpan = 4 << 20
+	fetchMax  = 512
+)
+
+type fetch struct {
 	file int
 	f    *os.File
-	off  int64
-	ref  chunkRef
+	offs []int64 // file offsets
+	refs []chunkRef
+	tier Backend // nil: the chunk is nowhere known
+	locs []chunkLoc
+}
+
+// locate returns the tier holding chunk cid (the outbox first: a snapshot
+// waiting for its upload) and where in it.
+func (s *Store) locate(cid string) (Backend, chunkLoc, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.outKnown.locs[cid]; ok {
+		return s.outbox, l, true
+	}
+	if l, ok := s.known.locs[cid]; ok {
+		return s.b, l, true
+	}
+	return nil, chunkLoc{}, false
 }
 
 // assemble fetches and verifies every chunk of d; with dir != "" it writes the
@@ -966,7 +1034,7 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 			f.Close()
 		}
 	}()
-	tasks := make(chan task, 4*s.workers)
+	fetches := make(chan *fetch, 4*s.workers)
 	var firstErr error
 	var once sync.Once
 	fail := func(err error) { once.Do(func() { firstErr = err; cancel() }) }
@@ -975,25 +1043,33 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for t := range tasks {
+			for ft := range fetches {
 				if ctx.Err() != nil {
 					continue
 				}
-				data, err := s.getChunk(ctx, id, d.Files[t.file].Name, t.off, t.ref, useCache)
-				if err != nil {
+				if err := s.runFetch(ctx, id, d.Files[ft.file].Name, ft, useCache); err != nil {
 					fail(err)
-					continue
-				}
-				if t.f != nil {
-					if _, err := t.f.WriteAt(data, t.off); err != nil {
-						fail(err)
-					}
 				}
 			}
 		}()
 	}
 	func() {
-		defer close(tasks)
+		defer close(fetches)
+		reloaded := false
+		var cur *fetch
+		var lo, hi int64
+		emit := func() bool {
+			if cur == nil {
+				return true
+			}
+			select {
+			case fetches <- cur:
+				cur = nil
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
 		for fi, fc := range d.Files {
 			var f *os.File
 			if dir != "" {
@@ -1011,16 +1087,42 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 			}
 			var off int64
 			for _, r := range fc.Chunks {
-				if r.ID != "" {
-					select {
-					case tasks <- task{file: fi, f: f, off: off, ref: r}:
-					case <-ctx.Done():
+				if r.ID == "" {
+					off += r.Len
+					continue
+				}
+				tier, l, ok := s.locate(r.ID)
+				if !ok && !reloaded {
+					// The backend could not be listed at start: list it now.
+					reloaded = true
+					if err := s.ensureKnown(ctx); err != nil {
+						fail(fmt.Errorf("snapshot %s: %w", id, err))
+						return
+					}
+					tier, l, ok = s.locate(r.ID)
+				}
+				joins := cur != nil && ok && cur.tier == tier && l.Pack != "" && cur.locs[0].Pack == l.Pack &&
+					cur.file == fi && len(cur.refs) < fetchMax && max(hi, l.Off+l.Len)-min(lo, l.Off) <= fetchSpan
+				if !joins {
+					if !emit() {
+						return
+					}
+					cur = &fetch{file: fi, f: f, tier: tier}
+					lo, hi = l.Off, l.Off+l.Len
+				}
+				lo, hi = min(lo, l.Off), max(hi, l.Off+l.Len)
+				cur.offs = append(cur.offs, off)
+				cur.refs = append(cur.refs, r)
+				cur.locs = append(cur.locs, l)
+				if l.Pack == "" || tier == nil {
+					if !emit() {
 						return
 					}
 				}
 				off += r.Len
 			}
 		}
+		emit()
 	}()
 	wg.Wait()
 	if firstErr != nil {
@@ -1029,49 +1131,111 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 	return ctx.Err()
 }
 
-// getChunk returns the verified bytes of one chunk, from the cache when allowed
-// and valid, else from the backend (filling the cache).
-func (s *Store) getChunk(ctx context.Context, snap, file string, off int64, ref chunkRef, useCache bool) ([]byte, error) {
-	if useCache && s.cache != nil {
-		if comp, ok := s.cache.Get(ref.ID); ok {
-			if data, err := s.decode(comp, ref); err == nil {
-				return data, nil
-			}
-			s.cache.Remove(ref.ID)
-		}
-	}
-	corrupt := func(reason string) error {
+// runFetch gets the chunks of ft (from the cache when allowed and valid, else
+// with one ranged read of their pack), verifies them and writes them to ft.f.
+func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useCache bool) error {
+	corrupt := func(i int, reason string) error {
 		return &snapshot.CorruptError{Snapshot: snap, File: file,
-			Reason: fmt.Sprintf("chunk %s at offset %d: %s", ref.ID, off, reason)}
+			Reason: fmt.Sprintf("chunk %s at offset %d: %s", ft.refs[i].ID, ft.offs[i], reason)}
 	}
-	if comp, ok := s.outboxChunk(ctx, ref.ID); ok {
-		if data, err := s.decode(comp, ref); err == nil {
-			return data, nil
-		}
-	}
-	r, err := s.b.Get(ctx, chunkKey(ref.ID))
-	if errors.Is(err, fs.ErrNotExist) {
+	missing := func(i int) error {
 		if ok, _ := s.outbox.Exists(ctx, manifestKey(snap)); ok {
-			return nil, corrupt("missing: the snapshot is not durable yet (its upload is pending) and neither its local copy nor the backend has this chunk")
+			return corrupt(i, "missing: the snapshot is not durable yet (its upload is pending) and neither its local copy nor the backend has this chunk")
 		}
-		return nil, corrupt("missing")
+		return corrupt(i, "missing")
 	}
-	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: chunk %s: %w", snap, ref.ID, err)
+	out := make([][]byte, len(ft.refs))
+	var miss []int
+	for i, r := range ft.refs {
+		if useCache && s.cache != nil {
+			if comp, ok := s.cache.Get(r.ID); ok {
+				if data, err := s.decode(comp, r); err == nil {
+					out[i] = data
+					continue
+				}
+				s.cache.Remove(r.ID)
+			}
+		}
+		miss = append(miss, i)
 	}
-	comp, err := io.ReadAll(r)
-	r.Close()
-	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: chunk %s: %w", snap, ref.ID, err)
+	if len(miss) > 0 && ft.tier == nil {
+		return missing(miss[0])
 	}
-	data, err := s.decode(comp, ref)
-	if err != nil {
-		return nil, corrupt(err.Error())
+	var span []byte
+	var lo int64
+	if len(miss) > 0 && ft.locs[0].Pack != "" {
+		hi := int64(0)
+		lo = ft.locs[miss[0]].Off
+		for _, i := range miss {
+			lo, hi = min(lo, ft.locs[i].Off), max(hi, ft.locs[i].Off+ft.locs[i].Len)
+		}
+		var err error
+		if span, err = ft.tier.GetRange(ctx, packKey(ft.locs[0].Pack), lo, hi-lo); err != nil {
+			if isMissing(err) && ft.tier == Backend(s.b) {
+				return missing(miss[0])
+			}
+			if !isMissing(err) {
+				return fmt.Errorf("snapshot %s: chunk %s: %w", snap, ft.refs[miss[0]].ID, err)
+			}
+			span = nil // the outbox lost it: try the backend chunk by chunk
+		}
 	}
-	if useCache && s.cache != nil {
-		s.cache.Put(ref.ID, comp)
+	for _, i := range miss {
+		r, l := ft.refs[i], ft.locs[i]
+		var comp []byte
+		var err error
+		switch {
+		case span != nil:
+			comp = span[l.Off-lo : l.Off-lo+l.Len]
+		case l.Pack == "": // a loose chunk (stores written before packs)
+			comp, err = readStored(ctx, ft.tier, r.ID, l)
+			if isMissing(err) && ft.tier != Backend(s.b) {
+				comp, err = s.fromBackend(ctx, r.ID)
+			}
+		default: // the outbox lost the pack
+			comp, err = s.fromBackend(ctx, r.ID)
+		}
+		if isMissing(err) {
+			return missing(i)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot %s: chunk %s: %w", snap, r.ID, err)
+		}
+		data, err := s.decode(comp, r)
+		if err != nil && ft.tier != Backend(s.b) {
+			// A damaged outbox copy: the backend may hold the chunk too.
+			if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
+				comp = c
+				data, err = s.decode(comp, r)
+			}
+		}
+		if err != nil {
+			return corrupt(i, err.Error())
+		}
+		out[i] = data
+		if useCache && s.cache != nil {
+			s.cache.Put(r.ID, comp)
+		}
 	}
-	return data, nil
+	if ft.f != nil {
+		for i, data := range out {
+			if _, err := ft.f.WriteAt(data, ft.offs[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fromBackend reads a chunk's stored bytes from the backend (not the outbox).
+func (s *Store) fromBackend(ctx context.Context, cid string) ([]byte, error) {
+	s.mu.Lock()
+	l, ok := s.known.locs[cid]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fs.ErrNotExist
+	}
+	return readStored(ctx, s.b, cid, l)
 }
 
 func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
@@ -1202,6 +1366,7 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint6
 type Stats struct {
 	Snapshots   int   `json:"snapshots"`
 	Chunks      int   `json:"chunks"`
+	Packs       int   `json:"packs"`
 	StoredBytes int64 `json:"stored_bytes"`
 }
 
@@ -1214,10 +1379,8 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	st := Stats{Snapshots: len(ids)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, z := range s.known {
-		st.Chunks++
-		st.StoredBytes += z
-	}
+	st.Chunks, st.StoredBytes = s.known.storedBytes()
+	st.Packs = len(s.known.packs)
 	return st, nil
 }
 
@@ -1241,6 +1404,9 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 			return 0, err
 		}
 	}
+	if err := s.ensureKnown(ctx); err != nil {
+		return 0, fmt.Errorf("collect: %w", err) // the packs are not all known
+	}
 	ref := map[string]bool{}
 	for _, id := range live {
 		d, err := s.readDoc(ctx, id)
@@ -1258,6 +1424,7 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 			}
 		}
 	}
+	// Loose chunks (stores written before packs).
 	objs, err := s.b.List(ctx, "chunks/")
 	if err != nil {
 		return 0, fmt.Errorf("collect: %w", err)
@@ -1275,23 +1442,91 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		ch := make(chan struct{})
 		s.deleting[id] = ch
-		delete(s.known, id)
+		l, had := s.known.locs[id]
+		if had && l.Pack == "" {
+			delete(s.known.locs, id)
+		}
 		s.mu.Unlock()
 		err := s.b.Delete(ctx, o.Key)
-		if s.cache != nil {
-			s.cache.Remove(id)
-		}
 		s.mu.Lock()
 		delete(s.deleting, id)
 		close(ch)
-		if err != nil {
-			s.known[id] = o.Size // unsure: still there
+		if err != nil && had && l.Pack == "" {
+			s.known.locs[id] = l // unsure: still there
 		}
 		s.mu.Unlock()
 		if err != nil {
 			return n, fmt.Errorf("collect: %w", err)
 		}
+		if s.cache != nil && (!had || l.Pack == "") {
+			s.cache.Remove(id)
+		}
 		n++
+	}
+	// Packs none of whose chunks is referenced, pinned or protected.
+	s.mu.Lock()
+	pids := make([]string, 0, len(s.known.packs))
+	for pid := range s.known.packs {
+		pids = append(pids, pid)
+	}
+	s.mu.Unlock()
+	sort.Strings(pids)
+	for _, pid := range pids {
+		s.mu.Lock()
+		entries, ok := s.known.packs[pid]
+		dead := ok
+		for _, e := range entries {
+			if ref[e.ID] || s.pins[e.ID] > 0 || s.protected[e.ID] {
+				dead = false
+				break
+			}
+		}
+		if !dead {
+			s.mu.Unlock()
+			continue
+		}
+		ch := make(chan struct{})
+		for _, e := range entries {
+			s.deleting[e.ID] = ch
+		}
+		dropped := s.known.dropPack(pid)
+		s.mu.Unlock()
+		indexGone, err := deletePack(ctx, s.b, pid)
+		s.mu.Lock()
+		for _, e := range entries {
+			if s.deleting[e.ID] == ch {
+				delete(s.deleting, e.ID)
+			}
+		}
+		close(ch)
+		if err != nil && !indexGone { // unsure: still there
+			s.known.packs[pid] = entries
+			for _, e := range entries {
+				if _, ok := s.known.locs[e.ID]; !ok {
+					s.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
+				}
+			}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return n, fmt.Errorf("collect: pack %s: %w", pid, err)
+		}
+		if s.cache != nil {
+			for _, id := range dropped {
+				s.cache.Remove(id)
+			}
+		}
+		n += len(entries)
+	}
+	// Packs without an index: left by a crash between a pack and its index.
+	orphans, err := s.orphanPacks(ctx, s.b, s.known)
+	if err != nil {
+		return n, fmt.Errorf("collect: %w", err)
+	}
+	for _, pid := range orphans {
+		if _, err := deletePack(ctx, s.b, pid); err != nil {
+			return n, fmt.Errorf("collect: pack %s: %w", pid, err)
+		}
 	}
 	return n, nil
 }

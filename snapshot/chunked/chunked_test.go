@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -79,9 +80,7 @@ func damage(remove bool) func(t *testing.T, st snapshot.Store, id, file string) 
 			t.Fatalf("no stored chunk for %s", file)
 		}
 		if remove {
-			if err := s.b.Delete(ctx, chunkKey(ref.ID)); err != nil {
-				t.Fatal(err)
-			}
+			removeChunk(t, s, ref.ID)
 		} else {
 			corruptChunk(t, s, ref.ID)
 		}
@@ -89,21 +88,65 @@ func damage(remove bool) func(t *testing.T, st snapshot.Store, id, file string) 
 	}
 }
 
+// corruptChunk flips one stored byte of chunk id in the middle of its range in
+// its pack.
 func corruptChunk(t *testing.T, s *Store, id string) {
 	t.Helper()
-	r, err := s.b.Get(ctx, chunkKey(id))
+	rewriteStored(t, s, id, func(data []byte, l chunkLoc) []byte {
+		data[l.Off+l.Len/2] ^= 1
+		return data
+	})
+}
+
+// removeChunk makes the backend lose chunk id alone, as if it had never been
+// written: its bytes are cut out of its pack, and the pack's index and the
+// store's locations shift the chunks after it.
+func removeChunk(t *testing.T, s *Store, id string) {
+	t.Helper()
+	var pack string
+	var cut chunkLoc
+	rewriteStored(t, s, id, func(data []byte, l chunkLoc) []byte {
+		pack, cut = l.Pack, l
+		return append(data[:l.Off:l.Off], data[l.Off+l.Len:]...)
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var entries []indexEntry
+	for _, e := range s.known.packs[pack] {
+		switch {
+		case e.ID == id:
+			continue
+		case e.Off > cut.Off:
+			e.Off -= cut.Len
+		}
+		entries = append(entries, e)
+	}
+	s.known.dropPack(pack)
+	s.known.addPack(pack, entries)
+	ix, _ := json.Marshal(packIndex{Chunks: entries})
+	if err := s.b.Put(ctx, indexKey(pack), bytes.NewReader(ix), int64(len(ix))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rewriteStored replaces, in the backend, the object holding chunk id (its pack)
+// with edit's result.
+func rewriteStored(t *testing.T, s *Store, id string, edit func(data []byte, l chunkLoc) []byte) {
+	t.Helper()
+	s.mu.Lock()
+	l, ok := s.known.locs[id]
+	s.mu.Unlock()
+	if !ok || l.Pack == "" {
+		t.Fatalf("chunk %s is in no pack of the backend (%+v)", id, l)
+	}
+	r, err := s.b.Get(ctx, packKey(l.Pack))
 	if err != nil {
 		t.Fatal(err)
 	}
-	comp, _ := io.ReadAll(r)
+	data, _ := io.ReadAll(r)
 	r.Close()
-	data, err := s.dec.DecodeAll(comp, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data[len(data)/2] ^= 1
-	comp = s.enc.EncodeAll(data, nil)
-	if err := s.b.Put(ctx, chunkKey(id), bytes.NewReader(comp), int64(len(comp))); err != nil {
+	data = edit(data, l)
+	if err := s.b.Put(ctx, packKey(l.Pack), bytes.NewReader(data), int64(len(data))); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -304,6 +347,22 @@ func TestCorruptChunkNamed(t *testing.T) {
 	mustOpen(t, s2, "snap-d", map[string][]byte{"pages.img": img})
 }
 
+// stopAfterPack is a backend that stops the S3 server once it has stored the
+// first pack: the commit's next request fails, in the middle of the commit.
+type stopAfterPack struct {
+	Backend
+	once sync.Once
+	stop func()
+}
+
+func (b *stopAfterPack) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	err := b.Backend.Put(ctx, key, r, size)
+	if strings.HasPrefix(key, "packs/") {
+		b.once.Do(b.stop)
+	}
+	return err
+}
+
 func TestS3ColdCacheAndOutage(t *testing.T) {
 	srv := s3test.Start(t)
 	s := newS3Store(t, srv, 4<<20) // smaller than a snapshot: LRU evicts
@@ -331,11 +390,12 @@ func TestS3ColdCacheAndOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dir, "pages.img"), img2, 0o600)
-	s.workers = 1
-	go func() { time.Sleep(30 * time.Millisecond); srv.Stop() }()
+	orig := s.b
+	s.b = &stopAfterPack{Backend: orig, stop: srv.Stop} // stored: a pack; not stored: its index, the manifest
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	_, err = s.Commit(cctx, "snap-b", snapshot.Manifest{ID: "snap-b", Engine: "test"})
 	cancel()
+	s.b = orig
 	if err == nil {
 		t.Fatal("commit succeeded while the S3 server was stopped")
 	}
@@ -347,7 +407,6 @@ func TestS3ColdCacheAndOutage(t *testing.T) {
 	if _, err := s.Manifest(ctx, "snap-b"); !errors.Is(err, snapshot.ErrNotFound) {
 		t.Fatalf("failed commit left a manifest: %v", err)
 	}
-	s.workers = 4
 	if _, err := s.Commit(ctx, "snap-b", snapshot.Manifest{ID: "snap-b", Engine: "test"}); err != nil {
 		t.Fatalf("retry after restart: %v", err)
 	}
@@ -458,7 +517,7 @@ func outboxEmpty(t *testing.T, s *Store) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		left := 0
-		for _, prefix := range []string{"chunks/", "manifests/"} {
+		for _, prefix := range []string{"chunks/", "packs/", "index/", "manifests/"} {
 			objs, err := s.outbox.List(ctx, prefix)
 			if err != nil {
 				t.Fatal(err)
@@ -559,8 +618,15 @@ func TestS3AsyncLostLocalCopyRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost := d.Files[0].Chunks[3].ID
-	if err := os.Remove(filepath.Join(s.outbox.Dir(), filepath.FromSlash(chunkKey(lost)))); err != nil {
+	// The first chunk: a resume reports the first chunk it misses.
+	lost := d.Files[0].Chunks[0].ID
+	s.mu.Lock()
+	l := s.outKnown.locs[lost]
+	s.mu.Unlock()
+	if l.Pack == "" {
+		t.Fatalf("chunk %s is in no outbox pack", lost)
+	}
+	if err := os.Remove(filepath.Join(s.outbox.Dir(), filepath.FromSlash(packKey(l.Pack)))); err != nil {
 		t.Fatal(err)
 	}
 	dropLocal(t, s)
@@ -824,4 +890,46 @@ func TestWarmCopyCheckedByFingerprint(t *testing.T) {
 	}
 	// Open repairs the copy from the chunks.
 	mustOpen(t, s, "snap-w", map[string][]byte{"pages.img": img})
+}
+
+// Garbage a crash can leave in the backend — a pack without its index, a pack
+// whose index was never synced (empty) — neither stops the store from opening
+// nor survives a collection; the committed snapshot is untouched.
+func TestPackGarbageCollected(t *testing.T) {
+	dir := t.TempDir()
+	s, err := New(ctx, Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"pages.img": memImage(1024)}
+	commit(t, s, "snap-a", files)
+	s.Close()
+	fsb := s.b.(*FS)
+	lone, broken := newPackID(), newPackID()
+	for _, k := range []string{packKey(lone), packKey(broken)} {
+		if err := fsb.Put(ctx, k, bytes.NewReader([]byte("garbage")), 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fsb.Put(ctx, indexKey(broken), bytes.NewReader(nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	s, err = New(ctx, Config{Dir: dir})
+	if err != nil {
+		t.Fatalf("open with a broken pack index: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Collect(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{packKey(lone), packKey(broken), indexKey(broken)} {
+		if ok, _ := fsb.Exists(ctx, k); ok {
+			t.Errorf("%s survived the collection", k)
+		}
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-a", files)
+	if st, err := s.Stats(ctx); err != nil || st.Packs == 0 {
+		t.Fatalf("stats after the collection: %+v %v", st, err)
+	}
 }

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -129,6 +130,33 @@ func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, fmt.Errorf("s3 get %s: %w", key, err)
 	}
 	return o, nil
+}
+
+// GetRange implements Backend with one ranged GET (bytes=off-(off+n-1)).
+func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("s3 get %s: empty range", key)
+	}
+	opts := minio.GetObjectOptions{}
+	if err := opts.SetRange(off, off+n-1); err != nil {
+		return nil, err
+	}
+	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
+	if err != nil {
+		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+	}
+	defer o.Close()
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(o, buf); err != nil {
+		if notFound(err) {
+			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
+		}
+		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
+			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
+		}
+		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, err)
+	}
+	return buf, nil
 }
 
 // Exists implements Backend.

@@ -103,8 +103,12 @@ func (s *Store) uploadLoop() {
 // first failure. It returns how many it uploaded.
 func (s *Store) uploadPending(ctx context.Context) (int, error) {
 	ids, err := s.Pending(ctx)
-	if err != nil || len(ids) == 0 {
+	if err != nil {
 		return 0, err
+	}
+	if len(ids) == 0 {
+		s.sweepOutbox(ctx)
+		return 0, nil
 	}
 	if err := s.ensureKnown(ctx); err != nil {
 		return 0, err
@@ -132,14 +136,15 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 			return i, fmt.Errorf("snapshot %s: upload: %w", it.id, err)
 		}
 	}
+	s.sweepOutbox(ctx)
 	return len(items), nil
 }
 
-// upload copies the chunks of pending snapshot id that the backend lacks from
-// the outbox, makes them durable, writes the manifest, and only then removes the
-// snapshot from the outbox.
+// upload copies the packs (and loose chunks) of pending snapshot id holding
+// chunks the backend lacks from the outbox, makes them durable, writes the
+// manifest, and only then removes the snapshot from the outbox.
 func (s *Store) upload(ctx context.Context, id string, d doc) error {
-	var need []string
+	var packs, loose []string
 	seen := map[string]bool{}
 	s.mu.Lock()
 	for _, fc := range d.Files {
@@ -148,8 +153,19 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 				continue
 			}
 			seen[r.ID] = true
-			if _, ok := s.known[r.ID]; !ok {
-				need = append(need, r.ID)
+			if _, ok := s.known.locs[r.ID]; ok {
+				continue
+			}
+			l, ok := s.outKnown.locs[r.ID]
+			switch {
+			case !ok:
+				s.mu.Unlock()
+				return fmt.Errorf("chunk %s: not in the outbox", r.ID)
+			case l.Pack == "":
+				loose = append(loose, r.ID)
+			case !seen["pack:"+l.Pack]:
+				seen["pack:"+l.Pack] = true
+				packs = append(packs, l.Pack)
 			}
 		}
 	}
@@ -157,7 +173,8 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ids := make(chan string)
+	type item struct{ pack, chunk string }
+	items := make(chan item)
 	var wg sync.WaitGroup
 	var once sync.Once
 	var firstErr error
@@ -165,23 +182,33 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for cid := range ids {
+			for it := range items {
 				if ctx.Err() != nil {
 					continue
 				}
-				if err := s.uploadChunk(ctx, cid); err != nil {
+				var err error
+				if it.pack != "" {
+					err = s.uploadPack(ctx, it.pack)
+				} else {
+					err = s.uploadChunk(ctx, it.chunk)
+				}
+				if err != nil {
 					once.Do(func() { firstErr = err; cancel() })
 				}
 			}
 		}()
 	}
-	for _, cid := range need {
-		if ctx.Err() != nil {
-			break
+	for _, p := range packs {
+		if ctx.Err() == nil {
+			items <- item{pack: p}
 		}
-		ids <- cid
 	}
-	close(ids)
+	for _, c := range loose {
+		if ctx.Err() == nil {
+			items <- item{chunk: c}
+		}
+	}
+	close(items)
 	wg.Wait()
 	if firstErr != nil {
 		return firstErr
@@ -213,12 +240,50 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	return nil
 }
 
-// uploadChunk copies one chunk from the outbox to the backend, checking its
-// content on the way (a damaged local copy is not uploaded).
-func (s *Store) uploadChunk(ctx context.Context, cid string) error {
-	comp, ok := s.outboxChunk(ctx, cid)
+// uploadPack copies one pack and its index from the outbox to the backend
+// (same pack id), checking every chunk on the way: a damaged local copy is not
+// uploaded.
+func (s *Store) uploadPack(ctx context.Context, pid string) error {
+	s.mu.Lock()
+	entries, ok := s.outKnown.packs[pid]
+	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("chunk %s: not in the outbox", cid)
+		return fmt.Errorf("pack %s: not in the outbox", pid)
+	}
+	r, err := s.outbox.Get(ctx, packKey(pid))
+	if err != nil {
+		return fmt.Errorf("pack %s: the outbox copy: %w", pid, err)
+	}
+	data, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("pack %s: the outbox copy: %w", pid, err)
+	}
+	for _, e := range entries {
+		if e.Off+e.Len > int64(len(data)) {
+			return fmt.Errorf("pack %s: the outbox copy is truncated", pid)
+		}
+		plain, err := s.dec.DecodeAll(data[e.Off:e.Off+e.Len], nil)
+		if err != nil || sha256Hex(plain) != e.ID {
+			return fmt.Errorf("pack %s: chunk %s: the outbox copy is damaged", pid, e.ID)
+		}
+	}
+	// A new pack id in the backend: an earlier attempt may have left a pack
+	// there under pid (without its index) that Collect is deleting as garbage.
+	return s.writePack(ctx, s.b, s.known, newPackID(), data, entries)
+}
+
+// uploadChunk copies one loose chunk (an outbox written before packs) from the
+// outbox to the backend, checking its content on the way.
+func (s *Store) uploadChunk(ctx context.Context, cid string) error {
+	r, err := s.outbox.Get(ctx, chunkKey(cid))
+	if err != nil {
+		return fmt.Errorf("chunk %s: not in the outbox: %w", cid, err)
+	}
+	comp, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("chunk %s: %w", cid, err)
 	}
 	data, err := s.dec.DecodeAll(comp, nil)
 	if err != nil || sha256Hex(data) != cid {
@@ -228,26 +293,11 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 		return fmt.Errorf("chunk %s: %w", cid, err)
 	}
 	s.mu.Lock()
-	s.known[cid] = int64(len(comp))
+	if _, ok := s.known.locs[cid]; !ok {
+		s.known.locs[cid] = chunkLoc{Len: int64(len(comp))}
+	}
 	s.mu.Unlock()
 	return nil
-}
-
-// outboxChunk returns a chunk's stored bytes from the outbox, if it is there.
-func (s *Store) outboxChunk(ctx context.Context, cid string) ([]byte, bool) {
-	s.mu.Lock()
-	_, ok := s.outKnown[cid]
-	s.mu.Unlock()
-	if !ok {
-		return nil, false
-	}
-	r, err := s.outbox.Get(ctx, chunkKey(cid))
-	if err != nil {
-		return nil, false
-	}
-	defer r.Close()
-	b, err := io.ReadAll(r)
-	return b, err == nil
 }
 
 func (s *Store) readOutboxDoc(ctx context.Context, id string) (doc, error) {
@@ -267,33 +317,55 @@ func (s *Store) readOutboxDoc(ctx context.Context, id string) (doc, error) {
 	return d, nil
 }
 
-// dropOutboxChunks removes d's chunks from the outbox unless another pending
-// snapshot references them or a commit in progress has pinned them.
+// dropOutboxChunks removes the outbox packs (and loose chunks) holding d's
+// chunks unless another pending snapshot references one of their chunks or a
+// commit in progress has pinned one.
 func (s *Store) dropOutboxChunks(ctx context.Context, d doc) {
+	gen := s.outGeneration()
 	still := s.outboxRefs(ctx)
 	if still == nil {
 		return // unsure: keep everything
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.outGen != gen {
+		return // a snapshot committed meanwhile may use these packs; sweepOutbox retries
+	}
+	done := map[string]bool{}
 	for _, fc := range d.Files {
 		for _, r := range fc.Chunks {
-			s.dropOutboxChunkLocked(ctx, r.ID, still)
+			if l, ok := s.outKnown.locs[r.ID]; ok && !done[l.Pack] {
+				done[l.Pack] = l.Pack != ""
+				s.dropOutboxLocked(ctx, r.ID, l, still)
+			}
 		}
 	}
 }
 
-// dropOutboxChunkLocked removes one outbox chunk if nothing needs it. The caller
-// holds mu, so no commit can pick the chunk up between the check and the removal.
-func (s *Store) dropOutboxChunkLocked(ctx context.Context, cid string, still map[string]bool) {
-	if cid == "" || still[cid] || s.pins[cid] > 0 {
+// dropOutboxLocked removes the outbox pack holding chunk cid at l (or the
+// loose chunk) if nothing needs any chunk in it. The caller holds mu, so no
+// commit can pick a chunk up between the check and the removal.
+func (s *Store) dropOutboxLocked(ctx context.Context, cid string, l chunkLoc, still map[string]bool) {
+	if l.Pack == "" {
+		if cid == "" || still[cid] || s.pins[cid] > 0 {
+			return
+		}
+		if err := s.outbox.Delete(ctx, chunkKey(cid)); err == nil {
+			delete(s.outKnown.locs, cid)
+		}
 		return
 	}
-	if _, ok := s.outKnown[cid]; !ok {
+	entries, ok := s.outKnown.packs[l.Pack]
+	if !ok || s.outKnown.writing[l.Pack] {
 		return
 	}
-	if err := s.outbox.Delete(ctx, chunkKey(cid)); err == nil {
-		delete(s.outKnown, cid)
+	for _, e := range entries {
+		if still[e.ID] || s.pins[e.ID] > 0 {
+			return
+		}
+	}
+	if gone, _ := deletePack(ctx, s.outbox, l.Pack); gone {
+		s.outKnown.dropPack(l.Pack)
 	}
 }
 
@@ -324,17 +396,62 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 	return refs
 }
 
-// cleanOutbox removes outbox chunks no pending manifest references (left by a
-// crash mid-commit or mid-cleanup). Only at start-up: no commit is in progress.
+// outGeneration reads outGen: a drop of outbox packs acts only if no manifest
+// reached the outbox between listing the pending manifests and the drop.
+func (s *Store) outGeneration() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.outGen
+}
+
+// sweepOutbox removes the outbox packs no pending snapshot needs any more: an
+// upload's own clean-up keeps a pack while a commit has one of its chunks
+// pinned, and this catches it later.
+func (s *Store) sweepOutbox(ctx context.Context) {
+	gen := s.outGeneration()
+	still := s.outboxRefs(ctx)
+	if still == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.outGen != gen {
+		return // that commit kicks the upload loop, which sweeps again
+	}
+	s.dropOutboxAllLocked(ctx, still)
+}
+
+// dropOutboxAllLocked drops every outbox pack and loose chunk nothing needs.
+func (s *Store) dropOutboxAllLocked(ctx context.Context, still map[string]bool) {
+	for pid, entries := range s.outKnown.packs {
+		if len(entries) > 0 {
+			s.dropOutboxLocked(ctx, entries[0].ID, chunkLoc{Pack: pid}, still)
+		}
+	}
+	for cid, l := range s.outKnown.locs {
+		if l.Pack == "" {
+			s.dropOutboxLocked(ctx, cid, l, still)
+		}
+	}
+}
+
+// cleanOutbox removes outbox packs and chunks no pending manifest references,
+// and packs without an index (left by a crash mid-commit or mid-cleanup). Only
+// at start-up: no commit is in progress.
 func (s *Store) cleanOutbox(ctx context.Context) error {
 	still := s.outboxRefs(ctx)
 	if still == nil {
 		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable")
 	}
+	orphans, err := s.orphanPacks(ctx, s.outbox, s.outKnown)
+	if err != nil {
+		return fmt.Errorf("snapshot store: outbox: %w", err)
+	}
+	for _, pid := range orphans {
+		_ = s.outbox.Delete(ctx, packKey(pid))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for cid := range s.outKnown {
-		s.dropOutboxChunkLocked(ctx, cid, still)
-	}
+	s.dropOutboxAllLocked(ctx, still)
 	return nil
 }
