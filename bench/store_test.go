@@ -152,6 +152,7 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 	var cfg server.StoreConfig
 	switch kind {
 	case "plain":
+		cfg.Kind = "plain"
 	case "chunked":
 		cfg.Kind = "chunked"
 	case "s3":

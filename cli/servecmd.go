@@ -51,7 +51,7 @@ func (a *app) serveCommand() *cobra.Command {
 				cfg.S3SecretKey = envOr("TORPOR_S3_SECRET_KEY", os.Getenv("AWS_SECRET_ACCESS_KEY"))
 			}
 			switch cfg.Store {
-			case "plain", "chunked", "local":
+			case "", "plain", "chunked", "local":
 			case "s3":
 				if cfg.S3Endpoint == "" || cfg.S3Bucket == "" {
 					return usagef("--store s3 needs --s3-endpoint and --s3-bucket")
@@ -71,7 +71,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
-	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", "plain"), "snapshot store: plain (one plain file per snapshot file), chunked (deduplicated chunks on this disk) or s3 (chunks in an S3-compatible bucket, local cache)")
+	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", ""), "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.StringVar(&cfg.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3: http(s)://host:port (host:port means https)")
 	f.StringVar(&cfg.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3 (must exist)")
 	f.StringVar(&cfg.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")

@@ -50,7 +50,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "read this data directory's store directly instead of asking the server (offline mode; ls, inspect, verify)")
-	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", "plain"), "snapshot store: plain, chunked or s3 (as given to torpor serve)")
+	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", ""), "snapshot store: chunked, s3 or plain (default: the kind the data directory was set up with)")
 	pf.StringVar(&sc.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3")
 	pf.StringVar(&sc.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3")
 	pf.StringVar(&sc.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")

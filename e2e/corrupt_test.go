@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/server/servertest"
 )
 
@@ -255,7 +256,7 @@ func fileExists(p string) bool {
 // directory is gone refuses the resume with 422 snapshot_corrupt naming it; the
 // sandbox stays hibernated and resumes once the directory is back.
 func TestMissingSnapshotDirectory(t *testing.T) {
-	srv := start(t, servertest.Options{})
+	srv := start(t, servertest.Options{Store: server.StoreConfig{Kind: "plain"}})
 	c := srv.Client
 	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
 	h := hibernate(t, c, sb.ID)

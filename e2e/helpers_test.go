@@ -54,9 +54,16 @@ func TestMain(m *testing.M) {
 // start starts a server on the shared data directory. Tests run one at a time
 // (none of them calls t.Parallel at the top level), so only one server uses the
 // directory at once.
+//
+// Tests use different snapshot stores on that directory, so start forgets the
+// store kind the previous test's server recorded in it (a real data directory
+// keeps one kind: ResolveStoreKind); each test deletes its sandboxes.
 func start(t *testing.T, opts servertest.Options) *servertest.Server {
 	t.Helper()
 	opts.DataDir = dataDir
+	if err := os.Remove(filepath.Join(dataDir, "store")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
 	return servertest.Start(t, opts)
 }
 

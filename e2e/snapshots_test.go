@@ -18,7 +18,7 @@ import (
 // pages.img is flipped it is 422 snapshot_corrupt naming the file; deleting the
 // sandbox removes its snapshot.
 func TestSnapshotAPI(t *testing.T) {
-	srv := start(t, servertest.Options{})
+	srv := start(t, servertest.Options{Store: server.StoreConfig{Kind: "plain"}})
 	c := srv.Client
 	ctx := ctxFor(t, 5*time.Minute)
 	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})

@@ -6,8 +6,9 @@
 // Data directory layout (default /var/lib/torpor):
 //
 //	torpor.db        metadata (SQLite)
+//	store            the snapshot store kind the directory was set up with
 //	images/          content-addressed EROFS images
-//	chunks/          snapshot store: chunks, manifests, opened snapshots, cache
+//	chunks/          snapshot store (default): packs, manifests, opened snapshots, cache
 //	snapshots/       plain-file snapshots (--store plain), one directory each
 //	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
 //	gvisor/          runsc state, bundles and logs
@@ -50,7 +51,8 @@ type Config struct {
 	ImageCache string
 	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
 	TestResumeDelay time.Duration
-	// Store selects the snapshot store (default: plain files, see StoreConfig).
+	// Store selects the snapshot store (default: the data directory's recorded
+	// kind, chunked for a new one; see StoreConfig and ResolveStoreKind).
 	Store StoreConfig
 	// IdleCPUThreshold is the CPU use (fraction of one core) below which a sandbox
 	// counts as idle (default 0.05); LifecycleInterval how often the idle and
@@ -67,9 +69,11 @@ type Config struct {
 
 // Server is a torpor server with its parts opened.
 type Server struct {
-	Manager    *manager.Manager
-	Images     *image.Store
-	Engine     *gvisor.Engine
+	Manager *manager.Manager
+	Images  *image.Store
+	Engine  *gvisor.Engine
+	// StoreKind is the snapshot store in use: chunked, s3 or plain.
+	StoreKind  string
 	db         *metadata.DB
 	log        *slog.Logger
 	reg        *prometheus.Registry
@@ -122,11 +126,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ImageCache = image.BuildCacheFromEnv()
 	}
 	images.SetBuildCache(cfg.ImageCache)
+	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store.Kind); err != nil {
+		return fail(err)
+	}
 	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
 	if err != nil {
 		return fail(err)
 	}
 	closeStore = cs
+	if err := recordStoreKind(dir, cfg.Store.Kind); err != nil {
+		return fail(err)
+	}
 	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
 	if err != nil {
 		return fail(err)
@@ -149,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engine: eng, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
+	s := &Server{Manager: mgr, Images: images, Engine: eng, StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
@@ -216,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version())
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "store", s.StoreKind)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/torpor/torpor/snapshot"
@@ -14,17 +18,16 @@ import (
 
 // StoreConfig selects and configures the snapshot store.
 //
-//	"plain" (default)  the plain-file store (snapshot/local) in <data-dir>/snapshots:
-//	                   the engine's files as written plus a manifest with the sha256
-//	                   of every file; the fastest hibernate here
-//	"chunked"          chunked store (snapshot/chunked) on the filesystem backend in
-//	                   <data-dir>/chunks: dedup, diff snapshots, zstd, verification
-//	                   ("local" is accepted as an alias)
+//	"chunked" (default) chunked store (snapshot/chunked) on the filesystem backend
+//	                   in <data-dir>/chunks: dedup, diff snapshots, zstd, packs,
+//	                   verification ("local" is accepted as an alias)
 //	"s3"               chunked store on an S3-compatible bucket; <data-dir>/chunks
 //	                   keeps only staging, opened snapshots and the chunk cache
+//	"plain"            the plain-file store (snapshot/local) in <data-dir>/snapshots:
+//	                   the engine's files as written plus a manifest with checksums;
+//	                   the fastest first hibernate, 2x slower diff hibernates
 //
-// plain stays the default until the chunked store's first hibernate is as fast
-// (measured here: 21–42 MiB/s first commit against ~150 MiB/s plain; see README).
+// "" means the kind the data directory was set up with (ResolveStoreKind).
 type StoreConfig struct {
 	Kind        string
 	S3Endpoint  string // http(s)://host:port or host:port (TLS)
@@ -50,10 +53,81 @@ type StoreConfig struct {
 	readOnly bool // OpenStore: no background upload
 }
 
+// storeKindFile, in a data directory, records the snapshot store kind the
+// directory was set up with: its snapshots are only reachable through it.
+const storeKindFile = "store"
+
+// ResolveStoreKind returns the snapshot store kind for data directory dir:
+// kind if given ("local" is "chunked"); else the kind recorded in dir/store;
+// else, for a data directory from before that record, "plain" if dir/snapshots
+// holds snapshots; else "chunked", the default. An explicit kind that differs
+// from the recorded one is an error naming both: the directory's snapshots
+// would be out of reach.
+func ResolveStoreKind(dir, kind string) (string, error) {
+	if kind == "local" {
+		kind = "chunked"
+	}
+	switch kind {
+	case "", "plain", "chunked", "s3":
+	default:
+		return "", fmt.Errorf("snapshot store %q: want plain, chunked or s3", kind)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, storeKindFile))
+	recorded := strings.TrimSpace(string(b))
+	switch {
+	case err == nil && recorded != "":
+		if kind != "" && kind != recorded {
+			return "", fmt.Errorf("data directory %s was set up with --store %s and its snapshots are there: start with --store %s (or leave --store out), or use another --data-dir", dir, recorded, recorded)
+		}
+		return recorded, nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("data directory %s: %w", dir, err)
+	case kind != "":
+		return kind, nil
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(ents) > 0 {
+		return "plain", nil
+	}
+	return "chunked", nil
+}
+
+// recordStoreKind writes dir/store once (temp file, fsync, rename).
+func recordStoreKind(dir, kind string) error {
+	p := filepath.Join(dir, storeKindFile)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(kind + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("data directory %s: record the store kind: %w", dir, err)
+	}
+	return nil
+}
+
 // OpenStore opens the snapshot store a server with data directory dataDir and
 // store configuration cfg uses, without background collection, for tools that
 // inspect or verify snapshots next to a running server (read-only use only).
 func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.Store, func() error, error) {
+	kind, err := ResolveStoreKind(dataDir, cfg.Kind)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Kind = kind
 	if cfg.Kind != "plain" {
 		cfg.CacheBytes = -1 // the running server owns the cache (and the uploads)
 		cfg.readOnly = true
@@ -61,11 +135,12 @@ func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.S
 	return openStore(ctx, dataDir, cfg, slog.Default(), false)
 }
 
-// openStore opens the configured snapshot store; closeFn stops its background work.
+// openStore opens the configured snapshot store (cfg.Kind resolved by
+// ResolveStoreKind); closeFn stops its background work.
 func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.Logger, autoGC bool) (snapshot.Store, func() error, error) {
 	nop := func() error { return nil }
 	switch cfg.Kind {
-	case "", "plain":
+	case "plain":
 		if cfg.AsyncUpload {
 			return nil, nil, fmt.Errorf("snapshot store plain: --async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 		}
