@@ -203,13 +203,22 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 		logical = append(logical, float64(h.Snapshot.Bytes)/(1<<20))
 		gibs = float64(h.Snapshot.Bytes) / (1 << 30) / (ms / 1000)
 		if cold {
-			for _, sub := range []string{"open", "cache"} {
-				dir := filepath.Join(srv.DataDir, "chunks", sub)
-				ents, _ := os.ReadDir(dir)
-				for _, e := range ents {
-					if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-						b.Fatal(err)
+			// The cache fills in the background after a hibernate: remove until
+			// both directories stay empty for 200 ms.
+			for quiet := 0; quiet < 2; time.Sleep(100 * time.Millisecond) {
+				found := 0
+				for _, sub := range []string{"open", "cache"} {
+					dir := filepath.Join(srv.DataDir, "chunks", sub)
+					ents, _ := os.ReadDir(dir)
+					found += len(ents)
+					for _, e := range ents {
+						_ = os.RemoveAll(filepath.Join(dir, e.Name()))
 					}
+				}
+				if found == 0 {
+					quiet++
+				} else {
+					quiet = 0
 				}
 			}
 		}

@@ -60,18 +60,32 @@ func startWithStore(t *testing.T, cfg server.StoreConfig) *servertest.Server {
 
 // dropLocalCopies empties the chunked store's local cache and opened snapshot
 // copies (<data-dir>/chunks/{cache,open}), leaving only the durable backend.
+//
+// The store fills its cache in the background after a hibernate, so files may
+// appear while they are removed: the removal repeats until both directories
+// stay empty for 200 ms (at most 30 s).
 func dropLocalCopies(t *testing.T) {
 	t.Helper()
-	for _, sub := range []string{"open", "cache"} {
-		dir := filepath.Join(dataDir, "chunks", sub)
-		ents, err := os.ReadDir(dir)
-		if err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
+	for deadline, quiet := time.Now().Add(30*time.Second), 0; quiet < 2; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("chunks/cache keeps filling for 30 s")
 		}
-		for _, e := range ents {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+		found := 0
+		for _, sub := range []string{"open", "cache"} {
+			dir := filepath.Join(dataDir, "chunks", sub)
+			ents, err := os.ReadDir(dir)
+			if err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
 			}
+			found += len(ents)
+			for _, e := range ents {
+				_ = os.RemoveAll(filepath.Join(dir, e.Name())) // "directory not empty" while being filled: next round
+			}
+		}
+		if found == 0 {
+			quiet++
+		} else {
+			quiet = 0
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Cache is a local on-disk cache of stored (compressed) chunks in front of a
@@ -162,4 +163,75 @@ func (c *Cache) dropLocked(e *list.Element) {
 	delete(c.index, ce.id)
 	c.used -= ce.size
 	_ = os.Remove(c.path(ce.id))
+}
+
+// cacheFiller writes chunks into a Cache in the background, so that neither a
+// commit nor a cold resume waits for the cache's one file per chunk (measured
+// on this host, 2026-11-30: ~0.5 ms per file, 2.3 s of a 76 MB first commit to
+// S3). At most fillBudget bytes wait; chunks beyond that are not cached (the
+// cache is best-effort).
+type cacheFiller struct {
+	c       *Cache
+	ch      chan cacheItem
+	pending atomic.Int64 // bytes queued
+	idle    sync.Cond    // signalled when the queue drains
+	mu      sync.Mutex
+	done    chan struct{}
+}
+
+type cacheItem struct {
+	id string
+	b  []byte
+}
+
+const fillBudget = 64 << 20
+
+func newCacheFiller(c *Cache) *cacheFiller {
+	f := &cacheFiller{c: c, ch: make(chan cacheItem, 1<<14), done: make(chan struct{})}
+	f.idle.L = &f.mu
+	go func() {
+		defer close(f.done)
+		for it := range f.ch {
+			f.c.Put(it.id, it.b)
+			f.settle(len(it.b))
+		}
+	}()
+	return f
+}
+
+// put queues chunk id's stored bytes (which the caller no longer changes).
+func (f *cacheFiller) put(id string, b []byte) {
+	if f.pending.Load()+int64(len(b)) > fillBudget {
+		return
+	}
+	f.pending.Add(int64(len(b)))
+	select {
+	case f.ch <- cacheItem{id, b}:
+	default:
+		f.settle(len(b))
+	}
+}
+
+// settle takes n bytes off the queue's count, waking wait when it drains.
+func (f *cacheFiller) settle(n int) {
+	if f.pending.Add(-int64(n)) == 0 {
+		f.mu.Lock()
+		f.idle.Broadcast()
+		f.mu.Unlock()
+	}
+}
+
+// wait returns once nothing is queued (tests).
+func (f *cacheFiller) wait() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for f.pending.Load() > 0 {
+		f.idle.Wait()
+	}
+}
+
+// close writes what is queued and stops the filler.
+func (f *cacheFiller) close() {
+	close(f.ch)
+	<-f.done
 }

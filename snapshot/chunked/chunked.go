@@ -118,6 +118,7 @@ type Store struct {
 	dir     string
 	b       Backend
 	cache   *Cache
+	fill    *cacheFiller // fills cache in the background (nil without a cache)
 	workers int
 	enc     *zstd.Encoder
 	dec     *zstd.Decoder
@@ -220,6 +221,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		if s.cache, err = NewCache(filepath.Join(abs, "cache"), cfg.CacheBytes); err != nil {
 			return nil, err
 		}
+		s.fill = newCacheFiller(s.cache)
 	}
 	s.enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
 	s.dec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<26))
@@ -273,6 +275,9 @@ func (s *Store) Close() error {
 		<-s.gcDone
 	}
 	<-s.upDone
+	if s.fill != nil {
+		s.fill.close()
+	}
 	return nil
 }
 
@@ -695,7 +700,7 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 	st.newBytes += ref.Stored
 	st.mu.Unlock()
 	if s.cache != nil {
-		s.cache.Put(ref.ID, comp)
+		s.fill.put(ref.ID, comp)
 	}
 	return ref, nil
 }
@@ -1214,7 +1219,7 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		}
 		out[i] = data
 		if useCache && s.cache != nil {
-			s.cache.Put(r.ID, comp)
+			s.fill.put(r.ID, bytes.Clone(comp)) // comp may share a span of the pack
 		}
 	}
 	if ft.f != nil {

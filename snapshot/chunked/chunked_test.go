@@ -161,6 +161,7 @@ func dropLocal(t *testing.T, s *Store) {
 		}
 	}
 	if s.cache != nil {
+		s.fill.wait()
 		s.cache.Clear()
 	}
 }
