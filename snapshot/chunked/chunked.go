@@ -699,9 +699,9 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 	st.mu.Lock()
 	st.newBytes += ref.Stored
 	st.mu.Unlock()
-	if s.cache != nil {
-		s.fill.put(ref.ID, comp)
-	}
+	// Not cached: the committed files stay on this host as the opened copy,
+	// which is what the next resume reads; filling the cache here measurably
+	// slowed that resume (background writes on two cores, +40–60 ms at 64 MiB).
 	return ref, nil
 }
 

@@ -370,11 +370,12 @@ func TestS3ColdCacheAndOutage(t *testing.T) {
 	img := memImage(2048)
 	files := map[string][]byte{"pages.img": img, "checkpoint.img": []byte("kernel")}
 	commit(t, s, "snap-a", files)
-	if used, _ := s.cache.Used(); used > 4<<20 {
-		t.Fatalf("cache holds %d bytes, limit %d", used, 4<<20)
-	}
 	dropLocal(t, s)
-	mustOpen(t, s, "snap-a", files) // cold: every chunk from S3
+	mustOpen(t, s, "snap-a", files) // cold: every chunk from S3, filling the cache
+	s.fill.wait()
+	if used, n := s.cache.Used(); used > 4<<20 || n == 0 {
+		t.Fatalf("cache holds %d bytes in %d chunks, limit %d", used, n, 4<<20)
+	}
 
 	// A fresh store on the same bucket (another host, or after a restart with an
 	// empty disk) resumes from S3 alone.
