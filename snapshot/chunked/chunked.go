@@ -1179,6 +1179,9 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		var err error
 		if span, err = ft.tier.GetRange(ctx, packKey(ft.locs[0].Pack), lo, hi-lo); err != nil {
 			if isMissing(err) && ft.tier == Backend(s.b) {
+				for _, i := range miss {
+					s.markBad(ctx, ft.refs[i].ID, ft.locs[i])
+				}
 				return missing(miss[0])
 			}
 			if !isMissing(err) {
@@ -1203,12 +1206,18 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 			comp, err = s.fromBackend(ctx, r.ID)
 		}
 		if isMissing(err) {
+			if ft.tier == Backend(s.b) {
+				s.markBad(ctx, r.ID, l)
+			}
 			return missing(i)
 		}
 		if err != nil {
 			return fmt.Errorf("snapshot %s: chunk %s: %w", snap, r.ID, err)
 		}
 		data, err := s.decode(comp, r)
+		if err != nil && ft.tier == Backend(s.b) {
+			s.markBad(ctx, r.ID, l)
+		}
 		if err != nil && ft.tier != Backend(s.b) {
 			// A damaged outbox copy: the backend may hold the chunk too.
 			if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
@@ -1232,6 +1241,30 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		}
 	}
 	return nil
+}
+
+// markBad records that the backend's copy of chunk cid at l is damaged or
+// missing. Its location is forgotten, so the next commit that has the chunk's
+// bytes (a hibernate of a sandbox still holding them) writes it again, into a
+// new pack — which also repairs every snapshot that references the chunk, as
+// manifests name chunks, not places. A marker object bad/<pack>/<chunk> (best
+// effort) keeps a restart from trusting that copy again; Collect removes it
+// with the pack.
+func (s *Store) markBad(ctx context.Context, cid string, l chunkLoc) {
+	s.mu.Lock()
+	cur, ok := s.known.locs[cid]
+	if ok && cur == l {
+		delete(s.known.locs, cid)
+	}
+	s.mu.Unlock()
+	if !ok || cur != l {
+		return
+	}
+	s.log.Warn("snapshot store: damaged or missing chunk; the next commit that has its bytes stores it again",
+		"chunk", cid, "pack", l.Pack)
+	if l.Pack != "" {
+		_ = s.b.Put(ctx, badKey(l.Pack, cid), bytes.NewReader(nil), 0)
+	}
 }
 
 // fromBackend reads a chunk's stored bytes from the backend (not the outbox).
@@ -1499,6 +1532,9 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		dropped := s.known.dropPack(pid)
 		s.mu.Unlock()
 		indexGone, err := deletePack(ctx, s.b, pid)
+		if err == nil {
+			s.dropBadMarkers(ctx, pid)
+		}
 		s.mu.Lock()
 		for _, e := range entries {
 			if s.deleting[e.ID] == ch {
@@ -1525,7 +1561,26 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		n += len(entries)
 	}
-	// Packs without an index: left by a crash between a pack and its index.
+	// Packs without an index: left by a crash between a pack and its index —
+	// or with an index that is unreadable, in which case a live snapshot may
+	// need what is in them: they are deleted only when every chunk a live
+	// manifest references has a known location.
+	s.mu.Lock()
+	unlocated := ""
+	for id := range ref {
+		if _, ok := s.known.locs[id]; !ok {
+			if _, ok := s.outKnown.locs[id]; !ok {
+				unlocated = id
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if unlocated != "" {
+		s.log.Warn("snapshot store: a live snapshot references a chunk in no known pack; packs without a readable index are kept",
+			"chunk", unlocated)
+		return n, nil
+	}
 	orphans, err := s.orphanPacks(ctx, s.b, s.known)
 	if err != nil {
 		return n, fmt.Errorf("collect: %w", err)

@@ -48,6 +48,20 @@ type chunkLoc struct {
 func packKey(id string) string  { return "packs/" + id[:2] + "/" + id }
 func indexKey(id string) string { return "index/" + id + ".json" }
 
+// badKey marks chunk cid's copy in pack as damaged (Store.markBad).
+func badKey(pack, cid string) string { return "bad/" + pack + "/" + cid }
+
+// dropBadMarkers deletes the damage markers of a deleted pack (best effort).
+func (s *Store) dropBadMarkers(ctx context.Context, pack string) {
+	objs, err := s.b.List(ctx, "bad/"+pack+"/")
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		_ = s.b.Delete(ctx, o.Key)
+	}
+}
+
 // packIndex is an index object.
 type packIndex struct {
 	Chunks []indexEntry `json:"chunks"`
@@ -152,10 +166,21 @@ func loadPacks(ctx context.Context, b Backend, workers int, log *slog.Logger) (*
 	}
 	close(next)
 	wg.Wait()
+	bad := map[string]bool{} // "<pack>/<chunk>" copies found damaged (Store.markBad)
+	if marks, err := b.List(ctx, "bad/"); err == nil {
+		for _, o := range marks {
+			bad[strings.TrimPrefix(o.Key, "bad/")] = true
+		}
+	}
 	for _, l := range out {
 		switch {
 		case l.err == nil:
-			p.addPack(l.id, l.entries)
+			p.packs[l.id] = l.entries
+			for _, e := range l.entries {
+				if !bad[l.id+"/"+e.ID] {
+					p.locs[e.ID] = chunkLoc{Pack: l.id, Off: e.Off, Len: e.Len}
+				}
+			}
 		case errors.Is(l.err, fs.ErrNotExist): // deleted since the listing
 		case l.id != "" && !errors.Is(l.err, errUnreachable):
 			log.Warn("snapshot store: unreadable pack index skipped; its pack is garbage", "pack", l.id, "err", l.err)
