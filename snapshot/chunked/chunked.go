@@ -389,8 +389,11 @@ func (s *Store) Stage(ctx context.Context, id string) (string, error) {
 		return "", fmt.Errorf("snapshot %s: stage: %w", id, err)
 	}
 	// An unreachable backend does not stop a stage: an asynchronous commit
-	// does not need it, and a synchronous one fails at its first upload.
-	ok, err := s.b.Exists(ctx, manifestKey(id))
+	// does not need it, and a synchronous one fails at its first upload. Nor
+	// does a slow one hold the hibernate for long (snapshot ids are new).
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ok, err := s.b.Exists(sctx, manifestKey(id))
+	cancel()
 	if err != nil {
 		s.log.Warn("snapshot stage: backend unreachable; not checked for an existing snapshot", "snapshot", id, "err", err)
 	}

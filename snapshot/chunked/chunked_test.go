@@ -1021,3 +1021,32 @@ func TestUnindexedLivePackKept(t *testing.T) {
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-a", files)
 }
+
+// An S3 server that accepts connections and never answers does not hold an
+// asynchronous hibernate for minutes: the stage's existence check gives up
+// after 3 s and the commit does not touch the backend; once the server answers
+// again the upload completes.
+func TestS3HungServerAsyncCommit(t *testing.T) {
+	srv := s3test.Start(t)
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: newS3Backend(t, srv), CacheBytes: 64 << 20, UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	files := map[string][]byte{"pages.img": memImage(256)}
+	commit(t, s, "snap-a", files)
+	srv.Freeze()
+	t0 := time.Now()
+	commitAsync(t, s, "snap-b", files)
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Fatalf("asynchronous commit with a hung S3 server took %v", d)
+	}
+	if durable(t, s, "snap-b") {
+		t.Fatal("snap-b durable while the S3 server hangs")
+	}
+	srv.Thaw()
+	s.UploadNow()
+	waitDurable(t, s, "snap-b")
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-b", files)
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -103,8 +104,19 @@ func notFound(err error) bool {
 	return r.StatusCode == http.StatusNotFound || r.Code == "NoSuchKey"
 }
 
+// Deadlines per request (minio-go retries within them): a server that accepts
+// connections and never answers otherwise holds a hibernate for minutes
+// (measured: ~3 min per request with the client's defaults). The data requests'
+// bound is for an 8 MiB pack at ≥ 0.2 MB/s.
+const (
+	s3MetaTimeout = 10 * time.Second // stat, delete
+	s3DataTimeout = 60 * time.Second // put, get, list
+)
+
 // Put implements Backend.
 func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
+	defer cancel()
 	_, err := b.c.PutObject(ctx, b.bucket, b.prefix+key, r, size, minio.PutObjectOptions{
 		ContentType:      "application/octet-stream",
 		DisableMultipart: true,
@@ -118,18 +130,33 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 // Get implements Backend. The object is fetched whole (chunks and manifests are
 // small), so a missing object is reported here rather than on the first Read.
 func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, minio.GetObjectOptions{})
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("s3 get %s: %w", key, err)
 	}
 	if _, err := o.Stat(); err != nil {
 		o.Close()
+		cancel()
 		if notFound(err) {
 			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
 		}
 		return nil, fmt.Errorf("s3 get %s: %w", key, err)
 	}
-	return o, nil
+	return cancelOnClose{o, cancel}, nil
+}
+
+// cancelOnClose releases a request's deadline when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
 }
 
 // GetRange implements Backend with one ranged GET (bytes=off-(off+n-1)).
@@ -141,6 +168,8 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 	if err := opts.SetRange(off, off+n-1); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
+	defer cancel()
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
 	if err != nil {
 		return nil, fmt.Errorf("s3 get %s: %w", key, err)
@@ -161,6 +190,8 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 
 // Exists implements Backend.
 func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
+	defer cancel()
 	_, err := b.c.StatObject(ctx, b.bucket, b.prefix+key, minio.StatObjectOptions{})
 	if err == nil {
 		return true, nil
@@ -173,6 +204,8 @@ func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
 
 // Delete implements Backend.
 func (b *S3) Delete(ctx context.Context, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
+	defer cancel()
 	err := b.c.RemoveObject(ctx, b.bucket, b.prefix+key, minio.RemoveObjectOptions{})
 	if err != nil && !notFound(err) {
 		return fmt.Errorf("s3 delete %s: %w", key, err)
@@ -182,6 +215,8 @@ func (b *S3) Delete(ctx context.Context, key string) error {
 
 // List implements Backend.
 func (b *S3) List(ctx context.Context, prefix string) ([]Object, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*s3DataTimeout)
+	defer cancel()
 	var out []Object
 	for o := range b.c.ListObjects(ctx, b.bucket, minio.ListObjectsOptions{Prefix: b.prefix + prefix, Recursive: true}) {
 		if o.Err != nil {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"syscall"
 	"time"
 )
 
@@ -145,6 +146,21 @@ func (s *Server) Stop() {
 		}
 		c.Close()
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Freeze stops the server's process (SIGSTOP) without closing its port, as a
+// hung server: connections are accepted and never answered. Thaw resumes it.
+func (s *Server) Freeze() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
 	}
 }
 
