@@ -14,8 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"syscall"
+	"testing"
 	"time"
 )
 
