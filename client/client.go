@@ -122,6 +122,14 @@ func sandboxPath(id string, rest ...string) string {
 // an io.Reader. A non-2xx answer becomes an *APIError. On success the open response
 // is returned.
 func (c *Client) send(ctx context.Context, method, path string, in any, contentType string) (*http.Response, error) {
+	// An id of "." or ".." would be resolved away by URL path cleaning and
+	// reach another endpoint ("inspect .." asking for /v1).
+	p, _, _ := strings.Cut(path, "?")
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return nil, &APIError{Status: http.StatusBadRequest, Code: apiv1.CodeInvalidArgument, Message: fmt.Sprintf("invalid id %q", seg)}
+		}
+	}
 	var body io.Reader
 	var size int64 = -1
 	switch v := in.(type) {

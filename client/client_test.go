@@ -415,3 +415,16 @@ func TestHealthPortURLAndDo(t *testing.T) {
 		t.Fatalf("Do = %d %q %v", resp.StatusCode, b, resp.Header)
 	}
 }
+
+// An id of "." or ".." is refused before any request: URL path cleaning would
+// turn "/v1/snapshots/.." into "/v1".
+func TestDotIDsRefused(t *testing.T) {
+	c := New("http://127.0.0.1:1") // nothing listens: no request may be sent
+	for _, id := range []string{".", ".."} {
+		_, err := c.GetSnapshot(context.Background(), id)
+		var ae *APIError
+		if !errors.As(err, &ae) || ae.Code != apiv1.CodeInvalidArgument || !strings.Contains(ae.Message, id) {
+			t.Fatalf("GetSnapshot(%q): %v", id, err)
+		}
+	}
+}

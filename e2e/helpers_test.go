@@ -64,6 +64,11 @@ func start(t *testing.T, opts servertest.Options) *servertest.Server {
 	if err := os.Remove(filepath.Join(dataDir, "store")); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
+	if opts.Store.Kind == "" {
+		// The default, named: without the record, the chunks/ directory an
+		// earlier test left would make the kind ambiguous (ResolveStoreKind).
+		opts.Store.Kind = "chunked"
+	}
 	return servertest.Start(t, opts)
 }
 

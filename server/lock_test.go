@@ -48,36 +48,70 @@ func TestDataDirLockSurvivesLockFileRemoval(t *testing.T) {
 
 // The store kind: chunked for a new data directory, plain for one holding plain
 // snapshots from before the record, the recorded kind otherwise; an explicit
-// kind that contradicts the record is refused, naming both.
+// kind, or an S3 bucket, that contradicts the record is refused, naming it; a
+// pre-record chunks/ directory without manifests (maybe an S3 store's local
+// side) needs an explicit kind.
 func TestResolveStoreKind(t *testing.T) {
+	kind := func(k string) StoreConfig { return StoreConfig{Kind: k} }
 	dir := t.TempDir()
-	if k, err := ResolveStoreKind(dir, ""); err != nil || k != "chunked" {
+	if k, err := ResolveStoreKind(dir, kind("")); err != nil || k != "chunked" {
 		t.Fatalf("new directory: %q %v", k, err)
 	}
-	if k, err := ResolveStoreKind(dir, "local"); err != nil || k != "chunked" {
+	if k, err := ResolveStoreKind(dir, kind("local")); err != nil || k != "chunked" {
 		t.Fatalf("alias local: %q %v", k, err)
 	}
-	if _, err := ResolveStoreKind(dir, "tape"); err == nil {
+	if _, err := ResolveStoreKind(dir, kind("tape")); err == nil {
 		t.Fatal("unknown kind accepted")
 	}
 	legacy := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(legacy, "snapshots", "snap-1"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if k, err := ResolveStoreKind(legacy, ""); err != nil || k != "plain" {
+	if k, err := ResolveStoreKind(legacy, kind("")); err != nil || k != "plain" {
 		t.Fatalf("directory with plain snapshots: %q %v", k, err)
 	}
-	if err := recordStoreKind(dir, "s3"); err != nil {
+	ambiguous := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(ambiguous, "chunks", "open"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := recordStoreKind(dir, "plain"); err != nil { // a record is written once
+	if _, err := ResolveStoreKind(ambiguous, kind("")); err == nil || !strings.Contains(err.Error(), "--store s3") {
+		t.Fatalf("pre-record chunks/ without manifests: %v", err)
+	}
+	if k, err := ResolveStoreKind(ambiguous, kind("s3")); err != nil || k != "s3" {
+		t.Fatalf("pre-record chunks/ with --store s3: %q %v", k, err)
+	}
+	s3 := StoreConfig{Kind: "s3", S3Bucket: "snaps", S3Prefix: "torpor/"}
+	if err := recordStoreKind(dir, s3); err != nil {
 		t.Fatal(err)
 	}
-	if k, err := ResolveStoreKind(dir, ""); err != nil || k != "s3" {
+	if err := recordStoreKind(dir, kind("plain")); err != nil { // a record is written once
+		t.Fatal(err)
+	}
+	if k, err := ResolveStoreKind(dir, s3); err != nil || k != "s3" {
 		t.Fatalf("recorded s3: %q %v", k, err)
 	}
-	_, err := ResolveStoreKind(dir, "chunked")
+	_, err := ResolveStoreKind(dir, kind("chunked"))
 	if err == nil || !strings.Contains(err.Error(), "--store s3") {
 		t.Fatalf("contradicting kind: %v", err)
+	}
+	other := s3
+	other.S3Bucket = "other"
+	if _, err := ResolveStoreKind(dir, other); err == nil || !strings.Contains(err.Error(), "bucket=snaps") {
+		t.Fatalf("another bucket: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "store"), []byte("banana\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ResolveStoreKind(dir, kind("")); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "store")) {
+		t.Fatalf("unknown recorded kind: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "store"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := recordStoreKind(dir, kind("chunked")); err != nil { // an empty record is rewritten
+		t.Fatal(err)
+	}
+	if k, err := ResolveStoreKind(dir, kind("")); err != nil || k != "chunked" {
+		t.Fatalf("after rewriting an empty record: %q %v", k, err)
 	}
 }

@@ -126,7 +126,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ImageCache = image.BuildCacheFromEnv()
 	}
 	images.SetBuildCache(cfg.ImageCache)
-	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store.Kind); err != nil {
+	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
 	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
@@ -134,7 +134,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	closeStore = cs
-	if err := recordStoreKind(dir, cfg.Store.Kind); err != nil {
+	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
 	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})

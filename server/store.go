@@ -53,17 +53,29 @@ type StoreConfig struct {
 	readOnly bool // OpenStore: no background upload
 }
 
-// storeKindFile, in a data directory, records the snapshot store kind the
-// directory was set up with: its snapshots are only reachable through it.
+// storeKindFile, in a data directory, records the snapshot store the
+// directory was set up with: its snapshots are only reachable through it. One
+// line with the kind; for s3 also "bucket=B" and "prefix=P" lines.
 const storeKindFile = "store"
 
-// ResolveStoreKind returns the snapshot store kind for data directory dir:
-// kind if given ("local" is "chunked"); else the kind recorded in dir/store;
-// else, for a data directory from before that record, "plain" if dir/snapshots
-// holds snapshots; else "chunked", the default. An explicit kind that differs
-// from the recorded one is an error naming both: the directory's snapshots
-// would be out of reach.
-func ResolveStoreKind(dir, kind string) (string, error) {
+// storeRecord is what storeKindFile holds.
+func storeRecord(cfg StoreConfig) string {
+	if cfg.Kind != "s3" {
+		return cfg.Kind + "\n"
+	}
+	return fmt.Sprintf("s3\nbucket=%s\nprefix=%s\n", cfg.S3Bucket, cfg.S3Prefix)
+}
+
+// ResolveStoreKind returns the snapshot store kind for data directory dir and
+// store configuration cfg: the kind recorded in dir/store, which an explicit
+// cfg.Kind ("local" is "chunked") must match (and for s3 the bucket and
+// prefix); without a record, cfg.Kind if given, else what the directory holds
+// from before the record: "plain" if dir/snapshots has snapshots, "chunked" if
+// dir/chunks/store has manifests, an error if dir/chunks exists otherwise (it
+// may be an S3 store's local side: say which), else "chunked", the default.
+// Errors name the file and the recorded configuration.
+func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
+	kind := cfg.Kind
 	if kind == "local" {
 		kind = "chunked"
 	}
@@ -72,29 +84,49 @@ func ResolveStoreKind(dir, kind string) (string, error) {
 	default:
 		return "", fmt.Errorf("snapshot store %q: want plain, chunked or s3", kind)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, storeKindFile))
-	recorded := strings.TrimSpace(string(b))
-	switch {
-	case err == nil && recorded != "":
+	p := filepath.Join(dir, storeKindFile)
+	b, err := os.ReadFile(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	if lines := strings.Fields(string(b)); len(lines) > 0 {
+		recorded := lines[0]
+		switch recorded {
+		case "plain", "chunked", "s3":
+		default:
+			return "", fmt.Errorf("%s: unknown snapshot store %q (want plain, chunked or s3)", p, recorded)
+		}
 		if kind != "" && kind != recorded {
-			return "", fmt.Errorf("data directory %s was set up with --store %s and its snapshots are there: start with --store %s (or leave --store out), or use another --data-dir", dir, recorded, recorded)
+			return "", fmt.Errorf("data directory %s is set up for --store %s (recorded in %s), and its snapshots are only reachable through it: start with --store %s or without --store, or use another --data-dir", dir, recorded, p, recorded)
+		}
+		if recorded == "s3" {
+			want := storeRecord(StoreConfig{Kind: "s3", S3Bucket: cfg.S3Bucket, S3Prefix: cfg.S3Prefix})
+			if strings.Join(strings.Fields(want), " ") != strings.Join(lines, " ") {
+				return "", fmt.Errorf("data directory %s is set up for S3 %s (recorded in %s); --s3-bucket %q --s3-prefix %q would put its snapshots out of reach", dir, strings.Join(lines[1:], " "), p, cfg.S3Bucket, cfg.S3Prefix)
+			}
 		}
 		return recorded, nil
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return "", fmt.Errorf("data directory %s: %w", dir, err)
-	case kind != "":
+	}
+	if kind != "" {
 		return kind, nil
 	}
 	if ents, _ := os.ReadDir(filepath.Join(dir, "snapshots")); len(ents) > 0 {
 		return "plain", nil
 	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "chunks", "store", "manifests")); len(ents) > 0 {
+		return "chunked", nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "chunks")); err == nil {
+		return "", fmt.Errorf("data directory %s has a chunked store's local directory (chunks/) but no record of which store it belongs to (it predates %s): start once with --store chunked, or --store s3 and its bucket", dir, p)
+	}
 	return "chunked", nil
 }
 
-// recordStoreKind writes dir/store once (temp file, fsync, rename).
-func recordStoreKind(dir, kind string) error {
+// recordStoreKind writes dir/store (temp file, fsync, rename) unless it holds
+// a record already.
+func recordStoreKind(dir string, cfg StoreConfig) error {
 	p := filepath.Join(dir, storeKindFile)
-	if _, err := os.Stat(p); err == nil {
+	if b, err := os.ReadFile(p); err == nil && len(strings.Fields(string(b))) > 0 {
 		return nil
 	}
 	tmp := p + ".tmp"
@@ -102,7 +134,7 @@ func recordStoreKind(dir, kind string) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteString(kind + "\n")
+	_, err = f.WriteString(storeRecord(cfg))
 	if err == nil {
 		err = f.Sync()
 	}
@@ -123,7 +155,10 @@ func recordStoreKind(dir, kind string) error {
 // store configuration cfg uses, without background collection, for tools that
 // inspect or verify snapshots next to a running server (read-only use only).
 func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.Store, func() error, error) {
-	kind, err := ResolveStoreKind(dataDir, cfg.Kind)
+	if _, err := os.Stat(filepath.Join(dataDir, "torpor.db")); err != nil {
+		return nil, nil, fmt.Errorf("%s is not a torpor data directory (no torpor.db): %w", dataDir, err)
+	}
+	kind, err := ResolveStoreKind(dataDir, cfg)
 	if err != nil {
 		return nil, nil, err
 	}

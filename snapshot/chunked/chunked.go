@@ -148,6 +148,9 @@ type Store struct {
 	// upload's manifest step against Delete.
 	outbox   *FS
 	outKnown *packSet
+	// suspects (under mu): backend copies of chunks found damaged or missing
+	// (Store.suspect).
+	suspects map[string]chunkLoc
 	// outGen (under mu) counts manifests written to the outbox.
 	outGen uint64
 	// loadMu makes loadKnown single-flight: a Collect never runs beside a
@@ -680,6 +683,9 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 	st.mu.Unlock()
 	s.mu.Lock()
 	l, ok := s.known.locs[ref.ID]
+	if bad, suspect := s.suspects[ref.ID]; ok && suspect && bad == l {
+		ok = false // store it again (Store.suspect)
+	}
 	if !ok && async {
 		l, ok = s.outKnown.locs[ref.ID]
 	}
@@ -1173,6 +1179,7 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 	}
 	var span []byte
 	var lo int64
+	var spanErr error // the pack's range is missing from the backend
 	if len(miss) > 0 && ft.locs[0].Pack != "" {
 		hi := int64(0)
 		lo = ft.locs[miss[0]].Off
@@ -1181,16 +1188,13 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		}
 		var err error
 		if span, err = ft.tier.GetRange(ctx, packKey(ft.locs[0].Pack), lo, hi-lo); err != nil {
-			if isMissing(err) && ft.tier == Backend(s.b) {
-				for _, i := range miss {
-					s.markBad(ctx, ft.refs[i].ID, ft.locs[i])
-				}
-				return missing(miss[0])
-			}
 			if !isMissing(err) {
 				return fmt.Errorf("snapshot %s: chunk %s: %w", snap, ft.refs[miss[0]].ID, err)
 			}
-			span = nil // the outbox lost it: try the backend chunk by chunk
+			span = nil
+			if ft.tier == Backend(s.b) {
+				spanErr = err
+			} // else the outbox lost it: the backend, chunk by chunk
 		}
 	}
 	for _, i := range miss {
@@ -1200,6 +1204,8 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		switch {
 		case span != nil:
 			comp = span[l.Off-lo : l.Off-lo+l.Len]
+		case spanErr != nil:
+			err = spanErr
 		case l.Pack == "": // a loose chunk (stores written before packs)
 			comp, err = readStored(ctx, ft.tier, r.ID, l)
 			if isMissing(err) && ft.tier != Backend(s.b) {
@@ -1208,25 +1214,36 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		default: // the outbox lost the pack
 			comp, err = s.fromBackend(ctx, r.ID)
 		}
-		if isMissing(err) {
-			if ft.tier == Backend(s.b) {
-				s.markBad(ctx, r.ID, l)
-			}
-			return missing(i)
-		}
-		if err != nil {
+		if err != nil && !isMissing(err) {
 			return fmt.Errorf("snapshot %s: chunk %s: %w", snap, r.ID, err)
 		}
-		data, err := s.decode(comp, r)
-		if err != nil && ft.tier == Backend(s.b) {
-			s.markBad(ctx, r.ID, l)
-		}
-		if err != nil && ft.tier != Backend(s.b) {
-			// A damaged outbox copy: the backend may hold the chunk too.
-			if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
-				comp = c
-				data, err = s.decode(comp, r)
+		var data []byte
+		if err == nil {
+			data, err = s.decode(comp, r)
+			if err != nil && ft.tier != Backend(s.b) {
+				// A damaged outbox copy: the backend may hold the chunk too.
+				if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
+					comp = c
+					data, err = s.decode(comp, r)
+				}
 			}
+		}
+		if err != nil && ft.tier == Backend(s.b) {
+			// Another copy of the chunk, if the backend has one; else the next
+			// commit that has the chunk's bytes stores it again (suspect).
+			if d, c, ok := s.fromAlternative(ctx, r, l); ok {
+				data, comp, err = d, c, nil
+			} else {
+				s.suspect(r.ID, l)
+			}
+		}
+		if isMissing(err) {
+			if spanErr != nil { // the rest of the run is in the same lost range
+				for _, j := range miss {
+					s.suspect(ft.refs[j].ID, ft.locs[j])
+				}
+			}
+			return missing(i)
 		}
 		if err != nil {
 			return corrupt(i, err.Error())
@@ -1246,28 +1263,63 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 	return nil
 }
 
-// markBad records that the backend's copy of chunk cid at l is damaged or
-// missing. Its location is forgotten, so the next commit that has the chunk's
-// bytes (a hibernate of a sandbox still holding them) writes it again, into a
-// new pack — which also repairs every snapshot that references the chunk, as
-// manifests name chunks, not places. A marker object bad/<pack>/<chunk> (best
-// effort) keeps a restart from trusting that copy again; Collect removes it
-// with the pack.
-func (s *Store) markBad(ctx context.Context, cid string, l chunkLoc) {
+// suspect records that the backend's copy of chunk cid at l is damaged or
+// missing. The location stays (the damage may be mended, or the error
+// transient: the next resume tries it again), but the next commit that has the
+// chunk's bytes (a hibernate of a sandbox still holding them) stores it again
+// instead of deduplicating against it. The new copy becomes the chunk's
+// location and the old one an alternative, which repairs every snapshot that
+// references the chunk, as manifests name chunks, not places. Kept in memory
+// only: after a restart a read that fails tries the alternatives.
+func (s *Store) suspect(cid string, l chunkLoc) {
 	s.mu.Lock()
-	cur, ok := s.known.locs[cid]
-	if ok && cur == l {
-		delete(s.known.locs, cid)
-	}
-	s.mu.Unlock()
-	if !ok || cur != l {
+	defer s.mu.Unlock()
+	if cur, ok := s.known.locs[cid]; !ok || cur != l {
 		return
 	}
-	s.log.Warn("snapshot store: damaged or missing chunk; the next commit that has its bytes stores it again",
-		"chunk", cid, "pack", l.Pack)
-	if l.Pack != "" {
-		_ = s.b.Put(ctx, badKey(l.Pack, cid), bytes.NewReader(nil), 0)
+	if s.suspects == nil {
+		s.suspects = map[string]chunkLoc{}
 	}
+	if _, seen := s.suspects[cid]; !seen {
+		s.log.Warn("snapshot store: damaged or missing chunk; the next commit that has its bytes stores it again",
+			"chunk", cid, "pack", l.Pack)
+	}
+	s.suspects[cid] = l
+}
+
+// fromAlternative reads chunk r from a copy in the backend other than bad and
+// verifies it; that copy becomes the chunk's location.
+func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (data, comp []byte, ok bool) {
+	s.mu.Lock()
+	alts := append([]chunkLoc(nil), s.known.alt[r.ID]...)
+	s.mu.Unlock()
+	for _, a := range alts {
+		if a == bad {
+			continue
+		}
+		c, err := readStored(ctx, s.b, r.ID, a)
+		if err != nil {
+			continue
+		}
+		d, err := s.decode(c, r)
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		if cur, ok := s.known.locs[r.ID]; ok && cur == bad {
+			s.known.locs[r.ID] = a
+			kept := s.known.alt[r.ID][:0]
+			for _, x := range s.known.alt[r.ID] {
+				if x != a {
+					kept = append(kept, x)
+				}
+			}
+			s.known.alt[r.ID] = append(kept, bad)
+		}
+		s.mu.Unlock()
+		return d, c, true
+	}
+	return nil, nil, false
 }
 
 // fromBackend reads a chunk's stored bytes from the backend (not the outbox).
@@ -1535,9 +1587,6 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		dropped := s.known.dropPack(pid)
 		s.mu.Unlock()
 		indexGone, err := deletePack(ctx, s.b, pid)
-		if err == nil {
-			s.dropBadMarkers(ctx, pid)
-		}
 		s.mu.Lock()
 		for _, e := range entries {
 			if s.deleting[e.ID] == ch {

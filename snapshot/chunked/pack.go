@@ -48,19 +48,6 @@ type chunkLoc struct {
 func packKey(id string) string  { return "packs/" + id[:2] + "/" + id }
 func indexKey(id string) string { return "index/" + id + ".json" }
 
-// badKey marks chunk cid's copy in pack as damaged (Store.markBad).
-func badKey(pack, cid string) string { return "bad/" + pack + "/" + cid }
-
-// dropBadMarkers deletes the damage markers of a deleted pack (best effort).
-func (s *Store) dropBadMarkers(ctx context.Context, pack string) {
-	objs, err := s.b.List(ctx, "bad/"+pack+"/")
-	if err != nil {
-		return
-	}
-	for _, o := range objs {
-		_ = s.b.Delete(ctx, o.Key)
-	}
-}
 
 // packIndex is an index object.
 type packIndex struct {
@@ -79,31 +66,56 @@ type indexEntry struct {
 type packSet struct {
 	locs  map[string]chunkLoc     // chunk id -> location
 	packs map[string][]indexEntry // pack id -> its chunks
+	// alt holds other copies of a chunk (two commits that stored it at once,
+	// or a copy written again after the first was found damaged): a read
+	// that fails on locs[id] tries them.
+	alt map[string][]chunkLoc
 	// writing lists packs a commit or upload is writing (pack object possibly
 	// there, index not yet): never garbage.
 	writing map[string]bool
 }
 
 func newPackSet() *packSet {
-	return &packSet{locs: map[string]chunkLoc{}, packs: map[string][]indexEntry{}, writing: map[string]bool{}}
+	return &packSet{locs: map[string]chunkLoc{}, packs: map[string][]indexEntry{}, alt: map[string][]chunkLoc{},
+		writing: map[string]bool{}}
 }
 
-// addPack records a pack and points its chunks at it.
+// addPack records a pack and points its chunks at it; a chunk's earlier copy
+// elsewhere becomes an alternative.
 func (p *packSet) addPack(id string, entries []indexEntry) {
 	p.packs[id] = entries
 	for _, e := range entries {
+		if cur, ok := p.locs[e.ID]; ok && cur.Pack != id {
+			p.alt[e.ID] = append(p.alt[e.ID], cur)
+		}
 		p.locs[e.ID] = chunkLoc{Pack: id, Off: e.Off, Len: e.Len}
 	}
 }
 
-// dropPack forgets a pack and the chunk locations that point into it; it
-// returns the chunk ids whose location was dropped.
+// dropPack forgets a pack and the chunk locations that point into it (an
+// alternative copy takes a dropped location's place); it returns the chunk ids
+// left without any location.
 func (p *packSet) dropPack(id string) []string {
 	var dropped []string
 	for _, e := range p.packs[id] {
+		alts := p.alt[e.ID][:0]
+		for _, a := range p.alt[e.ID] {
+			if a.Pack != id {
+				alts = append(alts, a)
+			}
+		}
 		if l, ok := p.locs[e.ID]; ok && l.Pack == id {
-			delete(p.locs, e.ID)
-			dropped = append(dropped, e.ID)
+			if len(alts) > 0 {
+				p.locs[e.ID], alts = alts[len(alts)-1], alts[:len(alts)-1]
+			} else {
+				delete(p.locs, e.ID)
+				dropped = append(dropped, e.ID)
+			}
+		}
+		if len(alts) == 0 {
+			delete(p.alt, e.ID)
+		} else {
+			p.alt[e.ID] = alts
 		}
 	}
 	delete(p.packs, id)
@@ -166,21 +178,10 @@ func loadPacks(ctx context.Context, b Backend, workers int, log *slog.Logger) (*
 	}
 	close(next)
 	wg.Wait()
-	bad := map[string]bool{} // "<pack>/<chunk>" copies found damaged (Store.markBad)
-	if marks, err := b.List(ctx, "bad/"); err == nil {
-		for _, o := range marks {
-			bad[strings.TrimPrefix(o.Key, "bad/")] = true
-		}
-	}
 	for _, l := range out {
 		switch {
 		case l.err == nil:
-			p.packs[l.id] = l.entries
-			for _, e := range l.entries {
-				if !bad[l.id+"/"+e.ID] {
-					p.locs[e.ID] = chunkLoc{Pack: l.id, Off: e.Off, Len: e.Len}
-				}
-			}
+			p.addPack(l.id, l.entries)
 		case errors.Is(l.err, fs.ErrNotExist): // deleted since the listing
 		case l.id != "" && !errors.Is(l.err, errUnreachable):
 			log.Warn("snapshot store: unreadable pack index skipped; its pack is garbage", "pack", l.id, "err", l.err)
@@ -325,6 +326,11 @@ func (s *Store) writePack(ctx context.Context, target Backend, set *packSet, id 
 	}
 	s.mu.Lock()
 	set.addPack(id, entries)
+	if set == s.known {
+		for _, e := range entries {
+			delete(s.suspects, e.ID) // a new copy: the location now
+		}
+	}
 	s.mu.Unlock()
 	return nil
 }
