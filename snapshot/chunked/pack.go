@@ -48,7 +48,6 @@ type chunkLoc struct {
 func packKey(id string) string  { return "packs/" + id[:2] + "/" + id }
 func indexKey(id string) string { return "index/" + id + ".json" }
 
-
 // packIndex is an index object.
 type packIndex struct {
 	Chunks []indexEntry `json:"chunks"`
