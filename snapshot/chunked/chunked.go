@@ -307,6 +307,11 @@ func (s *Store) loadKnown(ctx context.Context) error {
 			s.known.locs[id] = l
 		}
 	}
+	for id, alts := range set.alt {
+		if _, ok := s.known.alt[id]; !ok {
+			s.known.alt[id] = alts
+		}
+	}
 	s.knownLoaded = true
 	return nil
 }
@@ -1287,11 +1292,15 @@ func (s *Store) suspect(cid string, l chunkLoc) {
 	s.suspects[cid] = l
 }
 
-// fromAlternative reads chunk r from a copy in the backend other than bad and
-// verifies it; that copy becomes the chunk's location.
+// fromAlternative reads chunk r from a copy in the backend other than bad (an
+// alternative, or its current location if it moved since it was looked up)
+// and verifies it; that copy becomes the chunk's location.
 func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (data, comp []byte, ok bool) {
 	s.mu.Lock()
 	alts := append([]chunkLoc(nil), s.known.alt[r.ID]...)
+	if cur, ok := s.known.locs[r.ID]; ok && cur != bad {
+		alts = append(alts, cur) // moved meanwhile (repack)
+	}
 	s.mu.Unlock()
 	for _, a := range alts {
 		if a == bad {
@@ -1578,6 +1587,13 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		if !dead {
 			s.mu.Unlock()
+			if ok {
+				k, err := s.repack(ctx, pid, ref)
+				if err != nil {
+					s.log.Warn("snapshot store: repack", "pack", pid, "err", err)
+				}
+				n += k
+			}
 			continue
 		}
 		ch := make(chan struct{})
@@ -1643,6 +1659,106 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// repackBelow is the share of a pack's stored bytes still in use below which
+// Collect rewrites the pack with only those chunks: a sandbox hibernated again
+// and again leaves packs holding a few live chunks each (measured by a
+// new-user trial: 80 cycles of one sandbox, 2.4× the live bytes stored).
+const repackBelow = 0.5
+
+// repack rewrites pack pid with only its chunks that ref references or a
+// commit has pinned (or had pinned while this collection runs), if those are
+// less than repackBelow of it, and deletes the old pack. It returns how many
+// chunks it dropped. The caller holds gcMu.
+//
+// The chunks to drop are marked deleting and lose their location before
+// anything is read, so a commit that needs one meanwhile waits and stores it
+// again; the kept ones get their new location before the old pack goes, and a
+// resume that located one in the old pack falls back to the new copy
+// (fromAlternative).
+func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (int, error) {
+	s.mu.Lock()
+	entries := s.known.packs[pid]
+	var keep, drop []indexEntry
+	var total, live int64
+	for _, e := range entries {
+		total += e.Len
+		if ref[e.ID] || s.pins[e.ID] > 0 || s.protected[e.ID] {
+			keep = append(keep, e)
+			live += e.Len
+		} else {
+			drop = append(drop, e)
+		}
+	}
+	if len(keep) == 0 || len(drop) == 0 || float64(live) >= repackBelow*float64(total) {
+		s.mu.Unlock()
+		return 0, nil
+	}
+	ch := make(chan struct{})
+	for _, e := range drop {
+		s.deleting[e.ID] = ch
+		if l, ok := s.known.locs[e.ID]; ok && l.Pack == pid {
+			delete(s.known.locs, e.ID)
+		}
+	}
+	s.mu.Unlock()
+	release := func(restore bool) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, e := range drop {
+			if s.deleting[e.ID] == ch {
+				delete(s.deleting, e.ID)
+			}
+			if _, ok := s.known.locs[e.ID]; restore && !ok {
+				s.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
+			}
+		}
+		close(ch)
+	}
+	// Copy the kept chunks, checked, into a new pack.
+	var data []byte
+	var moved []indexEntry
+	for _, e := range keep {
+		comp, err := s.b.GetRange(ctx, packKey(pid), e.Off, e.Len)
+		if err != nil {
+			release(true)
+			return 0, err
+		}
+		if err := s.checkStored(comp, e.ID); err != nil {
+			release(true)
+			return 0, fmt.Errorf("chunk %s: %w", e.ID, err) // damaged: leave the pack as it is
+		}
+		moved = append(moved, indexEntry{ID: e.ID, Off: int64(len(data)), Len: e.Len})
+		data = append(data, comp...)
+	}
+	if err := s.writePack(ctx, s.b, s.known, newPackID(), data, moved); err != nil {
+		release(true)
+		return 0, err
+	}
+	if sy, ok := s.b.(Syncer); ok {
+		if err := sy.Sync(ctx); err != nil {
+			release(true)
+			return 0, err
+		}
+	}
+	indexGone, err := deletePack(ctx, s.b, pid)
+	if err != nil && !indexGone {
+		release(true)
+		return 0, err
+	}
+	s.mu.Lock()
+	s.known.dropPack(pid)
+	s.mu.Unlock()
+	release(false)
+	if s.cache != nil {
+		for _, e := range drop {
+			s.cache.Remove(e.ID)
+		}
+	}
+	s.log.Info("snapshot pack rewritten without its unused chunks", "pack", pid,
+		"kept_bytes", live, "dropped_bytes", total-live)
+	return len(drop), err
 }
 
 func (s *Store) gcLoop() {

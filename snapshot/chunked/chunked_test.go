@@ -1050,3 +1050,58 @@ func TestS3HungServerAsyncCommit(t *testing.T) {
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-b", files)
 }
+
+// A sandbox hibernated again and again rewrites the same hot pages and a few
+// cold ones: each diff pack keeps a few live chunks among many dead ones.
+// Collect rewrites such packs with their live chunks only, so the backend
+// holds little more than what live snapshots use, and they still open.
+func TestRepackPartlyDeadPacks(t *testing.T) {
+	s := newFSStore(t)
+	img := memImage(512)
+	commit(t, s, "snap-0", map[string][]byte{"pages.img": img})
+	r := mrand.New(mrand.NewPCG(5, 5))
+	for i := 1; i <= 10; i++ {
+		img = bytes.Clone(img)
+		fill(img[:256*pageSize]) // hot: rewritten every cycle
+		for k := 0; k < 4; k++ { // cold: a few pages elsewhere
+			p := 256 + r.IntN(256)
+			fill(img[p*pageSize : (p+1)*pageSize])
+		}
+		id, prev := fmt.Sprintf("snap-%d", i), fmt.Sprintf("snap-%d", i-1)
+		commitChild(t, s, id, prev, map[string][]byte{"pages.img": img})
+		if err := s.Delete(ctx, prev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() (packs, live int64) {
+		objs, err := s.b.List(ctx, "packs/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			packs += o.Size
+		}
+		d, err := s.readDoc(ctx, "snap-10")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, c := range d.Files[0].Chunks {
+			if c.ID != "" && !seen[c.ID] {
+				seen[c.ID] = true
+				live += c.Stored
+			}
+		}
+		return packs, live
+	}
+	if _, err := s.Collect(ctx, []string{"snap-10"}); err != nil {
+		t.Fatal(err)
+	}
+	packs, live := stored()
+	t.Logf("after collection: %d pack bytes for %d live bytes (%.2fx)", packs, live, float64(packs)/float64(live))
+	if float64(packs) > 1.5*float64(live) {
+		t.Fatalf("%d pack bytes for %d live bytes: partly dead packs were not rewritten", packs, live)
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-10", map[string][]byte{"pages.img": img})
+}

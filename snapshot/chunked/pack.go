@@ -345,6 +345,18 @@ func deletePack(ctx context.Context, b Backend, id string) (indexGone bool, err 
 	return true, b.Delete(ctx, packKey(id))
 }
 
+// checkStored checks that comp is the zstd frame of chunk id's bytes.
+func (s *Store) checkStored(comp []byte, id string) error {
+	plain, err := s.dec.DecodeAll(comp, nil)
+	if err != nil {
+		return fmt.Errorf("undecodable: %v", err)
+	}
+	if sha256Hex(plain) != id {
+		return errors.New("sha256 mismatch")
+	}
+	return nil
+}
+
 // readStored returns the stored bytes of a chunk at loc in tier b.
 func readStored(ctx context.Context, b Backend, id string, loc chunkLoc) ([]byte, error) {
 	if loc.Pack == "" {

@@ -263,9 +263,8 @@ func (s *Store) uploadPack(ctx context.Context, pid string) error {
 		if e.Off+e.Len > int64(len(data)) {
 			return fmt.Errorf("pack %s: the outbox copy is truncated", pid)
 		}
-		plain, err := s.dec.DecodeAll(data[e.Off:e.Off+e.Len], nil)
-		if err != nil || sha256Hex(plain) != e.ID {
-			return fmt.Errorf("pack %s: chunk %s: the outbox copy is damaged", pid, e.ID)
+		if err := s.checkStored(data[e.Off:e.Off+e.Len], e.ID); err != nil {
+			return fmt.Errorf("pack %s: chunk %s: the outbox copy is damaged: %w", pid, e.ID, err)
 		}
 	}
 	// A new pack id in the backend: an earlier attempt may have left a pack
