@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -87,8 +89,20 @@ func TestSnapshotCommands(t *testing.T) {
 	// --data-dir: the offline mode reads the directory (an empty store here) and
 	// never calls the server.
 	delete(bodies, "GET /v1/snapshots")
-	if out := must("snapshot", "ls", "--data-dir", t.TempDir()); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
+	empty := t.TempDir()
+	if err := os.WriteFile(filepath.Join(empty, "torpor.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := must("snapshot", "ls", "--data-dir", empty); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
 		t.Errorf("offline ls of an empty data dir: %q", out)
+	}
+	// A directory that is not a data directory (a typo) is refused, not created.
+	typo := filepath.Join(t.TempDir(), "typo")
+	if code, _, errb := run("snapshot", "ls", "--data-dir", typo); code == 0 || !strings.Contains(errb, "not a torpor data directory") {
+		t.Errorf("offline ls of a missing directory: exit %d, stderr %q", code, errb)
+	}
+	if _, err := os.Stat(typo); err == nil {
+		t.Errorf("offline ls created %s", typo)
 	}
 	if _, ok := bodies["GET /v1/snapshots"]; ok {
 		t.Error("offline ls called the server")
