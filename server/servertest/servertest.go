@@ -72,21 +72,32 @@ func Root() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// AgentBinary builds the guest agent once per test process and returns its path.
+// AgentBinary builds the guest agent once per test process and returns its
+// path: .tools/build/test-agent/torpor-agent in the checkout (ignored by git),
+// one file that every test process replaces by rename (a process reading the
+// previous one keeps it), so test runs leave nothing behind in /tmp.
 func AgentBinary(t testing.TB) string {
 	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "torpor-agent-")
+		dir := filepath.Join(Root(), ".tools", "build", "test-agent")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			agentErr = err
+			return
+		}
+		tmp, err := os.MkdirTemp(dir, "build-")
 		if err != nil {
 			agentErr = err
 			return
 		}
-		agentPath = filepath.Join(dir, "torpor-agent")
-		cmd := exec.Command("go", "build", "-o", agentPath, "./cmd/torpor-agent")
+		defer os.RemoveAll(tmp)
+		cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, "torpor-agent"), "./cmd/torpor-agent")
 		cmd.Dir = Root()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
+			return
 		}
+		agentPath = filepath.Join(dir, "torpor-agent")
+		agentErr = os.Rename(filepath.Join(tmp, "torpor-agent"), agentPath)
 	})
 	if agentErr != nil {
 		t.Fatal(agentErr)
