@@ -1716,15 +1716,20 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		}
 		close(ch)
 	}
-	// Copy the kept chunks, checked, into a new pack.
+	// Copy the kept chunks, checked, into a new pack (one read of the old one).
+	var end int64
+	for _, e := range entries {
+		end = max(end, e.Off+e.Len)
+	}
+	old, err := s.b.GetRange(ctx, packKey(pid), 0, end)
+	if err != nil {
+		release(true)
+		return 0, err
+	}
 	var data []byte
 	var moved []indexEntry
 	for _, e := range keep {
-		comp, err := s.b.GetRange(ctx, packKey(pid), e.Off, e.Len)
-		if err != nil {
-			release(true)
-			return 0, err
-		}
+		comp := old[e.Off : e.Off+e.Len]
 		if err := s.checkStored(comp, e.ID); err != nil {
 			release(true)
 			return 0, fmt.Errorf("chunk %s: %w", e.ID, err) // damaged: leave the pack as it is
