@@ -894,15 +894,22 @@ func TestWarmCopyCheckedByFingerprint(t *testing.T) {
 	mustOpen(t, s, "snap-w", map[string][]byte{"pages.img": img})
 }
 
+// openAt opens (or reopens, as after a restart) a filesystem-backed store in dir.
+func openAt(t *testing.T, dir string) *Store {
+	t.Helper()
+	s, err := New(ctx, Config{Dir: dir})
+	if err != nil {
+		t.Fatalf("open the store in %s: %v", dir, err)
+	}
+	return s
+}
+
 // Garbage a crash can leave in the backend — a pack without its index, a pack
 // whose index was never synced (empty) — neither stops the store from opening
 // nor survives a collection; the committed snapshot is untouched.
 func TestPackGarbageCollected(t *testing.T) {
 	dir := t.TempDir()
-	s, err := New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openAt(t, dir)
 	files := map[string][]byte{"pages.img": memImage(1024)}
 	commit(t, s, "snap-a", files)
 	s.Close()
@@ -916,10 +923,7 @@ func TestPackGarbageCollected(t *testing.T) {
 	if err := fsb.Put(ctx, indexKey(broken), bytes.NewReader(nil), 0); err != nil {
 		t.Fatal(err)
 	}
-	s, err = New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatalf("open with a broken pack index: %v", err)
-	}
+	s = openAt(t, dir) // with a broken pack index
 	defer s.Close()
 	if _, err := s.Collect(ctx, nil); err != nil {
 		t.Fatal(err)
@@ -941,10 +945,7 @@ func TestPackGarbageCollected(t *testing.T) {
 // restart, when the damaged copy's index still lists it.
 func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 	dir := t.TempDir()
-	s, err := New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openAt(t, dir)
 	files := map[string][]byte{"pages.img": memImage(1024)}
 	commit(t, s, "snap-a", files)
 	d, _ := s.readDoc(ctx, "snap-a")
@@ -962,10 +963,7 @@ func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-a", files)
 	s.Close()
-	s, err = New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = openAt(t, dir)
 	defer s.Close()
 	mustOpen(t, s, "snap-a", files)
 	if _, err := s.Verify(ctx, "snap-a"); err != nil {
@@ -977,10 +975,7 @@ func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 // store cannot tell what is in it, and the snapshot needs it.
 func TestUnindexedLivePackKept(t *testing.T) {
 	dir := t.TempDir()
-	s, err := New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openAt(t, dir)
 	files := map[string][]byte{"pages.img": memImage(512)}
 	commit(t, s, "snap-a", files)
 	s.mu.Lock()
@@ -998,10 +993,7 @@ func TestUnindexedLivePackKept(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(fsb.Dir(), filepath.FromSlash(indexKey(pack))), []byte("garbage{{{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err = New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = openAt(t, dir)
 	if _, err := s.Collect(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -1013,10 +1005,7 @@ func TestUnindexedLivePackKept(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(fsb.Dir(), filepath.FromSlash(indexKey(pack))), good, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err = New(ctx, Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = openAt(t, dir)
 	defer s.Close()
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-a", files)
