@@ -77,6 +77,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -228,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 		s.fill = newCacheFiller(s.cache)
 	}
-	s.enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	s.enc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)))
 	s.dec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<26))
 	if s.outbox, err = NewFS(filepath.Join(abs, "outbox")); err != nil {
 		return nil, err
@@ -452,11 +453,40 @@ func (s *Store) unpin(ids []string) {
 	}
 }
 
-type job struct {
-	file, idx int
-	off       int64
-	key       uint64
-	data      []byte // a slice of the staged file's read-only mapping
+// segment is a run of a staged file (segments) that one commit worker chunks
+// and stores; refs and keys are its chunks'.
+type segment struct {
+	file       int
+	start, end int
+	refs       []chunkRef
+	keys       []uint64
+}
+
+// storeSegment cuts data[sg.start:sg.end] (a slice of the staged file's
+// mapping) into chunks and stores them, filling sg.refs and sg.keys: a chunk
+// found in the parent's copy of the file by key and byte comparison takes the
+// parent's id, others are hashed (putChunk). Errors name the offset; they come
+// from putChunk or ctx.
+func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWriter, async bool, par *parentCopy, name string, data []byte, sg *segment) error {
+	for off := sg.start; off < sg.end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, key := cut(data[off:sg.end])
+		chunk := data[off : off+n]
+		known, ok := par.match(name, key, chunk)
+		if ok {
+			st.reused.Add(1)
+		}
+		ref, err := s.putChunk(ctx, st, pw, chunk, async, known.ID)
+		if err != nil {
+			return fmt.Errorf("offset %d: %w", off, err)
+		}
+		sg.refs = append(sg.refs, ref)
+		sg.keys = append(sg.keys, key)
+		off += n
+	}
+	return nil
 }
 
 type commitState struct {
@@ -526,81 +556,71 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	pw := s.newPackWriter(target, set)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	jobs := make(chan job, 2*s.workers)
-	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
 	fail := func(err error) {
 		errOnce.Do(func() { firstErr = err; cancel() })
 	}
-	var refsMu sync.Mutex
-	for w := 0; w < s.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				if ctx.Err() != nil {
-					continue
-				}
-				known, ok := par.match(names[j.file], j.key, j.data)
-				if ok {
-					st.reused.Add(1)
-				}
-				ref, err := s.putChunk(ctx, st, pw, j.data, async, known.ID)
-				if err != nil {
-					fail(fmt.Errorf("file %s offset %d: %w", names[j.file], j.off, err))
-					continue
-				}
-				refsMu.Lock()
-				d.Files[j.file].Chunks[j.idx] = ref
-				refsMu.Unlock()
-			}
-		}()
-	}
-	// The staged files are read through read-only mappings: the chunks handed to
-	// the workers are slices of them, compared with the parent's copy (also
-	// mapped) and compressed in place, without copying 512 MiB through buffers.
+	// The staged files are read through read-only mappings: chunks are slices
+	// of them, compared with the parent's copy (also mapped) and compressed in
+	// place, without copying 512 MiB through buffers. Each file is split into
+	// segments that the workers chunk and store independently (no hand-off per
+	// chunk); the chunks are those of a single pass from offset 0 (segments).
 	var mapped [][]byte
 	defer func() {
 		for _, b := range mapped {
 			_ = syscall.Munmap(b)
 		}
 	}()
-	var logical int64
-	func() {
-		defer close(jobs)
-		for fi, n := range names {
-			d.Files[fi].Name = n
-			data, err := mapStaged(filepath.Join(dir, n))
-			if err != nil {
-				fail(err)
-				return
-			}
-			if data != nil {
-				mapped = append(mapped, data)
-			}
-			for idx, off := 0, 0; off < len(data); idx++ {
-				n, key := cut(data[off:])
-				logical += int64(n)
-				refsMu.Lock()
-				d.Files[fi].Chunks = append(d.Files[fi].Chunks, chunkRef{Len: int64(n)})
-				refsMu.Unlock()
-				d.keys[fi] = append(d.keys[fi], key)
-				select {
-				case jobs <- job{file: fi, idx: idx, off: int64(off), key: key, data: data[off : off+n]}:
-				case <-ctx.Done():
+	var segs []*segment
+	fileData := make([][]byte, len(names))
+	for fi, n := range names {
+		d.Files[fi].Name = n
+		data, err := mapStaged(filepath.Join(dir, n))
+		if err != nil {
+			return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+		}
+		if data == nil {
+			continue
+		}
+		mapped = append(mapped, data)
+		fileData[fi] = data
+		b := segments(data, segmentSpan)
+		for i := 0; i+1 < len(b); i++ {
+			segs = append(segs, &segment{file: fi, start: b[i], end: b[i+1]})
+		}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < min(s.workers, len(segs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= len(segs) {
 					return
 				}
-				off += n
+				sg := segs[i]
+				if err := s.storeSegment(ctx, st, pw, async, par, names[sg.file], fileData[sg.file], sg); err != nil {
+					fail(fmt.Errorf("file %s %w", names[sg.file], err))
+					return
+				}
 			}
-		}
-	}()
+		}()
+	}
 	wg.Wait()
 	if firstErr == nil && ctx.Err() != nil {
 		firstErr = ctx.Err()
 	}
 	if firstErr == nil {
 		firstErr = pw.flush(ctx)
+	}
+	var logical int64
+	for _, sg := range segs {
+		d.Files[sg.file].Chunks = append(d.Files[sg.file].Chunks, sg.refs...)
+		d.keys[sg.file] = append(d.keys[sg.file], sg.keys...)
+		logical += int64(sg.end - sg.start)
 	}
 	if firstErr != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, firstErr)
