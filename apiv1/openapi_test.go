@@ -37,6 +37,7 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/snapshots":                          {"get"},
 		"/v1/snapshots/{id}":                     {"get", "delete"},
 		"/v1/snapshots/{id}/verify":              {"post"},
+		"/v1/store":                              {"get"},
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
@@ -145,6 +146,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ResumeClock":           ResumeClock{},
 		"ResumeSubscribers":     ResumeSubscribers{},
 		"ResumeHook":            ResumeHook{},
+		"StoreUsage":            StoreUsage{},
 	}
 	for name, v := range cases {
 		raw, ok := doc.Components.Schemas[name]

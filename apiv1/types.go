@@ -323,6 +323,35 @@ type ListSnapshotsResponse struct {
 	Snapshots []Snapshot `json:"snapshots"`
 }
 
+// StoreUsage is the body of GET /v1/store: the snapshot store's footprint, in
+// bytes. The durable tier's figures come from the store's own index (no
+// request to S3), the local ones from a walk of the data directory.
+type StoreUsage struct {
+	// Kind is the store: "chunked" (local filesystem backend), "s3" or "plain".
+	Kind string `json:"kind"`
+	// Snapshots counts the committed snapshots; LogicalBytes sums their sizes
+	// as the engine wrote them (what plain files would take).
+	Snapshots    int   `json:"snapshots"`
+	LogicalBytes int64 `json:"logical_bytes"`
+	// StoredBytes is what the durable tier holds: compressed chunks in packs
+	// (including chunks no snapshot uses any more until garbage collection
+	// removes or repacks them) and loose chunks; a plain store's files.
+	StoredBytes int64 `json:"stored_bytes"`
+	// DedupRatio is LogicalBytes / StoredBytes (0 when nothing is stored).
+	DedupRatio float64 `json:"dedup_ratio"`
+	// ChunkBytes is the compressed size of the distinct chunks in the durable
+	// tier; Chunks and Packs count them and their pack objects (0 for plain).
+	ChunkBytes int64 `json:"chunk_bytes"`
+	Chunks     int   `json:"chunks"`
+	Packs      int   `json:"packs"`
+	// PendingUploadBytes waits in the local outbox for an asynchronous upload.
+	PendingUploadBytes int64 `json:"pending_upload_bytes"`
+	// LocalBytes is what this host keeps besides the durable tier: opened
+	// copies of snapshots (uncompressed: the files the next resume reads),
+	// the chunk cache, the outbox and staging.
+	LocalBytes int64 `json:"local_bytes"`
+}
+
 // VerifySnapshotResponse is the body of a successful POST /v1/snapshots/{id}/verify.
 type VerifySnapshotResponse struct {
 	OK    bool  `json:"ok"`

@@ -59,6 +59,10 @@ func newFakeServer(t *testing.T) *fakeServer {
 		w.WriteHeader(204)
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
+		if sb.State == apiv1.StateHibernated { // as the server: answered as it is
+			writeJSON(w, 200, sb)
+			return
+		}
 		if sb.State != apiv1.StateRunning {
 			writeErr(w, 409, apiv1.CodeConflict, "sandbox "+sb.ID+" is "+string(sb.State))
 			return
@@ -76,6 +80,10 @@ func newFakeServer(t *testing.T) *fakeServer {
 		writeJSON(w, 200, sb)
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
+		if sb.State == apiv1.StateRunning { // as the server: answered as it is
+			writeJSON(w, 200, sb)
+			return
+		}
 		if sb.State != apiv1.StateHibernated {
 			writeErr(w, 409, apiv1.CodeConflict, "sandbox "+sb.ID+" is "+string(sb.State))
 			return
@@ -429,12 +437,14 @@ func TestHibernateResumeForkRm(t *testing.T) {
 	if out := f.mustRun("hibernate", "sb1"); out != "hibernated sb1: snapshot snap-sb1, 150.0 MiB, 1234 ms\n" {
 		t.Fatalf("hibernate: %q", out)
 	}
-	r := f.run("", "hibernate", "sb1")
-	if r.code != 1 || r.stderr != "torpor: sandbox sb1 is hibernated\n" {
-		t.Fatalf("hibernate twice: %+v", r)
+	if out := f.mustRun("hibernate", "sb1"); out != "sb1 was already hibernated (snapshot snap-sb1)\n" {
+		t.Fatalf("hibernate twice: %q", out)
 	}
 	if out := f.mustRun("resume", "sb1"); out != "resumed sb1 in 87 ms (generation 2)\n" {
 		t.Fatalf("resume: %q", out)
+	}
+	if out := f.mustRun("resume", "sb1"); out != "sb1 was already running (generation 2)\n" {
+		t.Fatalf("resume twice: %q", out)
 	}
 	if out := f.mustRun("hibernate", "--async-upload", "sb1"); out != "hibernated sb1: snapshot snap-sb1, 150.0 MiB, 1234 ms (not durable yet: uploading in the background)\n" {
 		t.Fatalf("hibernate --async-upload: %q", out)
@@ -456,7 +466,7 @@ func TestHibernateResumeForkRm(t *testing.T) {
 		t.Fatalf("fork default: %q", out)
 	}
 
-	r = f.run("", "rm", "sb2", "nope", "sb3")
+	r := f.run("", "rm", "sb2", "nope", "sb3")
 	if r.code != 1 || r.stdout != "sb2\nsb3\n" || r.stderr != "torpor: nope: sandbox nope not found\n" {
 		t.Fatalf("rm: %+v", r)
 	}

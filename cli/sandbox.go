@@ -124,6 +124,9 @@ func (a *app) hibernateCommand() *cobra.Command {
 		Short: "Hibernate a running sandbox to a snapshot and release its compute",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// A hibernated sandbox is answered as it is: say so rather than
+			// print its last hibernate as if it were this one.
+			before, _ := a.client().GetSandbox(cmd.Context(), args[0])
 			sp := a.newSpinner("hibernating " + args[0])
 			var req apiv1.HibernateRequest
 			if cmd.Flags().Changed("async-upload") {
@@ -136,6 +139,10 @@ func (a *app) hibernateCommand() *cobra.Command {
 			}
 			if asJSON {
 				return printJSON(a.stdout, sb)
+			}
+			if before.State == apiv1.StateHibernated && sb.Snapshot != nil && before.Snapshot != nil && before.Snapshot.ID == sb.Snapshot.ID {
+				_, err = fmt.Fprintf(a.stdout, "%s was already hibernated (snapshot %s)\n", sb.ID, sb.Snapshot.ID)
+				return err
 			}
 			if sb.Snapshot == nil {
 				_, err = fmt.Fprintf(a.stdout, "hibernated %s\n", sb.ID)
@@ -162,6 +169,9 @@ func (a *app) resumeCommand() *cobra.Command {
 		Short: "Resume a hibernated sandbox from its snapshot",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// A running sandbox is answered as it is: say so rather than print
+			// its last resume as if it were this one (generation is unchanged).
+			before, _ := a.client().GetSandbox(cmd.Context(), args[0])
 			sp := a.newSpinner("resuming " + args[0])
 			sb, err := a.client().Resume(cmd.Context(), args[0])
 			sp.done()
@@ -170,6 +180,10 @@ func (a *app) resumeCommand() *cobra.Command {
 			}
 			if asJSON {
 				return printJSON(a.stdout, sb)
+			}
+			if before.State == apiv1.StateRunning && before.Generation == sb.Generation {
+				_, err = fmt.Fprintf(a.stdout, "%s was already running (generation %d)\n", sb.ID, sb.Generation)
+				return err
 			}
 			_, err = fmt.Fprintf(a.stdout, "resumed %s in %d ms (generation %d)\n", sb.ID, sb.ResumeMS, sb.Generation)
 			return err

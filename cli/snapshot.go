@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/snapshot"
 )
@@ -180,8 +181,74 @@ func (a *app) snapshotCommand() *cobra.Command {
 			return err
 		},
 	}
-	cmd.AddCommand(ls, inspect, verify, rm)
+	usage := &cobra.Command{
+		Use:   "usage",
+		Short: "Show the store's footprint: snapshots, logical and stored bytes, dedup ratio, chunks, packs, pending upload, local disk",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var u apiv1.StoreUsage
+			if !offline(cmd) {
+				var err error
+				if u, err = a.client().StoreUsage(cmd.Context()); err != nil {
+					return err
+				}
+			} else {
+				kind, kerr := server.ResolveStoreKind(dataDir, sc) // before open adds directories
+				st, closeFn, err := open(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer closeFn()
+				if kerr != nil {
+					return kerr
+				}
+				if u, err = offlineUsage(cmd.Context(), st); err != nil {
+					return err
+				}
+				u.Kind = kind
+			}
+			if asJSON {
+				return printJSON(a.stdout, u)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			dedup := "-"
+			if u.DedupRatio > 0 {
+				dedup = fmt.Sprintf("%.2fx", u.DedupRatio)
+			}
+			for _, row := range [][2]string{
+				{"store", u.Kind}, {"snapshots", fmt.Sprint(u.Snapshots)}, {"logical", mib(u.LogicalBytes)},
+				{"stored", mib(u.StoredBytes)}, {"dedup", dedup}, {"chunks", fmt.Sprintf("%d (%s)", u.Chunks, mib(u.ChunkBytes))},
+				{"packs", fmt.Sprint(u.Packs)}, {"pending upload", mib(u.PendingUploadBytes)}, {"local", mib(u.LocalBytes)},
+			} {
+				fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.AddCommand(ls, inspect, verify, rm, usage)
 	return cmd
+}
+
+// offlineUsage is GET /v1/store computed from a store opened directly: the
+// snapshots and logical bytes from its manifests, the rest from the store.
+func offlineUsage(ctx context.Context, st snapshot.Store) (apiv1.StoreUsage, error) {
+	ids, err := st.List(ctx)
+	if err != nil {
+		return apiv1.StoreUsage{}, err
+	}
+	var logical int64
+	for _, id := range ids {
+		m, err := st.Manifest(ctx, id)
+		if err != nil {
+			return apiv1.StoreUsage{}, err
+		}
+		if m.LogicalBytes > 0 {
+			logical += m.LogicalBytes
+		} else {
+			logical += m.Bytes
+		}
+	}
+	return manager.UsageOf(ctx, st, len(ids), logical)
 }
 
 // snapshotLs lists the server's snapshots.

@@ -44,6 +44,9 @@ func TestSnapshotCommands(t *testing.T) {
 			errBody(409, apiv1.CodeConflict, "snapshot snap-a is in use: sandbox sbx-1 resumes from it")
 		case "DELETE /v1/snapshots/snap-old":
 			w.WriteHeader(http.StatusNoContent)
+		case "GET /v1/store":
+			json.NewEncoder(w).Encode(apiv1.StoreUsage{Kind: "s3", Snapshots: 3, LogicalBytes: 600 << 20, StoredBytes: 150 << 20,
+				DedupRatio: 4, ChunkBytes: 140 << 20, Chunks: 9000, Packs: 20, PendingUploadBytes: 5 << 20, LocalBytes: 300 << 20})
 		default:
 			json.NewEncoder(w).Encode(apiv1.Sandbox{ID: "sbx-1", State: apiv1.StateRunning, ExpiresAt: &exp,
 				Hibernation: apiv1.Hibernation{Mode: "memory"}})
@@ -86,6 +89,16 @@ func TestSnapshotCommands(t *testing.T) {
 	if out := must("snapshot", "rm", "snap-old"); out != "deleted snap-old\n" {
 		t.Errorf("snapshot rm: %q", out)
 	}
+	out = must("snapshot", "usage")
+	for _, w := range []string{"s3", "600.0 MiB", "150.0 MiB", "4.00x", "9000 (140.0 MiB)", "20", "5.0 MiB", "300.0 MiB"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("snapshot usage lacks %q:\n%s", w, out)
+		}
+	}
+	var u apiv1.StoreUsage
+	if err := json.Unmarshal([]byte(must("snapshot", "usage", "--json")), &u); err != nil || u.Packs != 20 || u.PendingUploadBytes != 5<<20 {
+		t.Errorf("snapshot usage --json: %+v %v", u, err)
+	}
 	// --data-dir: the offline mode reads the directory (an empty store here) and
 	// never calls the server.
 	delete(bodies, "GET /v1/snapshots")
@@ -95,6 +108,17 @@ func TestSnapshotCommands(t *testing.T) {
 	}
 	if out := must("snapshot", "ls", "--data-dir", empty); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
 		t.Errorf("offline ls of an empty data dir: %q", out)
+	}
+	delete(bodies, "GET /v1/store")
+	empty2 := t.TempDir()
+	if err := os.WriteFile(filepath.Join(empty2, "torpor.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := must("snapshot", "usage", "--data-dir", empty2); !strings.Contains(out, "chunked") || !strings.Contains(out, "snapshots       0") {
+		t.Errorf("offline usage of an empty data dir: %q", out)
+	}
+	if _, ok := bodies["GET /v1/store"]; ok {
+		t.Error("offline usage called the server")
 	}
 	// A directory that is not a data directory (a typo) is refused, not created.
 	typo := filepath.Join(t.TempDir(), "typo")

@@ -43,3 +43,10 @@ func (c *Client) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySna
 	err := c.call(ctx, http.MethodPost, snapshotPath(id, "verify"), nil, &r)
 	return r, err
 }
+
+// StoreUsage returns the snapshot store's footprint (GET /v1/store).
+func (c *Client) StoreUsage(ctx context.Context) (apiv1.StoreUsage, error) {
+	var u apiv1.StoreUsage
+	err := c.call(ctx, http.MethodGet, "/v1/store", nil, &u)
+	return u, err
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +244,7 @@ func TestSnapshotAPIChunked(t *testing.T) {
 	if vr, err := c.VerifySnapshot(ctx, id); err != nil || !vr.OK {
 		t.Fatalf("verify: %+v %v", vr, err)
 	}
+	checkStoreUsage(t, srv, snap)
 	flips := corruptMemoryFile(t, srv, id)
 	res := rawCall(t, http.MethodPost, srv.URL+"/v1/snapshots/"+id+"/verify", "", nil)
 	if res.Status != http.StatusUnprocessableEntity || !strings.Contains(res.Err.Message, "pages.img") {
@@ -259,5 +261,51 @@ func TestSnapshotAPIChunked(t *testing.T) {
 	}
 	if vr, err := c.VerifySnapshot(ctx, id); err != nil || !vr.OK {
 		t.Errorf("verify after restoring the byte: %+v %v", vr, err)
+	}
+}
+
+// checkStoreUsage checks GET /v1/store and the torpor_store_* metrics against
+// the snapshot list, with snap (a chunked snapshot of this server) among them.
+func checkStoreUsage(t *testing.T, srv *servertest.Server, snap apiv1.Snapshot) {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	u, err := srv.Client.StoreUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := srv.Client.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logical int64
+	for _, s := range list {
+		logical += s.LogicalBytes
+	}
+	t.Logf("store usage: %+v", u)
+	if u.Kind != "chunked" || u.Snapshots != len(list) || u.LogicalBytes != logical {
+		t.Errorf("store usage %+v; want kind chunked, %d snapshots of %d logical bytes", u, len(list), logical)
+	}
+	if u.ChunkBytes < snap.StoredBytes || u.StoredBytes < u.ChunkBytes || u.Chunks == 0 || u.Packs == 0 {
+		t.Errorf("store usage %+v: chunk bytes below the snapshot's %d, or stored below chunk bytes", u, snap.StoredBytes)
+	}
+	if u.LocalBytes < snap.LogicalBytes || u.PendingUploadBytes != 0 || u.DedupRatio <= 0 {
+		t.Errorf("store usage %+v: local bytes below the opened copy's %d, pending upload, or no ratio", u, snap.LogicalBytes)
+	}
+	// The metrics read the same figures at scrape time (a background garbage
+	// collection may have changed them since: only their presence is exact).
+	res := rawCall(t, http.MethodGet, srv.URL+"/metrics", "", nil)
+	for _, name := range []string{"torpor_store_snapshots", "torpor_store_logical_bytes", "torpor_store_stored_bytes",
+		"torpor_store_chunk_bytes", "torpor_store_pending_upload_bytes", "torpor_store_local_bytes"} {
+		var v float64
+		found := false
+		for _, line := range strings.Split(string(res.Body), "\n") {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				v, err = strconv.ParseFloat(rest, 64)
+				found = err == nil
+			}
+		}
+		if !found || (v <= 0 && name != "torpor_store_pending_upload_bytes") {
+			t.Errorf("metrics: %s found %v, value %g", name, found, v)
+		}
 	}
 }

@@ -86,6 +86,44 @@ func (m *Manager) ListSnapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
 	return out, nil
 }
 
+// StoreUsage returns the snapshot store's footprint (kind left empty for the
+// caller): snapshot count and logical bytes from the database, the rest from
+// the store (UsageOf). Errors: database and local directory reads.
+func (m *Manager) StoreUsage(ctx context.Context) (apiv1.StoreUsage, error) {
+	recs, err := m.cfg.DB.ListSnapshots(ctx)
+	if err != nil {
+		return apiv1.StoreUsage{}, err
+	}
+	var logical int64
+	for _, r := range recs {
+		if r.LogicalBytes > 0 {
+			logical += r.LogicalBytes
+		} else {
+			logical += r.Bytes
+		}
+	}
+	return UsageOf(ctx, m.cfg.Store, len(recs), logical)
+}
+
+// UsageOf is the footprint of store st holding snapshots snapshots of logical
+// bytes in all: stored, chunk, pending-upload and local bytes come from st when
+// it reports them (snapshot.UsageReporter), else stay 0. Errors: st's Usage.
+func UsageOf(ctx context.Context, st snapshot.Store, snapshots int, logical int64) (apiv1.StoreUsage, error) {
+	u := apiv1.StoreUsage{Snapshots: snapshots, LogicalBytes: logical}
+	if ur, ok := st.(snapshot.UsageReporter); ok {
+		su, err := ur.Usage(ctx)
+		if err != nil {
+			return u, fmt.Errorf("snapshot store usage: %w", err)
+		}
+		u.StoredBytes, u.ChunkBytes, u.Chunks, u.Packs = su.StoredBytes, su.ChunkBytes, su.Chunks, su.Packs
+		u.PendingUploadBytes, u.LocalBytes = su.PendingUploadBytes, su.LocalBytes
+	}
+	if u.StoredBytes > 0 {
+		u.DedupRatio = float64(u.LogicalBytes) / float64(u.StoredBytes)
+	}
+	return u, nil
+}
+
 // GetSnapshot returns one snapshot. Errors: ErrNotFound.
 func (m *Manager) GetSnapshot(ctx context.Context, id string) (apiv1.Snapshot, error) {
 	rec, err := m.getSnapshot(ctx, id)

@@ -155,7 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
-	reg.MustRegister(manager.NewStateCollector(mgr))
+	reg.MustRegister(manager.NewStateCollector(mgr), manager.NewStoreCollector(mgr))
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}

@@ -12,6 +12,17 @@ func (s *Server) snapshotRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/snapshots/{id}", s.getSnapshot)
 	mux.HandleFunc("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 	mux.HandleFunc("POST /v1/snapshots/{id}/verify", s.verifySnapshot)
+	mux.HandleFunc("GET /v1/store", s.storeUsage)
+}
+
+func (s *Server) storeUsage(w http.ResponseWriter, r *http.Request) {
+	u, err := s.Manager.StoreUsage(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	u.Kind = s.StoreKind
+	writeJSON(w, http.StatusOK, u)
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {

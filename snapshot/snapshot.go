@@ -28,6 +28,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"time"
 )
 
@@ -126,6 +128,59 @@ type AsyncStore interface {
 	// upload. It reads local state only (no request to the durable tier), so
 	// listings stay fast and work while that tier is unreachable.
 	Durable(ctx context.Context, id string) (bool, error)
+}
+
+// Usage is a store's footprint in bytes, from its own bookkeeping and a walk of
+// its local directories (no request to a remote durable tier).
+type Usage struct {
+	// StoredBytes is what the durable tier holds for the snapshots: pack
+	// objects and loose chunks (compressed; until the next garbage collection
+	// also chunks no snapshot uses any more), or a plain store's files.
+	StoredBytes int64
+	// ChunkBytes is the compressed size of the distinct chunks the store knows
+	// in its durable tier; Chunks and Packs count them (0 for a plain store).
+	ChunkBytes    int64
+	Chunks, Packs int
+	// PendingUploadBytes is what waits in the local outbox for an asynchronous
+	// upload (snapshots that report durable false).
+	PendingUploadBytes int64
+	// LocalBytes is what this host keeps on disk besides the durable tier:
+	// opened copies of snapshots (uncompressed, one per snapshot committed or
+	// resumed here and still live), the chunk cache, the outbox and staging.
+	LocalBytes int64
+}
+
+// UsageReporter is a store that reports its footprint. Errors: reading its
+// local directories.
+type UsageReporter interface {
+	Usage(ctx context.Context) (Usage, error)
+}
+
+// DirBytes returns the apparent size in bytes of the regular files under dir
+// (0 if dir does not exist). Files removed during the walk are skipped.
+func DirBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		n += info.Size()
+		return nil
+	})
+	return n, err
 }
 
 // ErrNotFound is wrapped by errors for snapshots that do not exist.

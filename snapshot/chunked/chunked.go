@@ -1486,6 +1486,31 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint6
 	return keys, nil
 }
 
+// Usage implements snapshot.UsageReporter: the durable tier's figures come
+// from the store's index of packs (no request to it), the local ones from a
+// walk of the store's directories.
+func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
+	var u snapshot.Usage
+	s.mu.Lock()
+	u.Chunks, u.ChunkBytes = s.known.storedBytes()
+	u.Packs = len(s.known.packs)
+	u.StoredBytes = s.known.tierBytes()
+	s.mu.Unlock()
+	var err error
+	if u.PendingUploadBytes, err = snapshot.DirBytes(filepath.Join(s.dir, "outbox")); err != nil {
+		return u, err
+	}
+	u.LocalBytes = u.PendingUploadBytes
+	for _, d := range []string{"open", "cache", "staging"} {
+		n, err := snapshot.DirBytes(filepath.Join(s.dir, d))
+		if err != nil {
+			return u, err
+		}
+		u.LocalBytes += n
+	}
+	return u, nil
+}
+
 // Stats is the store-wide view.
 type Stats struct {
 	Snapshots   int   `json:"snapshots"`

@@ -121,6 +121,23 @@ func (p *packSet) dropPack(id string) []string {
 	return dropped
 }
 
+// tierBytes sums what the tier holds in chunks: every pack's entries (dead
+// chunks GC has not repacked away included) and the loose chunks.
+func (p *packSet) tierBytes() int64 {
+	var n int64
+	for _, entries := range p.packs {
+		for _, e := range entries {
+			n += e.Len
+		}
+	}
+	for _, l := range p.locs {
+		if l.Pack == "" {
+			n += l.Len
+		}
+	}
+	return n
+}
+
 // storedBytes sums the stored sizes of the chunks located in this tier.
 func (p *packSet) storedBytes() (chunks int, bytes int64) {
 	for _, l := range p.locs {

@@ -334,6 +334,21 @@ func (s *Store) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
+// Usage implements snapshot.UsageReporter: the committed snapshots' files are
+// the durable tier (StoredBytes), staging is local (LocalBytes).
+func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
+	var u snapshot.Usage
+	total, err := snapshot.DirBytes(s.dir)
+	if err != nil {
+		return u, err
+	}
+	if u.LocalBytes, err = snapshot.DirBytes(filepath.Join(s.dir, ".staging")); err != nil {
+		return u, err
+	}
+	u.StoredBytes = total - u.LocalBytes
+	return u, nil
+}
+
 // Recover implements snapshot.Store: it empties .staging and removes directories
 // without a manifest.
 func (s *Store) Recover(ctx context.Context) error {

@@ -133,6 +133,42 @@ func RunWith(t *testing.T, newStore func(t *testing.T) snapshot.Store, o Options
 		}
 	})
 
+	t.Run("Usage", func(t *testing.T) {
+		s := newStore(t)
+		ur, ok := s.(snapshot.UsageReporter)
+		if !ok {
+			t.Skip("the store does not report its usage")
+		}
+		usage := func() snapshot.Usage {
+			t.Helper()
+			u, err := ur.Usage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return u
+		}
+		if u := usage(); u.StoredBytes != 0 || u.ChunkBytes != 0 || u.PendingUploadBytes != 0 {
+			t.Fatalf("empty store: %+v", u)
+		}
+		f := files() // random bytes: they do not compress
+		m := write(t, s, "snap-u1", f)
+		u1 := usage()
+		if u1.StoredBytes < m.Bytes*99/100 || u1.StoredBytes > m.Bytes+64<<10 {
+			t.Errorf("one snapshot of %d incompressible bytes: stored %d", m.Bytes, u1.StoredBytes)
+		}
+		if u1.LocalBytes < 0 || u1.ChunkBytes > u1.StoredBytes || (!o.Async && u1.PendingUploadBytes != 0) {
+			t.Errorf("one synchronous snapshot: %+v", u1)
+		}
+		write(t, s, "snap-u2", f) // the same bytes again
+		u2 := usage()
+		switch {
+		case u1.Chunks > 0 && u2.StoredBytes > u1.StoredBytes+u1.StoredBytes/10:
+			t.Errorf("a deduplicating store grew from %d to %d bytes for a second copy of the same files", u1.StoredBytes, u2.StoredBytes)
+		case u1.Chunks == 0 && u2.StoredBytes < 2*m.Bytes:
+			t.Errorf("two plain copies of %d bytes: stored %d", m.Bytes, u2.StoredBytes)
+		}
+	})
+
 	t.Run("FlippedByteNamed", func(t *testing.T) {
 		s := newStore(t)
 		write(t, s, "snap-b", files())
