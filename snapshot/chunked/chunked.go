@@ -932,7 +932,8 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		}
 	}
 	build := filepath.Join(s.dir, "open", ".build-"+id+"-"+rnd())
-	if err := s.assemble(ctx, id, build, d, true); err != nil {
+	keys, err := s.assemble(ctx, id, build, d, true)
+	if err != nil {
 		_ = os.RemoveAll(build)
 		return "", d.Manifest, err
 	}
@@ -940,6 +941,13 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		_ = os.RemoveAll(build)
 		return "", d.Manifest, err
 	}
+	// The rebuilt copy holds verified chunks whose keys assemble computed
+	// from the bytes it wrote: the next commit may compare against it.
+	if d.keys == nil {
+		d.keys = keys
+		s.rememberDoc(id, d)
+	}
+	s.stampCopy(id, d)
 	return dir, d.Manifest, nil
 }
 
@@ -983,7 +991,8 @@ func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error
 	if err != nil {
 		return d.Manifest, err
 	}
-	return d.Manifest, s.assemble(ctx, id, "", d, false)
+	_, err = s.assemble(ctx, id, "", d, false)
+	return d.Manifest, err
 }
 
 const docCacheLen = 16
@@ -1043,6 +1052,7 @@ type fetch struct {
 	refs []chunkRef
 	tier Backend // nil: the chunk is nowhere known
 	locs []chunkLoc
+	keys []*uint64 // with f: where each chunk's key (fingerprint) goes
 }
 
 // locate returns the tier holding chunk cid (the outbox first: a snapshot
@@ -1061,11 +1071,13 @@ func (s *Store) locate(cid string) (Backend, chunkLoc, bool) {
 
 // assemble fetches and verifies every chunk of d; with dir != "" it writes the
 // files there. useCache selects reading through the chunk cache.
-func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) error {
+func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) ([][]uint64, error) {
+	var keys [][]uint64
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
+			return nil, err
 		}
+		keys = make([][]uint64, len(d.Files))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -1126,9 +1138,15 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 					return
 				}
 			}
+			if keys != nil {
+				keys[fi] = make([]uint64, len(fc.Chunks))
+			}
 			var off int64
-			for _, r := range fc.Chunks {
+			for j, r := range fc.Chunks {
 				if r.ID == "" {
+					if keys != nil {
+						keys[fi][j] = zeroKey(r.Len)
+					}
 					off += r.Len
 					continue
 				}
@@ -1155,6 +1173,9 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 				cur.offs = append(cur.offs, off)
 				cur.refs = append(cur.refs, r)
 				cur.locs = append(cur.locs, l)
+				if keys != nil {
+					cur.keys = append(cur.keys, &keys[fi][j])
+				}
 				if l.Pack == "" || tier == nil {
 					if !emit() {
 						return
@@ -1167,9 +1188,9 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 	}()
 	wg.Wait()
 	if firstErr != nil {
-		return firstErr
+		return nil, firstErr
 	}
-	return ctx.Err()
+	return keys, ctx.Err()
 }
 
 // runFetch gets the chunks of ft (from the cache when allowed and valid, else
@@ -1282,6 +1303,9 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		for i, data := range out {
 			if _, err := ft.f.WriteAt(data, ft.offs[i]); err != nil {
 				return err
+			}
+			if ft.keys != nil {
+				*ft.keys[i] = fingerprint(data)
 			}
 		}
 	}

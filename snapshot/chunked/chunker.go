@@ -122,3 +122,15 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// zeroPageCRC is the CRC-32C of a page of zeros.
+var zeroPageCRC = crc32.Checksum(make([]byte, pageSize), castagnoli)
+
+// zeroKey is fingerprint of n zero bytes (an all-zero chunk, not stored).
+func zeroKey(n int64) uint64 {
+	key := uint64(fnvOffset)
+	for p := int64(0); p+pageSize <= n; p += pageSize {
+		key = fnvMix(key, uint64(zeroPageCRC))
+	}
+	return fnvMix(key, uint64(n))
+}
