@@ -400,11 +400,17 @@ type HibernateRequest struct {
 // HibernateResponse is the body of POST /v1/sandboxes/{id}/hibernate.
 type HibernateResponse struct {
 	Sandbox
+	// Unchanged is true when the sandbox was already hibernated and this call
+	// did nothing (the snapshot shown is the existing one).
+	Unchanged bool `json:"unchanged,omitempty"`
 }
 
 // ResumeResponse is the body of POST /v1/sandboxes/{id}/resume.
 type ResumeResponse struct {
 	Sandbox
+	// Unchanged is true when the sandbox was already running and this call did
+	// nothing (resume_ms and generation are those of the earlier resume).
+	Unchanged bool `json:"unchanged,omitempty"`
 }
 
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.

@@ -172,7 +172,7 @@ func (a *app) message(err error) string {
 	}
 	var ue *url.Error
 	var oe *net.OpError
-	if errors.As(err, &ue) && errors.As(err, &oe) {
+	if errors.As(err, &ue) && errors.As(err, &oe) && strings.HasPrefix(ue.URL, a.serverURL()) {
 		return fmt.Sprintf("cannot reach the torpor server at %s (is `torpor serve` running? set --url or TORPOR_URL): %v", a.serverURL(), oe)
 	}
 	return strings.TrimPrefix(err.Error(), "torpor: ")

@@ -60,7 +60,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 		if sb.State == apiv1.StateHibernated { // as the server: answered as it is
-			writeJSON(w, 200, sb)
+			writeJSON(w, 200, apiv1.HibernateResponse{Sandbox: *sb, Unchanged: true})
 			return
 		}
 		if sb.State != apiv1.StateRunning {
@@ -81,7 +81,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	}))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 		if sb.State == apiv1.StateRunning { // as the server: answered as it is
-			writeJSON(w, 200, sb)
+			writeJSON(w, 200, apiv1.ResumeResponse{Sandbox: *sb, Unchanged: true})
 			return
 		}
 		if sb.State != apiv1.StateHibernated {

@@ -124,24 +124,27 @@ func (a *app) hibernateCommand() *cobra.Command {
 		Short: "Hibernate a running sandbox to a snapshot and release its compute",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// A hibernated sandbox is answered as it is: say so rather than
-			// print its last hibernate as if it were this one.
-			before, _ := a.client().GetSandbox(cmd.Context(), args[0])
 			sp := a.newSpinner("hibernating " + args[0])
 			var req apiv1.HibernateRequest
 			if cmd.Flags().Changed("async-upload") {
 				req.AsyncUpload = &async
 			}
-			sb, err := a.client().HibernateWith(cmd.Context(), args[0], req)
+			res, err := a.client().HibernateCall(cmd.Context(), args[0], req)
 			sp.done()
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(a.stdout, res)
 			}
-			if before.State == apiv1.StateHibernated && sb.Snapshot != nil && before.Snapshot != nil && before.Snapshot.ID == sb.Snapshot.ID {
-				_, err = fmt.Fprintf(a.stdout, "%s was already hibernated (snapshot %s)\n", sb.ID, sb.Snapshot.ID)
+			sb := res.Sandbox
+			if res.Unchanged {
+				// Answered as it is: its last hibernate is not this call's.
+				snap := "none"
+				if sb.Snapshot != nil {
+					snap = sb.Snapshot.ID
+				}
+				_, err = fmt.Fprintf(a.stdout, "%s was already hibernated (snapshot %s)\n", sb.ID, snap)
 				return err
 			}
 			if sb.Snapshot == nil {
@@ -169,19 +172,18 @@ func (a *app) resumeCommand() *cobra.Command {
 		Short: "Resume a hibernated sandbox from its snapshot",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			// A running sandbox is answered as it is: say so rather than print
-			// its last resume as if it were this one (generation is unchanged).
-			before, _ := a.client().GetSandbox(cmd.Context(), args[0])
 			sp := a.newSpinner("resuming " + args[0])
-			sb, err := a.client().Resume(cmd.Context(), args[0])
+			res, err := a.client().ResumeCall(cmd.Context(), args[0])
 			sp.done()
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(a.stdout, res)
 			}
-			if before.State == apiv1.StateRunning && before.Generation == sb.Generation {
+			sb := res.Sandbox
+			if res.Unchanged {
+				// Answered as it is: its last resume is not this call's.
 				_, err = fmt.Fprintf(a.stdout, "%s was already running (generation %d)\n", sb.ID, sb.Generation)
 				return err
 			}

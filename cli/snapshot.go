@@ -50,7 +50,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "read this data directory's store directly instead of asking the server (offline mode; ls, inspect, verify)")
+	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "read this data directory's store directly instead of asking the server (offline mode; ls, inspect, verify, usage)")
 	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", ""), "snapshot store: chunked, s3 or plain (default: the kind the data directory was set up with)")
 	pf.StringVar(&sc.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3")
 	pf.StringVar(&sc.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3")

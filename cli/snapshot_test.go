@@ -102,20 +102,44 @@ func TestSnapshotCommands(t *testing.T) {
 	// --data-dir: the offline mode reads the directory (an empty store here) and
 	// never calls the server.
 	delete(bodies, "GET /v1/snapshots")
+	delete(bodies, "GET /v1/store")
 	empty := t.TempDir()
-	if err := os.WriteFile(filepath.Join(empty, "torpor.db"), nil, 0o600); err != nil {
-		t.Fatal(err)
+	for name, content := range map[string]string{"torpor.db": "", "store": "chunked\n"} {
+		if err := os.WriteFile(filepath.Join(empty, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if out := must("snapshot", "ls", "--data-dir", empty); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
 		t.Errorf("offline ls of an empty data dir: %q", out)
 	}
-	delete(bodies, "GET /v1/store")
-	empty2 := t.TempDir()
-	if err := os.WriteFile(filepath.Join(empty2, "torpor.db"), nil, 0o600); err != nil {
+	if out := must("snapshot", "usage", "--data-dir", empty); !strings.Contains(out, "chunked") || !strings.Contains(out, "snapshots       0") {
+		t.Errorf("offline usage of an empty data dir: %q", out)
+	}
+	// An unreachable S3 endpoint is named as such, not taken for the server.
+	s3dir := t.TempDir()
+	for name, content := range map[string]string{"torpor.db": "", "store": "s3\nbucket=bkt\nprefix=\n"} {
+		if err := os.WriteFile(filepath.Join(s3dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, _, errb := run("snapshot", "ls", "--data-dir", s3dir, "--s3-endpoint", "http://127.0.0.1:1", "--s3-bucket", "bkt",
+		"--s3-access-key", "k", "--s3-secret-key", "s")
+	if code == 0 || strings.Contains(errb, "torpor server") || !strings.Contains(errb, "127.0.0.1:1") {
+		t.Errorf("offline ls with S3 unreachable: exit %d, stderr %q", code, errb)
+	}
+	// A data directory without a store (never served) is refused and left as
+	// it was: opening it would create a store a later server could not place.
+	bare := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bare, "torpor.db"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out := must("snapshot", "usage", "--data-dir", empty2); !strings.Contains(out, "chunked") || !strings.Contains(out, "snapshots       0") {
-		t.Errorf("offline usage of an empty data dir: %q", out)
+	for _, cmd := range [][]string{{"snapshot", "usage", "--data-dir", bare}, {"snapshot", "ls", "--data-dir", bare, "--store", "plain"}} {
+		if code, _, errb := run(cmd...); code == 0 || !strings.Contains(errb, "no snapshot store yet") {
+			t.Errorf("%v: exit %d, stderr %q", cmd, code, errb)
+		}
+	}
+	if ents, _ := os.ReadDir(bare); len(ents) != 1 {
+		t.Errorf("offline commands on a data dir without a store changed it: %v", ents)
 	}
 	if _, ok := bodies["GET /v1/store"]; ok {
 		t.Error("offline usage called the server")

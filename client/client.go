@@ -272,20 +272,34 @@ func (c *Client) Hibernate(ctx context.Context, id string) (apiv1.Sandbox, error
 // HibernateWith is Hibernate with choices (req.AsyncUpload: answer before the
 // snapshot is in the durable tier; its Snapshot.Durable says when it is).
 func (c *Client) HibernateWith(ctx context.Context, id string, req apiv1.HibernateRequest) (apiv1.Sandbox, error) {
-	var sb apiv1.Sandbox
+	r, err := c.HibernateCall(ctx, id, req)
+	return r.Sandbox, err
+}
+
+// HibernateCall is HibernateWith returning the whole answer: its Unchanged
+// says the sandbox was already hibernated and the call did nothing.
+func (c *Client) HibernateCall(ctx context.Context, id string, req apiv1.HibernateRequest) (apiv1.HibernateResponse, error) {
+	var r apiv1.HibernateResponse
 	var body any
 	if req.AsyncUpload != nil {
 		body = req
 	}
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "hibernate"), body, &sb)
-	return sb, err
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "hibernate"), body, &r)
+	return r, err
 }
 
 // Resume brings a hibernated sandbox back; the answer carries ResumeMS.
 func (c *Client) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
-	var sb apiv1.Sandbox
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "resume"), nil, &sb)
-	return sb, err
+	r, err := c.ResumeCall(ctx, id)
+	return r.Sandbox, err
+}
+
+// ResumeCall is Resume returning the whole answer: its Unchanged says the
+// sandbox was already running and the call did nothing.
+func (c *Client) ResumeCall(ctx context.Context, id string) (apiv1.ResumeResponse, error) {
+	var r apiv1.ResumeResponse
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "resume"), nil, &r)
+	return r, err
 }
 
 // Fork starts count new sandboxes (0 means 1) from sandbox id's snapshot.

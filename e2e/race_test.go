@@ -122,3 +122,50 @@ func mustList(t *testing.T, c *client.Client) []apiv1.Sandbox {
 	}
 	return all
 }
+
+// TestConcurrentSameCallsOneActs: two hibernates of a running sandbox sent at
+// once, then two resumes of it: in each pair exactly one call acts and the
+// other answers unchanged (decided under the sandbox's lock), and both answer
+// the same final state.
+func TestConcurrentSameCallsOneActs(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+	ctx := ctxFor(t, 3*time.Minute)
+	for round := 0; round < 3; round++ {
+		var wg sync.WaitGroup
+		hib := make([]apiv1.HibernateResponse, 2)
+		errs := make([]error, 2)
+		for i := range hib {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				hib[i], errs[i] = c.HibernateCall(ctx, sb.ID, apiv1.HibernateRequest{})
+			}()
+		}
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("round %d: hibernates: %v, %v", round, errs[0], errs[1])
+		}
+		if hib[0].Unchanged == hib[1].Unchanged || hib[0].Snapshot == nil || hib[1].Snapshot == nil || hib[0].Snapshot.ID != hib[1].Snapshot.ID {
+			t.Fatalf("round %d: two hibernates: unchanged %v and %v, snapshots %v and %v; want one acting, same snapshot",
+				round, hib[0].Unchanged, hib[1].Unchanged, hib[0].Snapshot, hib[1].Snapshot)
+		}
+		res := make([]apiv1.ResumeResponse, 2)
+		for i := range res {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i], errs[i] = c.ResumeCall(ctx, sb.ID)
+			}()
+		}
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("round %d: resumes: %v, %v", round, errs[0], errs[1])
+		}
+		if res[0].Unchanged == res[1].Unchanged || res[0].Generation != res[1].Generation || res[0].State != apiv1.StateRunning {
+			t.Fatalf("round %d: two resumes: unchanged %v and %v, generations %d and %d; want one acting, same generation",
+				round, res[0].Unchanged, res[1].Unchanged, res[0].Generation, res[1].Generation)
+		}
+	}
+}

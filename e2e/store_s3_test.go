@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/snapshot/chunked"
@@ -119,4 +121,60 @@ func storeCycles(t *testing.T, srv *servertest.Server, cycles, cold int) {
 			}
 		},
 	})
+}
+
+// TestDeleteWhileS3Down: a sandbox whose snapshot waits for its upload is
+// deleted while S3 is down. The sandbox goes; its snapshot cannot be deleted
+// from S3 yet, so it stays listed and reported not durable (never durable
+// while it is nowhere but on this host), and the lifecycle loop deletes it
+// once S3 is back.
+func TestDeleteWhileS3Down(t *testing.T) {
+	s3 := s3test.Start(t)
+	const bucket = "torpor-e2e-delete"
+	if _, err := chunked.NewS3(ctxFor(t, time.Minute), chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket,
+		AccessKey: s3.AccessKey, SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
+		t.Fatal(err)
+	}
+	chunks := filepath.Join(dataDir, "chunks")
+	if err := os.RemoveAll(chunks); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(chunks) })
+	srv := start(t, servertest.Options{Lifecycle: true, LifecycleInterval: 100 * time.Millisecond,
+		Store: server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: bucket, S3AccessKey: s3.AccessKey,
+			S3SecretKey: s3.SecretKey, S3Region: s3.Region, UploadRetry: 100 * time.Millisecond}})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+
+	s3.Stop()
+	async := true
+	h, err := c.HibernateWith(ctx, sb.ID, apiv1.HibernateRequest{AsyncUpload: &async})
+	if err != nil || h.Snapshot == nil || h.Snapshot.Durable {
+		t.Fatalf("async hibernate with S3 down: %+v %v", h.Snapshot, err)
+	}
+	snap := h.Snapshot.ID
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("delete the sandbox while S3 is down: %v", err)
+	}
+	sn, err := c.GetSnapshot(ctx, snap)
+	if err != nil || sn.Durable {
+		t.Fatalf("snapshot %s after a delete that could not reach S3: durable %v, %v; want listed, not durable", snap, sn.Durable, err)
+	}
+
+	s3.Restart()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := c.GetSnapshot(ctx, snap)
+		if client.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot %s still there a minute after S3 came back (%v)", snap, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if u, err := c.StoreUsage(ctx); err != nil || u.Snapshots != 0 {
+		t.Errorf("store usage after the retried delete: %+v %v", u, err)
+	}
 }

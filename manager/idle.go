@@ -174,6 +174,9 @@ func (m *Manager) RunLifecycle(ctx context.Context) {
 }
 
 func (m *Manager) lifecycleTick(ctx context.Context) {
+	if m.collectAgain.Load() && time.Since(time.Unix(0, m.collectAt.Load())) >= collectRetryTicks*m.lcfg().CheckInterval {
+		m.collectSnapshots(ctx)
+	}
 	all, err := m.cfg.DB.ListSandboxes(ctx)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -33,6 +33,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
@@ -91,6 +92,12 @@ type Manager struct {
 	cfg         Config
 	log         *slog.Logger
 	guestDigest string
+
+	// collectAgain says the last snapshot collection left snapshots it could
+	// not delete; collectAt (unix ns) is when it ran. The lifecycle loop tries
+	// again collectRetry later.
+	collectAgain atomic.Bool
+	collectAt    atomic.Int64
 
 	mu    sync.Mutex
 	locks map[string]*sandboxLock
@@ -544,53 +551,71 @@ func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 
 // collectSnapshots deletes snapshots that no sandbox resumes from any more.
 func (m *Manager) collectSnapshots(ctx context.Context) {
+	m.collectAt.Store(time.Now().UnixNano())
 	ids, err := m.cfg.DB.UnreferencedSnapshots(ctx)
 	if err != nil {
 		m.log.Warn("snapshot collection", "err", err)
+		m.collectAgain.Store(true)
 		return
 	}
+	failed := false
 	for _, id := range ids {
 		if err := m.cfg.Store.Delete(ctx, id); err != nil {
 			m.log.Warn("delete snapshot", "snapshot", id, "err", err)
+			failed = true
 			continue
 		}
 		_ = m.cfg.DB.DeleteSnapshot(ctx, id)
 	}
+	m.collectAgain.Store(failed)
 }
+
+// collectRetryTicks is how many lifecycle checks (1 s each by default) pass
+// before the loop tries again to delete snapshots whose deletion failed (their
+// store's backend unreachable).
+const collectRetryTicks = 30
 
 // Hibernate captures a running sandbox into a new snapshot and releases its
 // compute. It returns once the snapshot is committed and the state hibernated is
 // persisted. A hibernated sandbox is returned as it is. Errors: ErrNotFound;
 // ErrConflict for a sandbox in state creating or error.
 func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOptions) (apiv1.Sandbox, error) {
+	sb, _, err := m.HibernateCall(ctx, id, opts)
+	return sb, err
+}
+
+// HibernateCall is Hibernate that also reports unchanged: true when the
+// sandbox was already hibernated (decided under its lock, so of two
+// concurrent calls exactly one hibernates).
+func (m *Manager) HibernateCall(ctx context.Context, id string, opts HibernateOptions) (sb apiv1.Sandbox, unchanged bool, err error) {
 	async := m.cfg.AsyncUpload
 	if opts.AsyncUpload != nil {
 		async = *opts.AsyncUpload
 	}
 	if _, ok := m.cfg.Store.(snapshot.AsyncStore); async && !ok {
-		return apiv1.Sandbox{}, invalid("async_upload: this server's snapshot store commits synchronously only; start it with --store chunked or --store s3")
+		return apiv1.Sandbox{}, false, invalid("async_upload: this server's snapshot store commits synchronously only; start it with --store chunked or --store s3")
 	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return apiv1.Sandbox{}, false, err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return apiv1.Sandbox{}, false, err
 	}
 	switch s.State {
 	case apiv1.StateHibernated:
-		return m.view(ctx, s), nil
+		return m.view(ctx, s), true, nil
 	case apiv1.StateRunning:
 	default:
-		return apiv1.Sandbox{}, conflict("sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
+		return apiv1.Sandbox{}, false, conflict("sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := m.hibernateLocked(ctx, s, async); err != nil {
-		return m.view(ctx, s), err
+		return m.view(ctx, s), false, err
 	}
-	return m.view(ctx, s), nil
+	return m.view(ctx, s), false, nil
 }
 
 // snapshotLocked checkpoints s's instance into a new committed snapshot. Without
@@ -772,19 +797,28 @@ func (m *Manager) liveClient(id string) *agentclient.Client {
 // the snapshot and file named) when verification fails, in which case the sandbox
 // stays hibernated.
 func (m *Manager) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
+	sb, _, err := m.ResumeCall(ctx, id)
+	return sb, err
+}
+
+// ResumeCall is Resume that also reports unchanged: true when the sandbox was
+// already running (decided under its lock, so of two concurrent calls exactly
+// one resumes).
+func (m *Manager) ResumeCall(ctx context.Context, id string) (sb apiv1.Sandbox, unchanged bool, err error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return apiv1.Sandbox{}, false, err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return apiv1.Sandbox{}, false, err
 	}
+	unchanged = s.State == apiv1.StateRunning
 	if err := m.resumeLocked(context.WithoutCancel(ctx), s); err != nil {
-		return m.view(ctx, s), err
+		return m.view(ctx, s), false, err
 	}
-	return m.view(ctx, s), nil
+	return m.view(ctx, s), unchanged, nil
 }
 
 func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {

@@ -17,7 +17,8 @@ type LifecycleConfig struct {
 	// sandbox counts as idle (default 0.05 = 5 %).
 	IdleCPUThreshold float64
 	// CheckInterval is how often the lifecycle loop samples CPU and checks idle
-	// and run timeouts (default 1 s).
+	// and run timeouts (default 1 s); 30 intervals after a snapshot deletion
+	// failed (the store's backend unreachable) it tries the deletion again.
 	CheckInterval time.Duration
 	// VolumesDir holds one host directory per named volume ("" = volumes are
 	// refused).

@@ -176,21 +176,21 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, err := s.Manager.Hibernate(r.Context(), r.PathValue("id"), manager.HibernateOptions{AsyncUpload: req.AsyncUpload})
+	sb, unchanged, err := s.Manager.HibernateCall(r.Context(), r.PathValue("id"), manager.HibernateOptions{AsyncUpload: req.AsyncUpload})
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: sb})
+	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: sb, Unchanged: unchanged})
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.Manager.Resume(r.Context(), r.PathValue("id"))
+	sb, unchanged, err := s.Manager.ResumeCall(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ResumeResponse{Sandbox: sb})
+	writeJSON(w, http.StatusOK, apiv1.ResumeResponse{Sandbox: sb, Unchanged: unchanged})
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {

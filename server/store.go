@@ -122,6 +122,17 @@ func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
 	return "chunked", nil
 }
 
+// hasStore says whether data directory dir holds a snapshot store: its kind
+// record, or a plain or chunked store's directory.
+func hasStore(dir string) bool {
+	for _, p := range []string{storeKindFile, "snapshots", "chunks"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // recordStoreKind writes dir/store (temp file, fsync, rename) unless it holds
 // a record already.
 func recordStoreKind(dir string, cfg StoreConfig) error {
@@ -161,6 +172,11 @@ func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.S
 	kind, err := ResolveStoreKind(dataDir, cfg)
 	if err != nil {
 		return nil, nil, err
+	}
+	if !hasStore(dataDir) {
+		// Opening would create the store's directories, and the next server
+		// would take them for a store of unknown kind.
+		return nil, nil, fmt.Errorf("data directory %s has no snapshot store yet (no %s record, no snapshots/ or chunks/): nothing to read", dataDir, storeKindFile)
 	}
 	cfg.Kind = kind
 	if cfg.Kind != "plain" {

@@ -815,11 +815,16 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	s.forgetDoc(id)
 	s.forgetCopy(id)
 	// uploadMu: an upload in flight must not write the manifest back afterwards.
+	// The backend's manifest goes first: while the backend cannot be reached
+	// the snapshot stays whole (one waiting for its upload keeps its outbox
+	// manifest, so it is still listed and reported not durable) and the
+	// caller can try again; removing the outbox's first left a snapshot that
+	// was nowhere yet reported durable.
 	s.uploadMu.Lock()
 	pd, perr := s.readOutboxDoc(ctx, id)
-	err := s.outbox.Delete(ctx, manifestKey(id))
+	err := s.b.Delete(ctx, manifestKey(id))
 	if err == nil {
-		err = s.b.Delete(ctx, manifestKey(id))
+		err = s.outbox.Delete(ctx, manifestKey(id))
 	}
 	s.uploadMu.Unlock()
 	if err != nil {
@@ -1515,12 +1520,19 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint6
 // walk of the store's directories.
 func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
 	var u snapshot.Usage
+	// A store that could not list its backend at start knows nothing of it
+	// yet: list it now, or report the figures as unknown (an error), not 0.
+	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := s.ensureKnown(lctx)
+	cancel()
+	if err != nil {
+		return u, fmt.Errorf("durable tier not listed yet (figures unknown): %w", err)
+	}
 	s.mu.Lock()
 	u.Chunks, u.ChunkBytes = s.known.storedBytes()
 	u.Packs = len(s.known.packs)
 	u.StoredBytes = s.known.tierBytes()
 	s.mu.Unlock()
-	var err error
 	if u.PendingUploadBytes, err = snapshot.DirBytes(filepath.Join(s.dir, "outbox")); err != nil {
 		return u, err
 	}

@@ -1125,3 +1125,49 @@ func TestRepackPartlyDeadPacks(t *testing.T) {
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-10", map[string][]byte{"pages.img": img})
 }
+
+// Deleting a snapshot that waits for its upload while S3 is down fails and
+// leaves it whole (listed, not durable, openable) so the caller can try again;
+// once S3 is back the delete goes through. A store that starts while S3 is
+// down reports its usage as unknown (an error), not as an empty bucket.
+func TestS3DeleteAndUsageWhileDown(t *testing.T) {
+	srv := s3test.Start(t)
+	dir := t.TempDir()
+	b := newS3Backend(t, srv)
+	s, err := New(ctx, Config{Dir: dir, Backend: b, UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	files := map[string][]byte{"pages.img": memImage(512), "checkpoint.img": []byte("kernel")}
+	commit(t, s, "snap-a", files)
+	srv.Stop()
+	commitAsync(t, s, "snap-b", files)
+	if err := s.Delete(ctx, "snap-b"); err == nil {
+		t.Fatal("delete of a pending snapshot succeeded while S3 is down")
+	}
+	if durable(t, s, "snap-b") {
+		t.Fatal("snap-b reported durable after a failed delete")
+	}
+	mustOpen(t, s, "snap-b", files)
+
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if u, err := s2.Usage(ctx); err == nil {
+		t.Fatalf("usage of a store that never listed S3: %+v, want an error", u)
+	}
+
+	srv.Restart()
+	if err := s.Delete(ctx, "snap-b"); err != nil {
+		t.Fatalf("delete once S3 is back: %v", err)
+	}
+	if ids, err := s.List(ctx); err != nil || len(ids) != 1 || ids[0] != "snap-a" {
+		t.Fatalf("list after the delete: %v %v", ids, err)
+	}
+	if u, err := s2.Usage(ctx); err != nil || u.Chunks == 0 || u.StoredBytes == 0 {
+		t.Fatalf("usage once S3 is back: %+v %v", u, err)
+	}
+}
