@@ -48,6 +48,9 @@ type storeResult struct {
 	// runsc checkpoint and the store's commit, ms; warm phase, then cold phase.
 	diffCheckpoint, diffCommit, coldCheckpoint, coldCommit Summary
 	logMiB                                                 float64 // median logical snapshot size
+	// warmVsPlain is warm.P50 over the plain store's in the same rounds (0
+	// without a plain store).
+	warmVsPlain float64
 }
 
 // BenchmarkStore compares the snapshot stores in one run on the same workload
@@ -59,7 +62,8 @@ type storeResult struct {
 // store, the chunked store on local disk with its opened copy kept (warm) and
 // removed (cold), and the chunked store on S3 (versitygw on localhost, skipped
 // when not installed) warm and cold (opened copies and chunk cache emptied).
-// Each phase has max(b.N, 5) cycles; p50s are reported and printed.
+// All stores of a size run at once, their cycles interleaved (measureStores);
+// each phase has max(b.N, 5) cycles per store; p50s are reported and printed.
 // TORPOR_BENCH_SYNC=1 runs sync(2) between each hibernate and the resume (a
 // diagnostic: with it the chunked store's warm runsc restore is as fast as the
 // plain store's, so writeback left over from its hibernate slows the restore):
@@ -88,29 +92,26 @@ func BenchmarkStore(b *testing.B) {
 	}
 	var results []storeResult
 	for _, ws := range sizes {
-		for _, kind := range kinds {
-			b.Run(fmt.Sprintf("%s-%dMiB", kind, ws), func(b *testing.B) {
-				cycles := b.N
-				if cycles < 5 {
-					cycles = 5
-				}
-				r := measureStore(b, kind, ws, cycles)
-				results = append(results, r)
-				b.ReportMetric(r.first, "first_hib_GiB/s")
-				b.ReportMetric(r.diff.P50, "diff_hib_p50_GiB/s")
+		b.Run(fmt.Sprintf("%dMiB", ws), func(b *testing.B) {
+			cycles := b.N
+			if cycles < 5 {
+				cycles = 5
+			}
+			rs := measureStores(b, kinds, ws, cycles)
+			results = append(results, rs...)
+			for _, r := range rs {
+				b.ReportMetric(r.first, r.name+"_first_hib_GiB/s")
+				b.ReportMetric(r.diff.P50, r.name+"_diff_hib_p50_GiB/s")
 				if r.diffCold.N > 0 {
-					b.ReportMetric(r.diffCold.P50, "diff_hib_after_cold_p50_GiB/s")
+					b.ReportMetric(r.diffCold.P50, r.name+"_diff_hib_after_cold_p50_GiB/s")
 				}
-				b.ReportMetric(r.warm.P50, "resume_warm_p50_ms")
-				b.ReportMetric(r.warmOpen.P50, "warm_store_open_p50_ms")
-				b.ReportMetric(r.warmRestore.P50, "warm_runsc_restore_p50_ms")
+				b.ReportMetric(r.warm.P50, r.name+"_resume_warm_p50_ms")
 				if r.cold.N > 0 {
-					b.ReportMetric(r.cold.P50, "resume_cold_p50_ms")
-					b.ReportMetric(r.coldOpen.P50, "cold_store_open_p50_ms")
+					b.ReportMetric(r.cold.P50, r.name+"_resume_cold_p50_ms")
 				}
-				b.ReportMetric(0, "ns/op")
-			})
-		}
+			}
+			b.ReportMetric(0, "ns/op")
+		})
 	}
 	writeStoreTable(os.Stderr, results)
 }
@@ -121,20 +122,14 @@ func writeStoreTable(f *os.File, results []storeResult) {
 	}
 	w := tabwriter.NewWriter(f, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "store\tMiB\tsnapshot MiB\tfirst hibernate GiB/s\tdiff hibernate p50 GiB/s (checkpoint, commit ms)\tresume warm p50 ms (open, restore)\tdiff hibernate after cold p50 GiB/s (checkpoint, commit ms)\tresume cold p50 ms (open)\twarm/plain")
-	plain := map[int]float64{}
-	for _, r := range results {
-		if r.name == "plain" {
-			plain[r.ws] = r.warm.P50
-		}
-	}
 	for _, r := range results {
 		cold, diffCold, ratio := "-", "-", "-"
 		if r.cold.N > 0 {
 			cold = fmt.Sprintf("%.0f (%.0f)", r.cold.P50, r.coldOpen.P50)
 			diffCold = fmt.Sprintf("%.3f (%.0f, %.0f)", r.diffCold.P50, r.coldCheckpoint.P50, r.coldCommit.P50)
 		}
-		if p := plain[r.ws]; p > 0 {
-			ratio = fmt.Sprintf("%.2f", r.warm.P50/p)
+		if r.warmVsPlain > 0 {
+			ratio = fmt.Sprintf("%.2f", r.warmVsPlain)
 		}
 		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%.3f (%.0f, %.0f; n=%d)\t%.0f (%.0f, %.0f)\t%s\t%s\t%s\n", r.name, r.ws, r.logMiB, r.first,
 			r.diff.P50, r.diffCheckpoint.P50, r.diffCommit.P50, r.diff.N, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, diffCold, cold, ratio)
@@ -143,12 +138,23 @@ func writeStoreTable(f *os.File, results []storeResult) {
 	fmt.Fprintf(f, "targets: diff hibernate ≥ %.1f GiB/s; warm resume ≤ %.1f× plain\n", TargetDiffHibernateGiBs, TargetWarmResumeRatio)
 }
 
-// measureStore starts a server with store kind, one sandbox running the
-// workload, and runs a first hibernate, cycles warm cycles and (chunked stores)
-// cycles cold ones.
-func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
+// storeRun is one store under measurement: its server, the sandbox running
+// the workload, and the samples so far.
+type storeRun struct {
+	kind  string
+	srv   *servertest.Server
+	id    string
+	count int64
+	logs  *resumeLog
+	r     storeResult
+	// logical snapshot sizes (MiB); diff hibernates (GiB/s) and resumes (ms),
+	// warm and cold.
+	logical, diff, diffCold, warm, cold []float64
+}
+
+// startStoreRun starts a server with store kind and one sandbox running the
+// workload with a ws MiB working set.
+func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *storeRun {
 	var cfg server.StoreConfig
 	switch kind {
 	case "plain":
@@ -165,109 +171,152 @@ func measureStore(b *testing.B, kind string, ws, cycles int) storeResult {
 		cfg = server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: bucket,
 			S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey, S3Region: s3.Region}
 	}
-	logs := &resumeLog{}
-	srv := servertest.Start(b, servertest.Options{Store: cfg,
-		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: logLevel()}))})
-	c := srv.Client
+	sr := &storeRun{kind: kind, logs: &resumeLog{}, r: storeResult{name: kind, ws: ws}}
+	sr.srv = servertest.Start(b, servertest.Options{Store: cfg,
+		Logger: slog.New(slog.NewJSONHandler(sr.logs, &slog.HandlerOptions{Level: logLevel()}))})
+	c := sr.srv.Client
 	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: memoryFor(ws)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	id := sb.ID
-	if err := workload.Start(ctx, c, id, ws); err != nil {
+	sr.id = sb.ID
+	if err := workload.Start(ctx, c, sr.id, ws); err != nil {
 		b.Fatal(err)
 	}
-	st, err := workload.Get(ctx, c, id, "/count")
+	st, err := workload.Get(ctx, c, sr.id, "/count")
 	if err != nil {
 		b.Fatal(err)
 	}
-	count := st.Count
-	r := storeResult{name: kind, ws: ws}
-	var logical []float64
+	sr.count = st.Count
+	return sr
+}
 
-	// cycle hibernates (returning GiB/s), optionally empties the local copies,
-	// and times the first proxied request.
-	cycle := func(label string, cold bool) (gibs, resumeMS float64) {
-		t0 := time.Now()
-		h, err := c.Hibernate(ctx, id)
-		if err != nil {
-			b.Fatalf("%s: %s hibernate: %v", kind, label, err)
-		}
-		ms := msOf(time.Since(t0))
-		if h.Snapshot == nil {
-			b.Fatalf("%s: %s hibernate: no snapshot in the answer", kind, label)
-		}
-		if h.Snapshot.HibernateMS > 0 {
-			ms = float64(h.Snapshot.HibernateMS)
-		}
-		logical = append(logical, float64(h.Snapshot.Bytes)/(1<<20))
-		gibs = float64(h.Snapshot.Bytes) / (1 << 30) / (ms / 1000)
-		if cold {
-			// The cache fills in the background after a hibernate: remove until
-			// both directories stay empty for 200 ms.
-			for quiet := 0; quiet < 2; time.Sleep(100 * time.Millisecond) {
-				found := 0
-				for _, sub := range []string{"open", "cache"} {
-					dir := filepath.Join(srv.DataDir, "chunks", sub)
-					ents, _ := os.ReadDir(dir)
-					found += len(ents)
-					for _, e := range ents {
-						_ = os.RemoveAll(filepath.Join(dir, e.Name()))
-					}
+// cycle hibernates (returning GiB/s), with cold empties the local copies, and
+// times the first proxied request, which resumes the sandbox (ms).
+func (sr *storeRun) cycle(b *testing.B, ctx context.Context, label string, cold bool) (gibs, resumeMS float64) {
+	c := sr.srv.Client
+	t0 := time.Now()
+	h, err := c.Hibernate(ctx, sr.id)
+	if err != nil {
+		b.Fatalf("%s: %s hibernate: %v", sr.kind, label, err)
+	}
+	ms := msOf(time.Since(t0))
+	if h.Snapshot == nil {
+		b.Fatalf("%s: %s hibernate: no snapshot in the answer", sr.kind, label)
+	}
+	if h.Snapshot.HibernateMS > 0 {
+		ms = float64(h.Snapshot.HibernateMS)
+	}
+	sr.logical = append(sr.logical, float64(h.Snapshot.Bytes)/(1<<20))
+	gibs = float64(h.Snapshot.Bytes) / (1 << 30) / (ms / 1000)
+	if cold {
+		// The cache fills in the background after a hibernate: remove until
+		// both directories stay empty for 200 ms.
+		for quiet := 0; quiet < 2; time.Sleep(100 * time.Millisecond) {
+			found := 0
+			for _, sub := range []string{"open", "cache"} {
+				dir := filepath.Join(sr.srv.DataDir, "chunks", sub)
+				ents, _ := os.ReadDir(dir)
+				found += len(ents)
+				for _, e := range ents {
+					_ = os.RemoveAll(filepath.Join(dir, e.Name()))
 				}
-				if found == 0 {
-					quiet++
+			}
+			if found == 0 {
+				quiet++
+			} else {
+				quiet = 0
+			}
+		}
+	}
+	if os.Getenv("TORPOR_BENCH_SYNC") != "" {
+		syscall.Sync()
+	}
+	t0 = time.Now()
+	st, err := workload.Get(ctx, c, sr.id, "/count")
+	d := time.Since(t0)
+	if err != nil {
+		b.Fatalf("%s: %s resume: %v", sr.kind, label, err)
+	}
+	if st.Count != sr.count+1 {
+		b.Fatalf("%s: %s resume: counter %d, want %d", sr.kind, label, st.Count, sr.count+1)
+	}
+	sr.count = st.Count
+	return gibs, msOf(d)
+}
+
+// measureStores measures every store of kinds at working set ws MiB, all
+// servers up at once: a first hibernate each, then cycles warm rounds, one
+// cycle of every store per round, then cycles cold rounds of the chunked
+// stores. Interleaving puts every store under the same machine state: run one
+// after the other, later stores met a machine whose runsc restores had drifted
+// 10–20% slower over the minutes before (seen in the server logs), which
+// counted against them in the warm / plain ratio. The order rotates each round.
+func measureStores(b *testing.B, kinds []string, ws, cycles int) []storeResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	var runs []*storeRun
+	for _, k := range kinds {
+		runs = append(runs, startStoreRun(b, ctx, k, ws))
+	}
+	for _, sr := range runs {
+		first, firstResume := sr.cycle(b, ctx, "first", false)
+		sr.r.first = first
+		b.Logf("%s %d MiB: first hibernate %.3f GiB/s, resume %.0f ms", sr.kind, ws, first, firstResume)
+		sr.logs.take()
+	}
+	rounds := func(label string, cold bool, rs []*storeRun) {
+		for i := 0; i < cycles; i++ {
+			for j := range rs {
+				sr := rs[(i+j)%len(rs)]
+				g, ms := sr.cycle(b, ctx, label, cold)
+				if cold {
+					sr.diffCold, sr.cold = append(sr.diffCold, g), append(sr.cold, ms)
 				} else {
-					quiet = 0
+					sr.diff, sr.warm = append(sr.diff, g), append(sr.warm, ms)
 				}
 			}
 		}
-		if os.Getenv("TORPOR_BENCH_SYNC") != "" {
-			syscall.Sync()
-		}
-		t0 = time.Now()
-		st, err := workload.Get(ctx, c, id, "/count")
-		d := time.Since(t0)
-		if err != nil {
-			b.Fatalf("%s: %s resume: %v", kind, label, err)
-		}
-		if st.Count != count+1 {
-			b.Fatalf("%s: %s resume: counter %d, want %d", kind, label, st.Count, count+1)
-		}
-		count = st.Count
-		return gibs, msOf(d)
 	}
-
-	first, firstResume := cycle("first", false)
-	r.first = first
-	b.Logf("%s %d MiB: first hibernate %.3f GiB/s, resume %.0f ms", kind, ws, first, firstResume)
-	var diff, diffCold, warm, cold []float64
-	logs.take()
-	for i := 0; i < cycles; i++ {
-		g, ms := cycle("warm", false)
-		diff, warm = append(diff, g), append(warm, ms)
-	}
-	lg := logs.take()
-	r.warmOpen, r.warmRestore = Summarize(lg.open), Summarize(lg.restore)
-	r.diffCheckpoint, r.diffCommit = Summarize(lg.checkpoint), Summarize(lg.commit)
-	if kind != "plain" {
-		for i := 0; i < cycles; i++ {
-			g, ms := cycle("cold", true)
-			diffCold, cold = append(diffCold, g), append(cold, ms)
+	rounds("warm", false, runs)
+	var chunkedRuns []*storeRun
+	for _, sr := range runs {
+		lg := sr.logs.take()
+		sr.r.warmOpen, sr.r.warmRestore = Summarize(lg.open), Summarize(lg.restore)
+		sr.r.diffCheckpoint, sr.r.diffCommit = Summarize(lg.checkpoint), Summarize(lg.commit)
+		if sr.kind != "plain" {
+			chunkedRuns = append(chunkedRuns, sr)
 		}
-		lg = logs.take()
-		r.coldOpen = Summarize(lg.open)
-		r.coldCheckpoint, r.coldCommit = Summarize(lg.checkpoint), Summarize(lg.commit)
 	}
-	r.diff, r.diffCold, r.warm, r.cold = Summarize(diff), Summarize(diffCold), Summarize(warm), Summarize(cold)
-	r.diffP10 = Percentile(diff, 10)
-	r.logMiB = Percentile(logical, 50)
-	b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s (p10 %.3f; after cold resumes p50 %.3f); resume warm p50 %.0f ms (store open %.0f ms, runsc restore %.0f ms), cold p50 %.0f ms (store open %.0f ms)",
-		kind, ws, r.diff.P50, r.diffP10, r.diffCold.P50, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, r.cold.P50, r.coldOpen.P50)
-	if err := c.DeleteSandbox(ctx, id); err != nil {
-		b.Logf("delete %s: %v", id, err)
+	if len(chunkedRuns) > 0 {
+		rounds("cold", true, chunkedRuns)
 	}
-	return r
+	var out []storeResult
+	for _, sr := range runs {
+		r := &sr.r
+		if sr.kind != "plain" {
+			lg := sr.logs.take()
+			r.coldOpen = Summarize(lg.open)
+			r.coldCheckpoint, r.coldCommit = Summarize(lg.checkpoint), Summarize(lg.commit)
+		}
+		r.diff, r.diffCold, r.warm, r.cold = Summarize(sr.diff), Summarize(sr.diffCold), Summarize(sr.warm), Summarize(sr.cold)
+		r.diffP10 = Percentile(sr.diff, 10)
+		r.logMiB = Percentile(sr.logical, 50)
+		b.Logf("%s %d MiB: diff hibernate p50 %.3f GiB/s (p10 %.3f; after cold resumes p50 %.3f); resume warm p50 %.0f ms (store open %.0f ms, runsc restore %.0f ms), cold p50 %.0f ms (store open %.0f ms)",
+			sr.kind, ws, r.diff.P50, r.diffP10, r.diffCold.P50, r.warm.P50, r.warmOpen.P50, r.warmRestore.P50, r.cold.P50, r.coldOpen.P50)
+		if err := sr.srv.Client.DeleteSandbox(ctx, sr.id); err != nil {
+			b.Logf("delete %s: %v", sr.id, err)
+		}
+		out = append(out, *r)
+	}
+	for _, r := range out {
+		if r.name == "plain" && r.warm.P50 > 0 {
+			for i := range out {
+				out[i].warmVsPlain = out[i].warm.P50 / r.warm.P50
+			}
+		}
+	}
+	return out
 }
 
 // logLevel is the server log's level: TORPOR_BENCH_LOG=FILE copies the log to
