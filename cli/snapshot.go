@@ -58,7 +58,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 	pf.StringVar(&sc.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
 	pf.StringVar(&sc.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
 	pf.StringVar(&sc.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket")
-	pf.BoolVar(&asJSON, "json", false, "print JSON (server mode)")
+	pf.BoolVar(&asJSON, "json", false, "print JSON (offline ls: the manifests)")
 
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -77,7 +77,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var ms []snapshot.Manifest
+			ms := []snapshot.Manifest{}
 			for _, id := range ids {
 				m, err := st.Manifest(cmd.Context(), id)
 				if err != nil {
@@ -86,6 +86,9 @@ func (a *app) snapshotCommand() *cobra.Command {
 				ms = append(ms, m)
 			}
 			sort.Slice(ms, func(i, j int) bool { return ms[i].CreatedAt.Before(ms[j].CreatedAt) })
+			if asJSON {
+				return printJSON(a.stdout, ms) // the manifests
+			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSANDBOX\tLOGICAL\tSTORED\tNEW\tDEDUP\tPARENT\tCREATED")
 			for _, m := range ms {

@@ -112,6 +112,9 @@ func TestSnapshotCommands(t *testing.T) {
 	if out := must("snapshot", "ls", "--data-dir", empty); !strings.HasPrefix(out, "ID") || strings.Contains(out, "snap-a") {
 		t.Errorf("offline ls of an empty data dir: %q", out)
 	}
+	if out := strings.TrimSpace(must("snapshot", "ls", "--json", "--data-dir", empty)); out != "[]" {
+		t.Errorf("offline ls --json of an empty data dir: %q", out)
+	}
 	if out := must("snapshot", "usage", "--data-dir", empty); !strings.Contains(out, "chunked") || !strings.Contains(out, "snapshots       0") {
 		t.Errorf("offline usage of an empty data dir: %q", out)
 	}

@@ -94,6 +94,14 @@ func TestResolveStoreKind(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--store s3") {
 		t.Fatalf("contradicting kind: %v", err)
 	}
+	// Without a bucket and prefix the record's are used.
+	bare := withRecordedS3(dir, kind("s3"))
+	if bare.S3Bucket != "snaps" || bare.S3Prefix != "torpor/" {
+		t.Fatalf("bucket and prefix from the record: %+v", bare)
+	}
+	if k, err := ResolveStoreKind(dir, kind("")); err != nil || k != "s3" {
+		t.Fatalf("recorded s3 without flags: %q %v", k, err)
+	}
 	other := s3
 	other.S3Bucket = "other"
 	if _, err := ResolveStoreKind(dir, other); err == nil || !strings.Contains(err.Error(), "bucket=snaps") {

@@ -21,6 +21,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/snapshot"
 )
 
 // maxJSONBody bounds request bodies that are JSON documents (1 MiB; an exec's
@@ -89,7 +90,7 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, apiv1.CodeConflict
 	case errors.Is(err, manager.ErrSnapshotCorrupt):
 		return http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, snapshot.ErrUnavailable):
 		return http.StatusServiceUnavailable, apiv1.CodeUnavailable
 	}
 	return http.StatusInternalServerError, apiv1.CodeInternal

@@ -126,6 +126,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.ImageCache = image.BuildCacheFromEnv()
 	}
 	images.SetBuildCache(cfg.ImageCache)
+	cfg.Store = withRecordedS3(dir, cfg.Store)
 	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}

@@ -99,7 +99,8 @@ func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
 		if kind != "" && kind != recorded {
 			return "", fmt.Errorf("data directory %s is set up for --store %s (recorded in %s), and its snapshots are only reachable through it: start with --store %s or without --store, or use another --data-dir", dir, recorded, p, recorded)
 		}
-		if recorded == "s3" {
+		if recorded == "s3" && (cfg.S3Bucket != "" || cfg.S3Prefix != "") {
+			// Without a bucket and prefix the record's are used (withRecordedS3).
 			want := storeRecord(StoreConfig{Kind: "s3", S3Bucket: cfg.S3Bucket, S3Prefix: cfg.S3Prefix})
 			if strings.Join(strings.Fields(want), " ") != strings.Join(lines, " ") {
 				return "", fmt.Errorf("data directory %s is set up for S3 %s (recorded in %s); --s3-bucket %q --s3-prefix %q would put its snapshots out of reach", dir, strings.Join(lines[1:], " "), p, cfg.S3Bucket, cfg.S3Prefix)
@@ -120,6 +121,30 @@ func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
 		return "", fmt.Errorf("data directory %s has a chunked store's local directory (chunks/) but no record of which store it belongs to (it predates %s): start once with --store chunked, or --store s3 and its bucket", dir, p)
 	}
 	return "chunked", nil
+}
+
+// withRecordedS3 returns cfg with the S3 bucket and prefix recorded in
+// dir/store when cfg names neither (the endpoint and keys are not recorded).
+func withRecordedS3(dir string, cfg StoreConfig) StoreConfig {
+	if cfg.S3Bucket != "" || cfg.S3Prefix != "" {
+		return cfg
+	}
+	b, err := os.ReadFile(filepath.Join(dir, storeKindFile))
+	if err != nil {
+		return cfg
+	}
+	lines := strings.Fields(string(b))
+	if len(lines) == 0 || lines[0] != "s3" {
+		return cfg
+	}
+	for _, l := range lines[1:] {
+		if v, ok := strings.CutPrefix(l, "bucket="); ok {
+			cfg.S3Bucket = v
+		} else if v, ok := strings.CutPrefix(l, "prefix="); ok {
+			cfg.S3Prefix = v
+		}
+	}
+	return cfg
 }
 
 // hasStore says whether data directory dir holds a snapshot store: its kind
@@ -178,6 +203,7 @@ func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.S
 		// would take them for a store of unknown kind.
 		return nil, nil, fmt.Errorf("data directory %s has no snapshot store yet (no %s record, no snapshots/ or chunks/): nothing to read", dataDir, storeKindFile)
 	}
+	cfg = withRecordedS3(dataDir, cfg)
 	cfg.Kind = kind
 	if cfg.Kind != "plain" {
 		cfg.CacheBytes = -1 // the running server owns the cache (and the uploads)

@@ -183,6 +183,10 @@ func DirBytes(dir string) (int64, error) {
 	return n, err
 }
 
+// ErrUnavailable is wrapped by errors of a store whose durable tier did not
+// answer (an S3 server down or hung): trying again later may succeed.
+var ErrUnavailable = errors.New("durable tier unreachable")
+
 // ErrNotFound is wrapped by errors for snapshots that do not exist.
 var ErrNotFound = errors.New("snapshot not found")
 

@@ -237,7 +237,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.loadOutbox(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.loadKnown(ctx); err != nil {
+	if s3b, ok := s.b.(*S3); ok && s3b.unreachable {
+		s.log.Warn("snapshot store: backend unreachable at start; it is listed before the next upload or synchronous commit")
+	} else if err := s.loadKnown(ctx); err != nil {
 		if _, local := s.b.(*FS); local {
 			return nil, err
 		}
@@ -1661,7 +1663,7 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		entries, ok := s.known.packs[pid]
 		dead := ok
 		for _, e := range entries {
-			if ref[e.ID] || s.pins[e.ID] > 0 || s.protected[e.ID] {
+			if s.usedIn(e.ID, pid, ref) {
 				dead = false
 				break
 			}
@@ -1679,7 +1681,9 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		ch := make(chan struct{})
 		for _, e := range entries {
-			s.deleting[e.ID] = ch
+			if l, ok := s.known.locs[e.ID]; !ok || l.Pack == pid {
+				s.deleting[e.ID] = ch // a copy kept elsewhere stays readable
+			}
 		}
 		dropped := s.known.dropPack(pid)
 		s.mu.Unlock()
@@ -1758,6 +1762,26 @@ const repackBelow = 0.5
 // again; the kept ones get their new location before the old pack goes, and a
 // resume that located one in the old pack falls back to the new copy
 // (fromAlternative).
+// usedIn says whether pack pid's copy of chunk id must stay: the chunk is
+// pinned or protected, or a live snapshot references it (ref) and this copy is
+// the one reads use (its location) or the chunk is suspect (a damaged copy
+// somewhere: every copy is kept until a commit stores it again). A second copy
+// of a referenced chunk — written by a commit that could not see the first,
+// e.g. after a restart while S3 was down — is garbage. The caller holds mu.
+func (s *Store) usedIn(id, pid string, ref map[string]bool) bool {
+	if s.pins[id] > 0 || s.protected[id] {
+		return true
+	}
+	if !ref[id] {
+		return false
+	}
+	if _, suspect := s.suspects[id]; suspect {
+		return true
+	}
+	l, ok := s.known.locs[id]
+	return !ok || l.Pack == pid
+}
+
 func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (int, error) {
 	s.mu.Lock()
 	entries := s.known.packs[pid]
@@ -1765,7 +1789,7 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	var total, live int64
 	for _, e := range entries {
 		total += e.Len
-		if ref[e.ID] || s.pins[e.ID] > 0 || s.protected[e.ID] {
+		if s.usedIn(e.ID, pid, ref) {
 			keep = append(keep, e)
 			live += e.Len
 		} else {
@@ -1778,9 +1802,11 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	}
 	ch := make(chan struct{})
 	for _, e := range drop {
-		s.deleting[e.ID] = ch
 		if l, ok := s.known.locs[e.ID]; ok && l.Pack == pid {
+			s.deleting[e.ID] = ch
 			delete(s.known.locs, e.ID)
+		} else if !ok {
+			s.deleting[e.ID] = ch
 		}
 	}
 	s.mu.Unlock()
@@ -1839,7 +1865,12 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	release(false)
 	if s.cache != nil {
 		for _, e := range drop {
-			s.cache.Remove(e.ID)
+			s.mu.Lock()
+			_, elsewhere := s.known.locs[e.ID]
+			s.mu.Unlock()
+			if !elsewhere {
+				s.cache.Remove(e.ID)
+			}
 		}
 	}
 	s.log.Info("snapshot pack rewritten without its unused chunks", "pack", pid,

@@ -1126,11 +1126,10 @@ func TestRepackPartlyDeadPacks(t *testing.T) {
 	mustOpen(t, s, "snap-10", map[string][]byte{"pages.img": img})
 }
 
-// Deleting a snapshot that waits for its upload while S3 is down fails and
-// leaves it whole (listed, not durable, openable) so the caller can try again;
-// once S3 is back the delete goes through. A store that starts while S3 is
-// down reports its usage as unknown (an error), not as an empty bucket.
-func TestS3DeleteAndUsageWhileDown(t *testing.T) {
+// newS3StoreRetrying starts versitygw and opens a store on a new bucket of it in a new
+// directory, retrying uploads every 50 ms.
+func newS3StoreRetrying(t *testing.T) (*s3test.Server, string, *S3, *Store) {
+	t.Helper()
 	srv := s3test.Start(t)
 	dir := t.TempDir()
 	b := newS3Backend(t, srv)
@@ -1138,13 +1137,22 @@ func TestS3DeleteAndUsageWhileDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return srv, dir, b, s
+}
+
+// Deleting a snapshot that waits for its upload while S3 is down fails and
+// leaves it whole (listed, not durable, openable) so the caller can try again;
+// once S3 is back the delete goes through. A store that starts while S3 is
+// down reports its usage as unknown (an error), not as an empty bucket.
+func TestS3DeleteAndUsageWhileDown(t *testing.T) {
+	srv, _, b, s := newS3StoreRetrying(t)
 	defer s.Close()
 	files := map[string][]byte{"pages.img": memImage(512), "checkpoint.img": []byte("kernel")}
 	commit(t, s, "snap-a", files)
 	srv.Stop()
 	commitAsync(t, s, "snap-b", files)
-	if err := s.Delete(ctx, "snap-b"); err == nil {
-		t.Fatal("delete of a pending snapshot succeeded while S3 is down")
+	if err := s.Delete(ctx, "snap-b"); !errors.Is(err, snapshot.ErrUnavailable) {
+		t.Fatalf("delete of a pending snapshot while S3 is down: %v, want ErrUnavailable", err)
 	}
 	if durable(t, s, "snap-b") {
 		t.Fatal("snap-b reported durable after a failed delete")
@@ -1156,8 +1164,8 @@ func TestS3DeleteAndUsageWhileDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if u, err := s2.Usage(ctx); err == nil {
-		t.Fatalf("usage of a store that never listed S3: %+v, want an error", u)
+	if u, err := s2.Usage(ctx); !errors.Is(err, snapshot.ErrUnavailable) {
+		t.Fatalf("usage of a store that never listed S3: %+v %v, want ErrUnavailable", u, err)
 	}
 
 	srv.Restart()
@@ -1169,5 +1177,101 @@ func TestS3DeleteAndUsageWhileDown(t *testing.T) {
 	}
 	if u, err := s2.Usage(ctx); err != nil || u.Chunks == 0 || u.StoredBytes == 0 {
 		t.Fatalf("usage once S3 is back: %+v %v", u, err)
+	}
+}
+
+// A store restarted while S3 is down cannot see which chunks S3 holds, so its
+// commits store them again; once they are uploaded, garbage collection keeps
+// one copy of each chunk (the one reads use) and reclaims the others, and
+// every snapshot still opens from S3 alone.
+func TestS3DuplicateCopiesCollected(t *testing.T) {
+	srv, dir, b, s := newS3StoreRetrying(t)
+	img := memImage(2048)
+	files := map[string][]byte{"pages.img": img, "checkpoint.img": []byte("kernel")}
+	commit(t, s, "snap-a", files)
+	s.Close()
+
+	srv.Stop()
+	s, err := New(ctx, Config{Dir: dir, Backend: b, UploadRetry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	files2 := map[string][]byte{"pages.img": mutate(img, 0.02, 8, 5), "checkpoint.img": []byte("kernel 2")}
+	m := commitAsync(t, s, "snap-b", files2)
+	if m.NewBytes < m.LogicalBytes/2 {
+		t.Fatalf("a commit that cannot see S3 wrote %d new of %d bytes; the test needs it to store the chunks again", m.NewBytes, m.LogicalBytes)
+	}
+	srv.Restart()
+	s.UploadNow()
+	waitDurable(t, s, "snap-b")
+	before, err := s.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.StoredBytes < before.ChunkBytes*3/2 {
+		t.Fatalf("after the upload: stored %d, chunk bytes %d; the test needs duplicate copies", before.StoredBytes, before.ChunkBytes)
+	}
+	if _, err := s.Collect(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stored bytes %d -> %d, chunk bytes %d", before.StoredBytes, after.StoredBytes, after.ChunkBytes)
+	if after.StoredBytes > after.ChunkBytes*11/10 {
+		t.Errorf("after collection: stored %d for %d bytes of distinct chunks", after.StoredBytes, after.ChunkBytes)
+	}
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	mustOpen(t, s2, "snap-a", files)
+	mustOpen(t, s2, "snap-b", files2)
+	for _, id := range []string{"snap-a", "snap-b"} {
+		if _, err := s2.Verify(ctx, id); err != nil {
+			t.Errorf("verify %s: %v", id, err)
+		}
+	}
+}
+
+// A store opened while S3 is hung (connections accepted, never answered)
+// starts after the bucket check's deadline instead of waiting for the server,
+// and lists the bucket once it answers again.
+func TestS3HungAtStart(t *testing.T) {
+	srv := s3test.Start(t)
+	b := newS3Backend(t, srv)
+	files := map[string][]byte{"pages.img": memImage(256)}
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, s, "snap-a", files)
+	s.Close()
+
+	srv.Freeze()
+	t0 := time.Now()
+	b2, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: b.bucket, AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true})
+	if err != nil {
+		srv.Thaw()
+		t.Fatalf("NewS3 with the server hung: %v", err)
+	}
+	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b2})
+	took := time.Since(t0)
+	srv.Thaw()
+	if err != nil {
+		t.Fatalf("New with the server hung: %v", err)
+	}
+	defer s2.Close()
+	if took > 2*s3MetaTimeout {
+		t.Errorf("opening the store with S3 hung took %v", took)
+	}
+	t.Logf("opened with S3 hung in %v", took)
+	mustOpen(t, s2, "snap-a", files)
+	if u, err := s2.Usage(ctx); err != nil || u.Chunks == 0 {
+		t.Errorf("usage once S3 answers again: %+v %v", u, err)
 	}
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/torpor/torpor/snapshot"
 )
 
 // S3Config configures the S3 backend.
@@ -41,9 +43,21 @@ type S3 struct {
 	c      *minio.Client
 	bucket string
 	prefix string
+	// unreachable: NewS3 got no answer from the server (down or hung), so a
+	// store does not try to list it at start (New).
+	unreachable bool
 }
 
 var _ Backend = (*S3)(nil)
+
+// reachErr marks err with snapshot.ErrUnavailable when the server gave no HTTP
+// answer (refused, down, hung past the request's deadline).
+func reachErr(err error) error {
+	if err == nil || minio.ToErrorResponse(err).StatusCode != 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %w", snapshot.ErrUnavailable, err)
+}
 
 // NewS3 connects to the object store and checks that the bucket exists (creating
 // it when cfg.CreateBucket is set).
@@ -79,11 +93,15 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3 backend: %w", err)
 	}
-	ok, err := c.BucketExists(ctx, cfg.Bucket)
+	// A deadline: a hung server (accepting connections, never answering)
+	// would otherwise hold a server's start, or an offline command, for minutes.
+	bctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
+	ok, err := c.BucketExists(bctx, cfg.Bucket)
+	cancel()
 	if err != nil && !cfg.CreateBucket && minio.ToErrorResponse(err).StatusCode == 0 {
 		// Unreachable (no HTTP answer): start anyway, so a server restarted
 		// during an outage serves what it has on local disk and uploads later.
-		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix}, nil
+		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, unreachable: true}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("s3 backend %s bucket %s: %w", cfg.Endpoint, cfg.Bucket, err)
@@ -122,7 +140,7 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 		DisableMultipart: true,
 	})
 	if err != nil {
-		return fmt.Errorf("s3 put %s: %w", key, err)
+		return fmt.Errorf("s3 put %s: %w", key, reachErr(err))
 	}
 	return nil
 }
@@ -134,7 +152,7 @@ func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, minio.GetObjectOptions{})
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
 	}
 	if _, err := o.Stat(); err != nil {
 		o.Close()
@@ -142,7 +160,7 @@ func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		if notFound(err) {
 			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
 		}
-		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
 	}
 	return cancelOnClose{o, cancel}, nil
 }
@@ -172,7 +190,7 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 	defer cancel()
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
 	if err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
 	}
 	defer o.Close()
 	buf := make([]byte, n)
@@ -183,7 +201,7 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
 			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
 		}
-		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, err)
+		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, reachErr(err))
 	}
 	return buf, nil
 }
@@ -199,7 +217,7 @@ func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
 	if notFound(err) {
 		return false, nil
 	}
-	return false, fmt.Errorf("s3 stat %s: %w", key, err)
+	return false, fmt.Errorf("s3 stat %s: %w", key, reachErr(err))
 }
 
 // Delete implements Backend.
@@ -208,7 +226,7 @@ func (b *S3) Delete(ctx context.Context, key string) error {
 	defer cancel()
 	err := b.c.RemoveObject(ctx, b.bucket, b.prefix+key, minio.RemoveObjectOptions{})
 	if err != nil && !notFound(err) {
-		return fmt.Errorf("s3 delete %s: %w", key, err)
+		return fmt.Errorf("s3 delete %s: %w", key, reachErr(err))
 	}
 	return nil
 }
@@ -220,7 +238,7 @@ func (b *S3) List(ctx context.Context, prefix string) ([]Object, error) {
 	var out []Object
 	for o := range b.c.ListObjects(ctx, b.bucket, minio.ListObjectsOptions{Prefix: b.prefix + prefix, Recursive: true}) {
 		if o.Err != nil {
-			return nil, fmt.Errorf("s3 list %s: %w", prefix, o.Err)
+			return nil, fmt.Errorf("s3 list %s: %w", prefix, reachErr(o.Err))
 		}
 		out = append(out, Object{Key: strings.TrimPrefix(o.Key, b.prefix), Size: o.Size})
 	}
