@@ -338,3 +338,14 @@ func (b *FS) List(ctx context.Context, prefix string) ([]Object, error) {
 }
 
 func syncDir(dir string) error { return syncPath(dir) }
+
+// getAll reads the whole object key of tier b. Errors: b.Get's (wrapping
+// fs.ErrNotExist for a missing key) and read errors.
+func getAll(ctx context.Context, b Backend, key string) ([]byte, error) {
+	r, err := b.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(r)
+}

@@ -70,7 +70,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -748,18 +747,13 @@ func (s *Store) readDoc(ctx context.Context, id string) (doc, error) {
 	if err := checkID(id); err != nil {
 		return d, err
 	}
-	r, err := s.outbox.Get(ctx, manifestKey(id)) // not uploaded yet?
+	b, err := getAll(ctx, s.outbox, manifestKey(id)) // not uploaded yet?
 	if errors.Is(err, fs.ErrNotExist) {
-		r, err = s.b.Get(ctx, manifestKey(id))
+		b, err = getAll(ctx, s.b, manifestKey(id))
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return d, fmt.Errorf("snapshot %s: %w", id, snapshot.ErrNotFound)
 	}
-	if err != nil {
-		return d, fmt.Errorf("snapshot %s: manifest: %w", id, err)
-	}
-	defer r.Close()
-	b, err := io.ReadAll(r)
 	if err != nil {
 		return d, fmt.Errorf("snapshot %s: manifest: %w", id, err)
 	}

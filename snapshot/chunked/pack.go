@@ -213,12 +213,7 @@ func loadPacks(ctx context.Context, b Backend, workers int, log *slog.Logger) (*
 var errUnreachable = errors.New("unreachable")
 
 func readIndex(ctx context.Context, b Backend, id string) ([]indexEntry, error) {
-	r, err := b.Get(ctx, indexKey(id))
-	if err != nil {
-		return nil, fmt.Errorf("pack %s: index: %w: %w", id, errUnreachable, err)
-	}
-	defer r.Close()
-	raw, err := io.ReadAll(r)
+	raw, err := getAll(ctx, b, indexKey(id))
 	if err != nil {
 		return nil, fmt.Errorf("pack %s: index: %w: %w", id, errUnreachable, err)
 	}
@@ -377,12 +372,7 @@ func (s *Store) checkStored(comp []byte, id string) error {
 // readStored returns the stored bytes of a chunk at loc in tier b.
 func readStored(ctx context.Context, b Backend, id string, loc chunkLoc) ([]byte, error) {
 	if loc.Pack == "" {
-		r, err := b.Get(ctx, chunkKey(id))
-		if err != nil {
-			return nil, err
-		}
-		defer r.Close()
-		return io.ReadAll(r)
+		return getAll(ctx, b, chunkKey(id))
 	}
 	return b.GetRange(ctx, packKey(loc.Pack), loc.Off, loc.Len)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"path"
 	"sort"
@@ -250,12 +249,7 @@ func (s *Store) uploadPack(ctx context.Context, pid string) error {
 	if !ok {
 		return fmt.Errorf("pack %s: not in the outbox", pid)
 	}
-	r, err := s.outbox.Get(ctx, packKey(pid))
-	if err != nil {
-		return fmt.Errorf("pack %s: the outbox copy: %w", pid, err)
-	}
-	data, err := io.ReadAll(r)
-	r.Close()
+	data, err := getAll(ctx, s.outbox, packKey(pid))
 	if err != nil {
 		return fmt.Errorf("pack %s: the outbox copy: %w", pid, err)
 	}
@@ -275,14 +269,9 @@ func (s *Store) uploadPack(ctx context.Context, pid string) error {
 // uploadChunk copies one loose chunk (an outbox written before packs) from the
 // outbox to the backend, checking its content on the way.
 func (s *Store) uploadChunk(ctx context.Context, cid string) error {
-	r, err := s.outbox.Get(ctx, chunkKey(cid))
+	comp, err := getAll(ctx, s.outbox, chunkKey(cid))
 	if err != nil {
-		return fmt.Errorf("chunk %s: not in the outbox: %w", cid, err)
-	}
-	comp, err := io.ReadAll(r)
-	r.Close()
-	if err != nil {
-		return fmt.Errorf("chunk %s: %w", cid, err)
+		return fmt.Errorf("chunk %s: the outbox copy: %w", cid, err)
 	}
 	data, err := s.dec.DecodeAll(comp, nil)
 	if err != nil || sha256Hex(data) != cid {
@@ -301,12 +290,7 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 
 func (s *Store) readOutboxDoc(ctx context.Context, id string) (doc, error) {
 	var d doc
-	r, err := s.outbox.Get(ctx, manifestKey(id))
-	if err != nil {
-		return d, err
-	}
-	defer r.Close()
-	b, err := io.ReadAll(r)
+	b, err := getAll(ctx, s.outbox, manifestKey(id))
 	if err != nil {
 		return d, err
 	}
