@@ -1543,28 +1543,6 @@ func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
 	return u, nil
 }
 
-// Stats is the store-wide view.
-type Stats struct {
-	Snapshots   int   `json:"snapshots"`
-	Chunks      int   `json:"chunks"`
-	Packs       int   `json:"packs"`
-	StoredBytes int64 `json:"stored_bytes"`
-}
-
-// Stats counts the chunks the store knows in its backend.
-func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	ids, err := s.List(ctx)
-	if err != nil {
-		return Stats{}, err
-	}
-	st := Stats{Snapshots: len(ids)}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st.Chunks, st.StoredBytes = s.known.storedBytes()
-	st.Packs = len(s.known.packs)
-	return st, nil
-}
-
 // Collect deletes every chunk that no manifest of live references (live == nil:
 // every committed snapshot). A snapshot committed while Collect runs keeps its
 // chunks (see the package comment). It returns the number of chunks deleted.

@@ -309,10 +309,10 @@ func TestForksShareChunks(t *testing.T) {
 		m := commit(t, s, fmt.Sprintf("snap-fork%d", i), map[string][]byte{"pages.img": f})
 		total += m.NewBytes
 	}
-	st, _ := s.Stats(ctx)
-	t.Logf("template stored %d; template + 10 forks: %d new bytes, %d in the backend (%.2fx)", m0.StoredBytes, total, st.StoredBytes, float64(st.StoredBytes)/float64(m0.StoredBytes))
-	if st.StoredBytes > m0.StoredBytes*3/2 || total != st.StoredBytes {
-		t.Errorf("11 snapshots store %d bytes, one stores %d (limit 1.5x)", st.StoredBytes, m0.StoredBytes)
+	u, _ := s.Usage(ctx)
+	t.Logf("template stored %d; template + 10 forks: %d new bytes, %d in the backend (%.2fx)", m0.StoredBytes, total, u.ChunkBytes, float64(u.ChunkBytes)/float64(m0.StoredBytes))
+	if u.ChunkBytes > m0.StoredBytes*3/2 || total != u.ChunkBytes {
+		t.Errorf("11 snapshots store %d bytes, one stores %d (limit 1.5x)", u.ChunkBytes, m0.StoredBytes)
 	}
 }
 
@@ -966,8 +966,8 @@ func TestPackGarbageCollected(t *testing.T) {
 	}
 	dropLocal(t, s)
 	mustOpen(t, s, "snap-a", files)
-	if st, err := s.Stats(ctx); err != nil || st.Packs == 0 {
-		t.Fatalf("stats after the collection: %+v %v", st, err)
+	if u, err := s.Usage(ctx); err != nil || u.Packs == 0 {
+		t.Fatalf("usage after the collection: %+v %v", u, err)
 	}
 }
 
