@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +21,37 @@ import (
 // (versitygw, started by s3test; skipped when it is not installed). Before the
 // 4th resume the local chunk cache and the opened snapshot copies are emptied,
 // so that resume is a cold resume from S3 alone.
+//
+// Then a second server, with another data directory, on the same bucket and
+// prefix is refused at start, naming the first one's data directory (its
+// start-up would have deleted every snapshot its database does not know), and
+// the first server's snapshots all still verify.
 func TestStoreS3Cycles(t *testing.T) {
-	_, srv := startS3(t, "torpor-e2e", server.StoreConfig{})
+	s3, srv := startS3(t, "torpor-e2e", server.StoreConfig{})
 	storeCycles(t, srv, 5, 4)
+
+	ctx := ctxFor(t, 2*time.Minute)
+	snaps, err := srv.Client.ListSnapshots(ctx)
+	if err != nil || len(snaps) == 0 {
+		t.Fatalf("snapshots after the cycles: %v %v", len(snaps), err)
+	}
+	second, err := server.New(ctx, server.Config{DataDir: t.TempDir(), RunscPath: servertest.Runsc(t),
+		AgentPath: servertest.AgentBinary(t), DisableLifecycle: true,
+		Store: server.StoreConfig{Kind: "s3", S3Endpoint: s3.Endpoint, S3Bucket: "torpor-e2e",
+			S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey, S3Region: s3.Region}})
+	if err == nil {
+		second.Close()
+		t.Fatal("a second server on the same bucket and prefix started")
+	}
+	if !errors.Is(err, chunked.ErrOwnedElsewhere) || !strings.Contains(err.Error(), srv.DataDir) {
+		t.Fatalf("second server: %v; want ErrOwnedElsewhere naming %s", err, srv.DataDir)
+	}
+	t.Logf("second server refused: %v", err)
+	for _, sn := range snaps {
+		if v, err := srv.Client.VerifySnapshot(ctx, sn.ID); err != nil || !v.OK {
+			t.Errorf("snapshot %s after the refused start: %+v %v", sn.ID, v, err)
+		}
+	}
 }
 
 // startS3 starts a versitygw server and a torpor server whose store is the

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -165,12 +167,44 @@ func recordStoreKind(dir string, cfg StoreConfig) error {
 	if b, err := os.ReadFile(p); err == nil && len(strings.Fields(string(b))) > 0 {
 		return nil
 	}
+	if err := writeFileSynced(p, []byte(storeRecord(cfg))); err != nil {
+		return fmt.Errorf("data directory %s: record the store kind: %w", dir, err)
+	}
+	return nil
+}
+
+// storeIDFile, in a data directory, holds the random id with which its
+// store claims an S3 prefix (chunked.Owner).
+const storeIDFile = "store-id"
+
+// storeID returns the data directory's store id (32 hex digits), creating
+// dir/store-id (temp file, fsync, rename) on first use.
+func storeID(dir string) (string, error) {
+	p := filepath.Join(dir, storeIDFile)
+	if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	id := hex.EncodeToString(raw[:])
+	if err := writeFileSynced(p, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("data directory %s: record the store id: %w", dir, err)
+	}
+	return id, nil
+}
+
+// writeFileSynced writes p through a synced temporary file and a rename.
+func writeFileSynced(p string, data []byte) error {
 	tmp := p + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteString(storeRecord(cfg))
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -182,9 +216,8 @@ func recordStoreKind(dir string, cfg StoreConfig) error {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("data directory %s: record the store kind: %w", dir, err)
 	}
-	return nil
+	return err
 }
 
 // OpenStore opens the snapshot store a server with data directory dataDir and
@@ -231,9 +264,19 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		}
 		return s, s.Close, nil
 	case "s3":
+		var owner *chunked.Owner
+		if !cfg.readOnly {
+			id, err := storeID(dataDir)
+			if err != nil {
+				return nil, nil, err
+			}
+			host, _ := os.Hostname()
+			abs, _ := filepath.Abs(dataDir)
+			owner = &chunked.Owner{StoreID: id, Host: host, DataDir: abs}
+		}
 		b, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket,
 			AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Region: cfg.S3Region, Prefix: cfg.S3Prefix,
-			PathStyle: !cfg.S3VirtualHost})
+			PathStyle: !cfg.S3VirtualHost, Owner: owner})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}

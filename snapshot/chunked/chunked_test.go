@@ -1275,3 +1275,106 @@ func TestS3HungAtStart(t *testing.T) {
 		t.Errorf("usage once S3 answers again: %+v %v", u, err)
 	}
 }
+
+// TestS3OwnerClaim: a store claims its S3 prefix on first use; another store
+// (another data directory) is refused the prefix, before it writes or deletes
+// anything, with the owner named; the owner reopens it; another prefix of the
+// same bucket is free; of stores claiming a fresh prefix at once exactly one
+// wins; and a store that started while S3 was down finds out on its first
+// write.
+func TestS3OwnerClaim(t *testing.T) {
+	srv := s3test.Start(t)
+	b := newS3Backend(t, srv) // creates the bucket; no owner
+	cfg := func(prefix, id string) S3Config {
+		return S3Config{Endpoint: srv.Endpoint, Bucket: b.bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			Region: srv.Region, PathStyle: true, Prefix: prefix,
+			Owner: &Owner{StoreID: id, Host: "host-" + id, DataDir: "/data/" + id}}
+	}
+	ba, err := NewS3(ctx, cfg("p/", "aaaa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(ctx, Config{Dir: t.TempDir(), Backend: ba})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"pages.img": memImage(64)}
+	commit(t, a, "snap-a", files)
+	a.Close()
+
+	_, err = NewS3(ctx, cfg("p/", "bbbb"))
+	if !errors.Is(err, ErrOwnedElsewhere) || !strings.Contains(err.Error(), "/data/aaaa") || !strings.Contains(err.Error(), "host-aaaa") {
+		t.Fatalf("a second store on the prefix: %v", err)
+	}
+	t.Logf("refused: %v", err)
+	if _, err := NewS3(ctx, cfg("p/", "aaaa")); err != nil {
+		t.Fatalf("the owner again: %v", err)
+	}
+	if _, err := NewS3(ctx, cfg("q/", "bbbb")); err != nil {
+		t.Fatalf("another prefix: %v", err)
+	}
+	// A reader without an owner (offline inspection) is not refused.
+	rb, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: b.bucket, AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true, Prefix: "p/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(ctx, Config{Dir: t.TempDir(), Backend: rb, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustOpen(t, r, "snap-a", files)
+	r.Close()
+
+	// Claims racing for fresh prefixes: one winner each.
+	for round := 0; round < 5; round++ {
+		prefix := fmt.Sprintf("race-%d/", round)
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = NewS3(ctx, cfg(prefix, fmt.Sprintf("racer%d", i)))
+			}()
+		}
+		wg.Wait()
+		won := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, ErrOwnedElsewhere):
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d stores claimed %s: %v", round, won, prefix, errs)
+		}
+	}
+
+	// Started while S3 was down: the claim is checked on the first write, and
+	// a foreign prefix stays refused.
+	srv.Stop()
+	bc, err := NewS3(ctx, cfg("p/", "cccc"))
+	if err != nil {
+		srv.Restart()
+		t.Fatalf("NewS3 with S3 down: %v", err)
+	}
+	if err := bc.Put(ctx, "chunks/x", strings.NewReader("x"), 1); !errors.Is(err, snapshot.ErrUnavailable) {
+		srv.Restart()
+		t.Fatalf("put with S3 down: %v", err)
+	}
+	srv.Restart()
+	for _, err := range []error{bc.Put(ctx, "chunks/x", strings.NewReader("x"), 1), bc.Delete(ctx, "manifests/snap-a.json")} {
+		if !errors.Is(err, ErrOwnedElsewhere) {
+			t.Fatalf("write by a store that started with S3 down: %v", err)
+		}
+	}
+	a2, err := New(ctx, Config{Dir: t.TempDir(), Backend: ba})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	mustOpen(t, a2, "snap-a", files)
+}

@@ -1,7 +1,9 @@
 package chunked
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -35,7 +38,32 @@ type S3Config struct {
 	Prefix string
 	// CreateBucket creates the bucket when it does not exist.
 	CreateBucket bool
+	// Owner, when set, is the store that claims the prefix: the backend writes
+	// it to <prefix>owner.json if no store has (a conditional PUT with
+	// If-None-Match: *, then read back), and refuses to write or delete
+	// anything under a prefix another store claims (ErrOwnedElsewhere). One
+	// store's start-up and garbage collection delete what its own records do
+	// not know, so two stores writing under one prefix would delete each
+	// other's snapshots. Nil: no claim is checked (read-only tools).
+	Owner *Owner
 }
+
+// Owner identifies the store (a torpor data directory) that writes under an
+// S3 prefix; it is stored as JSON in <prefix>owner.json.
+type Owner struct {
+	StoreID string    `json:"store_id"` // random, recorded in the data directory
+	Host    string    `json:"host"`     // hostname, for the error message only
+	DataDir string    `json:"data_dir"` // absolute path, for the error message only
+	Since   time.Time `json:"since"`    // when the claim was written (UTC)
+}
+
+// ErrOwnedElsewhere is returned (wrapped, with the owner named) by NewS3,
+// Put and Delete when another store claims the prefix.
+var ErrOwnedElsewhere = errors.New("the S3 prefix belongs to another torpor store")
+
+// ownerKey is the claim's key under the prefix, beside chunks/, packs/,
+// index/ and manifests/.
+const ownerKey = "owner.json"
 
 // S3 is the backend on an S3-compatible object store (minio-go client). A
 // successful PutObject is durable by the store's contract, so S3 needs no Sync.
@@ -46,6 +74,11 @@ type S3 struct {
 	// unreachable: NewS3 got no answer from the server (down or hung), so a
 	// store does not try to list it at start (New).
 	unreachable bool
+
+	owner   *Owner
+	claimMu sync.Mutex
+	claimed bool  // owner.json names this store
+	foreign error // owner.json names another store (permanent)
 }
 
 var _ Backend = (*S3)(nil)
@@ -101,7 +134,8 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	if err != nil && !cfg.CreateBucket && minio.ToErrorResponse(err).StatusCode == 0 {
 		// Unreachable (no HTTP answer): start anyway, so a server restarted
 		// during an outage serves what it has on local disk and uploads later.
-		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, unreachable: true}, nil
+		// The claim is checked on the first write instead.
+		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, unreachable: true, owner: cfg.Owner}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("s3 backend %s bucket %s: %w", cfg.Endpoint, cfg.Bucket, err)
@@ -114,7 +148,86 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 			return nil, fmt.Errorf("s3 backend: create bucket %s: %w", cfg.Bucket, err)
 		}
 	}
-	return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix}, nil
+	b := &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, owner: cfg.Owner}
+	if err := b.claim(ctx); err != nil && !errors.Is(err, snapshot.ErrUnavailable) {
+		return nil, fmt.Errorf("s3 backend %s bucket %s prefix %q: %w", cfg.Endpoint, cfg.Bucket, cfg.Prefix, err)
+	}
+	return b, nil
+}
+
+// claim makes sure the prefix is this backend's owner's: it reads
+// owner.json, writes it when missing (If-None-Match: *, so of two stores
+// claiming at once one wins; read back for servers that ignore the header),
+// and remembers the answer. Errors: ErrOwnedElsewhere (wrapped, naming the
+// owner; remembered), snapshot.ErrUnavailable when S3 does not answer (tried
+// again on the next call), or another S3 error. Nil without an owner.
+func (b *S3) claim(ctx context.Context) error {
+	if b.owner == nil {
+		return nil
+	}
+	b.claimMu.Lock()
+	defer b.claimMu.Unlock()
+	if b.claimed {
+		return nil
+	}
+	if b.foreign != nil {
+		return b.foreign
+	}
+	cur, err := b.readOwner(ctx)
+	if err != nil {
+		return err
+	}
+	if cur == nil {
+		o := *b.owner
+		o.Since = time.Now().UTC().Truncate(time.Second)
+		body, _ := json.Marshal(o)
+		opts := minio.PutObjectOptions{ContentType: "application/json", DisableMultipart: true}
+		opts.SetMatchETagExcept("*")
+		pctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
+		_, err := b.c.PutObject(pctx, b.bucket, b.prefix+ownerKey, bytes.NewReader(body), int64(len(body)), opts)
+		cancel()
+		if err != nil && minio.ToErrorResponse(err).StatusCode != http.StatusPreconditionFailed {
+			return fmt.Errorf("s3 claim %s: %w", ownerKey, reachErr(err))
+		}
+		if cur, err = b.readOwner(ctx); err != nil {
+			return err
+		}
+		if cur == nil {
+			return fmt.Errorf("s3 claim %s: written, then not found", ownerKey)
+		}
+	}
+	if cur.StoreID != b.owner.StoreID {
+		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own prefix (--s3-prefix); if that store is gone for good and its snapshots are not wanted, delete %s%s",
+			ErrOwnedElsewhere, cur.StoreID, cur.DataDir, cur.Host, cur.Since.Format(time.RFC3339), b.prefix, ownerKey)
+		return b.foreign
+	}
+	b.claimed = true
+	return nil
+}
+
+// readOwner returns the owner recorded in owner.json, nil when there is none.
+// A read cut by an overwrite (412 on the body's If-Match, with a server that
+// ignored If-None-Match) is tried again.
+func (b *S3) readOwner(ctx context.Context) (*Owner, error) {
+	for attempt := 0; ; attempt++ {
+		rc, err := b.Get(ctx, ownerKey)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var o Owner
+		err = json.NewDecoder(io.LimitReader(rc, 1<<16)).Decode(&o)
+		rc.Close()
+		if err != nil && minio.ToErrorResponse(err).StatusCode == http.StatusPreconditionFailed && attempt < 3 {
+			continue
+		}
+		if err != nil || o.StoreID == "" {
+			return nil, fmt.Errorf("s3 %s%s: not a torpor owner record (%v); delete it only if no torpor store uses the prefix", b.prefix, ownerKey, reachErr(err))
+		}
+		return &o, nil
+	}
 }
 
 func notFound(err error) bool {
@@ -133,6 +246,9 @@ const (
 
 // Put implements Backend.
 func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if err := b.claim(ctx); err != nil {
+		return fmt.Errorf("s3 put %s: %w", key, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	defer cancel()
 	_, err := b.c.PutObject(ctx, b.bucket, b.prefix+key, r, size, minio.PutObjectOptions{
@@ -222,6 +338,9 @@ func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
 
 // Delete implements Backend.
 func (b *S3) Delete(ctx context.Context, key string) error {
+	if err := b.claim(ctx); err != nil {
+		return fmt.Errorf("s3 delete %s: %w", key, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
 	defer cancel()
 	err := b.c.RemoveObject(ctx, b.bucket, b.prefix+key, minio.RemoveObjectOptions{})
