@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/snapshot/chunked"
 	"github.com/torpor/torpor/snapshot/chunked/s3test"
+	"github.com/torpor/torpor/workload"
 )
 
 // TestStoreS3Cycles is the 5-cycle memory and file continuity test (as
@@ -207,4 +209,58 @@ func TestDeleteWhileS3Down(t *testing.T) {
 	if u, err := c.StoreUsage(ctx); err != nil || u.Snapshots != 0 {
 		t.Errorf("store usage after the retried delete: %+v %v", u, err)
 	}
+}
+
+// TestStoreS3MovedDataDir: a sandbox hibernated on S3 resumes on a server
+// that has only the data directory's records (database, store record and id,
+// images, guest files) and none of its local snapshot copies or runsc state,
+// as after moving the data directory to a new host: the snapshot comes from
+// S3 alone, and the process continues with its memory intact.
+func TestStoreS3MovedDataDir(t *testing.T) {
+	s3, srv := startS3(t, "torpor-e2e-move", server.StoreConfig{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+	if err := workload.Start(ctx, c, sb.ID, 16); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, c, sb.ID, "/checksum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Hibernate(ctx, sb.ID)
+	if err != nil || h.Snapshot == nil || !h.Snapshot.Durable {
+		t.Fatalf("hibernate: %+v %v", h.Snapshot, err)
+	}
+	srv.Stop()
+
+	moved := t.TempDir()
+	for _, name := range []string{"torpor.db", "store", "store-id", "images", "guest"} {
+		if out, err := exec.Command("cp", "-a", filepath.Join(dataDir, name), moved+"/").CombinedOutput(); err != nil {
+			t.Fatalf("copy %s: %v: %s", name, err, out)
+		}
+	}
+	// The database's write-ahead log, if the stopped server left one.
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "torpor.db-*"))
+	for _, p := range logs {
+		if out, err := exec.Command("cp", "-a", p, moved+"/").CombinedOutput(); err != nil {
+			t.Fatalf("copy %s: %v: %s", p, err, out)
+		}
+	}
+	t.Cleanup(func() { removeScopeCgroups(moved) })
+	srv2 := servertest.Start(t, servertest.Options{DataDir: moved, Store: server.StoreConfig{Kind: "s3",
+		S3Endpoint: s3.Endpoint, S3Bucket: "torpor-e2e-move", S3AccessKey: s3.AccessKey, S3SecretKey: s3.SecretKey,
+		S3Region: s3.Region}})
+	after, err := workload.Get(ctx, srv2.Client, sb.ID, "/checksum")
+	if err != nil {
+		t.Fatalf("resume on the moved data directory: %v", err)
+	}
+	if after.Pid != before.Pid || after.SHA256 != before.SHA256 || after.Count != before.Count+1 {
+		t.Fatalf("state after the move: %+v, before %+v", after, before)
+	}
+	if _, err := os.Stat(filepath.Join(moved, "chunks", "open", h.Snapshot.ID)); err != nil {
+		t.Errorf("the resume did not rebuild the snapshot from S3 into chunks/open: %v", err)
+	}
+	t.Logf("resumed %s from S3 on the moved data directory: count %d → %d, memory sha256 %.12s… intact",
+		sb.ID, before.Count, after.Count, after.SHA256)
 }

@@ -147,6 +147,14 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 			_ = e.Stop(context.Background(), spec.ID)
 		}
 	}()
+	if imageDir == "" {
+		spec.RootFS, err = stableRootfs(spec.RootFS)
+	} else {
+		spec.RootFS, err = restoreRootfs(imageDir, spec.RootFS)
+	}
+	if err != nil {
+		return err
+	}
 	p := e.pair(spec.ID)
 	if err := sandboxnet.Create(ctx, p); err != nil {
 		return err
@@ -224,6 +232,9 @@ func (e *Engine) CheckpointExit(ctx context.Context, id, dir string) error {
 func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor: checkpoint %s: image path %q is not absolute", id, dir)
+	}
+	if err := e.recordRootfs(id, dir); err != nil {
+		return err
 	}
 	args := []string{"checkpoint", "--image-path", dir}
 	if leaveRunning {

@@ -125,7 +125,7 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 		// gVisor reads an EROFS root from these annotations (notes/engine-gvisor.md);
 		// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
 		Annotations: map[string]string{
-			"dev.gvisor.spec.rootfs.source":  spec.RootFS,
+			rootfsAnnotation:                 spec.RootFS,
 			"dev.gvisor.spec.rootfs.type":    "erofs",
 			"dev.gvisor.spec.rootfs.overlay": "memory",
 		},
