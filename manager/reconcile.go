@@ -115,6 +115,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 					pending = pending || s.PendingSnapshot == id
 				}
 				if !pending {
+					m.log.Warn("reconcile: deleting a committed snapshot no record of this server knows", "snapshot", id)
 					_ = m.cfg.Store.Delete(ctx, id)
 				}
 			}

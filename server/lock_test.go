@@ -102,6 +102,20 @@ func TestResolveStoreKind(t *testing.T) {
 	if k, err := ResolveStoreKind(dir, kind("")); err != nil || k != "s3" {
 		t.Fatalf("recorded s3 without flags: %q %v", k, err)
 	}
+	// Only one of them given: the other is the record's.
+	if k, err := ResolveStoreKind(dir, StoreConfig{Kind: "s3", S3Prefix: "torpor/"}); err != nil || k != "s3" {
+		t.Fatalf("recorded prefix given alone: %q %v", k, err)
+	}
+	if k, err := ResolveStoreKind(dir, StoreConfig{Kind: "s3", S3Bucket: "snaps"}); err != nil || k != "s3" {
+		t.Fatalf("recorded bucket given alone: %q %v", k, err)
+	}
+	if half := withRecordedS3(dir, StoreConfig{Kind: "s3", S3Bucket: "snaps"}); half.S3Prefix != "torpor/" {
+		t.Fatalf("prefix from the record: %+v", half)
+	}
+	_, err = ResolveStoreKind(dir, StoreConfig{Kind: "s3", S3Prefix: "p8/"})
+	if err == nil || strings.Contains(err.Error(), `--s3-bucket "`) || !strings.Contains(err.Error(), `--s3-prefix "p8/"`) {
+		t.Fatalf("another prefix given alone: %v", err)
+	}
 	other := s3
 	other.S3Bucket = "other"
 	if _, err := ResolveStoreKind(dir, other); err == nil || !strings.Contains(err.Error(), "bucket=snaps") {

@@ -22,6 +22,7 @@ import (
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/snapshot"
+	"github.com/torpor/torpor/snapshot/chunked"
 )
 
 // maxJSONBody bounds request bodies that are JSON documents (1 MiB; an exec's
@@ -86,7 +87,9 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, apiv1.CodeNotFound
 	case errors.Is(err, manager.ErrInvalidArgument), errors.Is(err, image.ErrInvalid):
 		return http.StatusBadRequest, apiv1.CodeInvalidArgument
-	case errors.Is(err, manager.ErrConflict):
+	case errors.Is(err, manager.ErrConflict), errors.Is(err, chunked.ErrOwnedElsewhere):
+		// ErrOwnedElsewhere: the S3 prefix is another store's (found on the
+		// first write of a server that started while S3 was down).
 		return http.StatusConflict, apiv1.CodeConflict
 	case errors.Is(err, manager.ErrSnapshotCorrupt):
 		return http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt

@@ -102,10 +102,18 @@ func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
 			return "", fmt.Errorf("data directory %s is set up for --store %s (recorded in %s), and its snapshots are only reachable through it: start with --store %s or without --store, or use another --data-dir", dir, recorded, p, recorded)
 		}
 		if recorded == "s3" && (cfg.S3Bucket != "" || cfg.S3Prefix != "") {
-			// Without a bucket and prefix the record's are used (withRecordedS3).
-			want := storeRecord(StoreConfig{Kind: "s3", S3Bucket: cfg.S3Bucket, S3Prefix: cfg.S3Prefix})
+			// A bucket or prefix left out is the record's (withRecordedS3).
+			filled := withRecordedS3(dir, cfg)
+			want := storeRecord(StoreConfig{Kind: "s3", S3Bucket: filled.S3Bucket, S3Prefix: filled.S3Prefix})
 			if strings.Join(strings.Fields(want), " ") != strings.Join(lines, " ") {
-				return "", fmt.Errorf("data directory %s is set up for S3 %s (recorded in %s); --s3-bucket %q --s3-prefix %q would put its snapshots out of reach", dir, strings.Join(lines[1:], " "), p, cfg.S3Bucket, cfg.S3Prefix)
+				var given []string
+				if cfg.S3Bucket != "" {
+					given = append(given, fmt.Sprintf("--s3-bucket %q", cfg.S3Bucket))
+				}
+				if cfg.S3Prefix != "" {
+					given = append(given, fmt.Sprintf("--s3-prefix %q", cfg.S3Prefix))
+				}
+				return "", fmt.Errorf("data directory %s is set up for S3 %s (recorded in %s); %s would put its snapshots out of reach (leave out --s3-bucket and --s3-prefix to use the recorded ones)", dir, strings.Join(lines[1:], " "), p, strings.Join(given, " "))
 			}
 		}
 		return recorded, nil
@@ -125,10 +133,11 @@ func ResolveStoreKind(dir string, cfg StoreConfig) (string, error) {
 	return "chunked", nil
 }
 
-// withRecordedS3 returns cfg with the S3 bucket and prefix recorded in
-// dir/store when cfg names neither (the endpoint and keys are not recorded).
+// withRecordedS3 returns cfg with the S3 bucket and the prefix recorded in
+// dir/store in place of those cfg leaves empty (the endpoint and keys are not
+// recorded).
 func withRecordedS3(dir string, cfg StoreConfig) StoreConfig {
-	if cfg.S3Bucket != "" || cfg.S3Prefix != "" {
+	if cfg.S3Bucket != "" && cfg.S3Prefix != "" {
 		return cfg
 	}
 	b, err := os.ReadFile(filepath.Join(dir, storeKindFile))
@@ -140,9 +149,9 @@ func withRecordedS3(dir string, cfg StoreConfig) StoreConfig {
 		return cfg
 	}
 	for _, l := range lines[1:] {
-		if v, ok := strings.CutPrefix(l, "bucket="); ok {
+		if v, ok := strings.CutPrefix(l, "bucket="); ok && cfg.S3Bucket == "" {
 			cfg.S3Bucket = v
-		} else if v, ok := strings.CutPrefix(l, "prefix="); ok {
+		} else if v, ok := strings.CutPrefix(l, "prefix="); ok && cfg.S3Prefix == "" {
 			cfg.S3Prefix = v
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked/s3test"
 	"github.com/torpor/torpor/snapshot/storetest"
@@ -1261,8 +1262,8 @@ func TestS3HungAtStart(t *testing.T) {
 	}
 	s2, err := New(ctx, Config{Dir: t.TempDir(), Backend: b2})
 	took := time.Since(t0)
-	srv.Thaw()
 	if err != nil {
+		srv.Thaw()
 		t.Fatalf("New with the server hung: %v", err)
 	}
 	defer s2.Close()
@@ -1270,6 +1271,23 @@ func TestS3HungAtStart(t *testing.T) {
 		t.Errorf("opening the store with S3 hung took %v", took)
 	}
 	t.Logf("opened with S3 hung in %v", took)
+	// While it hangs, each request gives up after a probe (s3ProbeTimeout)
+	// instead of its own deadline (120 s for a listing: a server's start made
+	// two and took 4 min in a new-user trial).
+	for name, call := range map[string]func() error{
+		"List":    func() error { _, err := s2.List(ctx); return err },
+		"Usage":   func() error { _, err := s2.Usage(ctx); return err },
+		"Recover": func() error { return s2.Recover(ctx) },
+	} {
+		t1 := time.Now()
+		err := call()
+		if d := time.Since(t1); d > 2*s3ProbeTimeout {
+			t.Errorf("%s with S3 hung took %v (err %v)", name, d, err)
+		} else {
+			t.Logf("%s with S3 hung: %v after %v", name, err, d.Round(time.Millisecond))
+		}
+	}
+	srv.Thaw()
 	mustOpen(t, s2, "snap-a", files)
 	if u, err := s2.Usage(ctx); err != nil || u.Chunks == 0 {
 		t.Errorf("usage once S3 answers again: %+v %v", u, err)
@@ -1377,4 +1395,29 @@ func TestS3OwnerClaim(t *testing.T) {
 	}
 	defer a2.Close()
 	mustOpen(t, a2, "snap-a", files)
+
+	// The claim deleted by hand while its store runs: the store's next write
+	// (after claimRecheck) writes it again; taken by another store meanwhile,
+	// the running store's writes stop.
+	defer func(d time.Duration) { claimRecheck = d }(claimRecheck)
+	claimRecheck = 0
+	drop := func() {
+		if err := ba.c.RemoveObject(ctx, b.bucket, "p/"+ownerKey, minio.RemoveObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drop()
+	if err := ba.Put(ctx, "chunks/y", strings.NewReader("y"), 1); err != nil {
+		t.Fatalf("write after the claim was deleted: %v", err)
+	}
+	if _, err := NewS3(ctx, cfg("p/", "dddd")); !errors.Is(err, ErrOwnedElsewhere) {
+		t.Fatalf("another store after the owner claimed again: %v", err)
+	}
+	drop()
+	if _, err := NewS3(ctx, cfg("p/", "eeee")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ba.Put(ctx, "chunks/y", strings.NewReader("y"), 1); !errors.Is(err, ErrOwnedElsewhere) {
+		t.Fatalf("write after another store took the prefix: %v", err)
+	}
 }

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -75,10 +77,15 @@ type S3 struct {
 	// store does not try to list it at start (New).
 	unreachable bool
 
-	owner   *Owner
-	claimMu sync.Mutex
-	claimed bool  // owner.json names this store
-	foreign error // owner.json names another store (permanent)
+	// hungAt (unix ns) is when a request last ran into its deadline without
+	// an answer; 0 once S3 answers again (answering).
+	hungAt atomic.Int64
+
+	owner     *Owner
+	claimMu   sync.Mutex
+	claimed   bool      // owner.json named this store at claimedAt
+	claimedAt time.Time // re-read after claimRecheck
+	foreign   error     // owner.json names another store (permanent)
 }
 
 var _ Backend = (*S3)(nil)
@@ -92,11 +99,59 @@ func reachErr(err error) error {
 	return fmt.Errorf("%w: %w", snapshot.ErrUnavailable, err)
 }
 
+// reach is reachErr for a request made under the caller's context outer; a
+// request that ran into its own deadline (outer still live) marks S3 as hung,
+// so the next requests probe it first (answering).
+func (b *S3) reach(outer context.Context, err error) error {
+	if err != nil && minio.ToErrorResponse(err).StatusCode == 0 && outer.Err() == nil && isTimeout(err) {
+		b.hungAt.Store(time.Now().UnixNano())
+	}
+	return reachErr(err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// s3ProbeTimeout bounds the probe a request makes while S3 is marked hung:
+// without it every request of a server whose S3 hangs (accepts connections,
+// never answers) waited out its own deadline, 10–120 s, one after another: a
+// new-user trial saw a server start take 4 min and GET /v1/store 2 min.
+const s3ProbeTimeout = 3 * time.Second
+
+// answering returns nil unless S3 is marked hung; then it probes it (a bucket
+// check, s3ProbeTimeout at most): snapshot.ErrUnavailable if it still gives no
+// answer, else nil, and the mark is cleared.
+func (b *S3) answering(ctx context.Context) error {
+	t := b.hungAt.Load()
+	if t == 0 {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, s3ProbeTimeout)
+	defer cancel()
+	_, err := b.c.BucketExists(pctx, b.bucket)
+	if err != nil && minio.ToErrorResponse(err).StatusCode == 0 {
+		if ctx.Err() == nil && isTimeout(err) {
+			b.hungAt.Store(time.Now().UnixNano())
+		}
+		return fmt.Errorf("%w: S3 gave no answer within %s (it hung %s ago): %w", snapshot.ErrUnavailable,
+			s3ProbeTimeout, time.Since(time.Unix(0, t)).Round(time.Second), err)
+	}
+	b.hungAt.CompareAndSwap(t, 0)
+	return nil
+}
+
 // NewS3 connects to the object store and checks that the bucket exists (creating
 // it when cfg.CreateBucket is set).
 func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
-	if cfg.Endpoint == "" || cfg.Bucket == "" {
-		return nil, fmt.Errorf("s3 backend: endpoint and bucket are required")
+	switch {
+	case cfg.Endpoint == "" && cfg.Bucket == "":
+		return nil, fmt.Errorf("s3 backend: an endpoint and a bucket are required (--s3-endpoint, --s3-bucket)")
+	case cfg.Endpoint == "":
+		return nil, fmt.Errorf("s3 backend: no endpoint given for bucket %s (--s3-endpoint or TORPOR_S3_ENDPOINT; it is not recorded in the data directory)", cfg.Bucket)
+	case cfg.Bucket == "":
+		return nil, fmt.Errorf("s3 backend: no bucket given (--s3-bucket)")
 	}
 	host, secure := cfg.Endpoint, !cfg.Insecure
 	if strings.Contains(host, "://") {
@@ -131,11 +186,18 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	bctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
 	ok, err := c.BucketExists(bctx, cfg.Bucket)
 	cancel()
+	if err != nil && strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
+		return nil, fmt.Errorf("s3 backend %s: the server answers plain HTTP; give the endpoint as http://%s (host:port without a scheme means https)", cfg.Endpoint, host)
+	}
 	if err != nil && !cfg.CreateBucket && minio.ToErrorResponse(err).StatusCode == 0 {
 		// Unreachable (no HTTP answer): start anyway, so a server restarted
 		// during an outage serves what it has on local disk and uploads later.
 		// The claim is checked on the first write instead.
-		return &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, unreachable: true, owner: cfg.Owner}, nil
+		b := &S3{c: c, bucket: cfg.Bucket, prefix: cfg.Prefix, unreachable: true, owner: cfg.Owner}
+		if isTimeout(err) && ctx.Err() == nil {
+			b.hungAt.Store(time.Now().UnixNano())
+		}
+		return b, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("s3 backend %s bucket %s: %w", cfg.Endpoint, cfg.Bucket, err)
@@ -167,7 +229,7 @@ func (b *S3) claim(ctx context.Context) error {
 	}
 	b.claimMu.Lock()
 	defer b.claimMu.Unlock()
-	if b.claimed {
+	if b.claimed && time.Since(b.claimedAt) < claimRecheck {
 		return nil
 	}
 	if b.foreign != nil {
@@ -187,7 +249,7 @@ func (b *S3) claim(ctx context.Context) error {
 		_, err := b.c.PutObject(pctx, b.bucket, b.prefix+ownerKey, bytes.NewReader(body), int64(len(body)), opts)
 		cancel()
 		if err != nil && minio.ToErrorResponse(err).StatusCode != http.StatusPreconditionFailed {
-			return fmt.Errorf("s3 claim %s: %w", ownerKey, reachErr(err))
+			return fmt.Errorf("s3 claim %s: %w", ownerKey, b.reach(ctx, err))
 		}
 		if cur, err = b.readOwner(ctx); err != nil {
 			return err
@@ -197,13 +259,19 @@ func (b *S3) claim(ctx context.Context) error {
 		}
 	}
 	if cur.StoreID != b.owner.StoreID {
-		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own prefix (--s3-prefix); if that store is gone for good and its snapshots are not wanted, delete %s%s",
+		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own prefix (--s3-prefix); only if that server is stopped for good and its snapshots are not wanted, delete %s%s (this server will then delete them)",
 			ErrOwnedElsewhere, cur.StoreID, cur.DataDir, cur.Host, cur.Since.Format(time.RFC3339), b.prefix, ownerKey)
 		return b.foreign
 	}
-	b.claimed = true
+	b.claimed, b.claimedAt = true, time.Now()
 	return nil
 }
+
+// claimRecheck is how long a write trusts the last reading of owner.json. A
+// claim deleted by hand while this store runs is written again, and one
+// another store took meanwhile stops this store's writes (ErrOwnedElsewhere),
+// within this time: one GET a minute at most.
+var claimRecheck = time.Minute
 
 // readOwner returns the owner recorded in owner.json, nil when there is none.
 // A read cut by an overwrite (412 on the body's If-Match, with a server that
@@ -249,6 +317,10 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	if err := b.claim(ctx); err != nil {
 		return fmt.Errorf("s3 put %s: %w", key, err)
 	}
+	if err := b.answering(ctx); err != nil {
+		return fmt.Errorf("s3 put %s: %w", key, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	defer cancel()
 	_, err := b.c.PutObject(ctx, b.bucket, b.prefix+key, r, size, minio.PutObjectOptions{
@@ -256,7 +328,7 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 		DisableMultipart: true,
 	})
 	if err != nil {
-		return fmt.Errorf("s3 put %s: %w", key, reachErr(err))
+		return fmt.Errorf("s3 put %s: %w", key, b.reach(outer, err))
 	}
 	return nil
 }
@@ -264,11 +336,15 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 // Get implements Backend. The object is fetched whole (chunks and manifests are
 // small), so a missing object is reported here rather than on the first Read.
 func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := b.answering(ctx); err != nil {
+		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, minio.GetObjectOptions{})
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
+		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
 	}
 	if _, err := o.Stat(); err != nil {
 		o.Close()
@@ -276,7 +352,7 @@ func (b *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		if notFound(err) {
 			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
 		}
-		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
+		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
 	}
 	return cancelOnClose{o, cancel}, nil
 }
@@ -302,11 +378,15 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 	if err := opts.SetRange(off, off+n-1); err != nil {
 		return nil, err
 	}
+	if err := b.answering(ctx); err != nil {
+		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	defer cancel()
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
 	if err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, reachErr(err))
+		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
 	}
 	defer o.Close()
 	buf := make([]byte, n)
@@ -317,13 +397,17 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
 			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
 		}
-		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, reachErr(err))
+		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, b.reach(outer, err))
 	}
 	return buf, nil
 }
 
 // Exists implements Backend.
 func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
+	if err := b.answering(ctx); err != nil {
+		return false, fmt.Errorf("s3 stat %s: %w", key, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
 	defer cancel()
 	_, err := b.c.StatObject(ctx, b.bucket, b.prefix+key, minio.StatObjectOptions{})
@@ -333,7 +417,7 @@ func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
 	if notFound(err) {
 		return false, nil
 	}
-	return false, fmt.Errorf("s3 stat %s: %w", key, reachErr(err))
+	return false, fmt.Errorf("s3 stat %s: %w", key, b.reach(outer, err))
 }
 
 // Delete implements Backend.
@@ -341,23 +425,31 @@ func (b *S3) Delete(ctx context.Context, key string) error {
 	if err := b.claim(ctx); err != nil {
 		return fmt.Errorf("s3 delete %s: %w", key, err)
 	}
+	if err := b.answering(ctx); err != nil {
+		return fmt.Errorf("s3 delete %s: %w", key, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3MetaTimeout)
 	defer cancel()
 	err := b.c.RemoveObject(ctx, b.bucket, b.prefix+key, minio.RemoveObjectOptions{})
 	if err != nil && !notFound(err) {
-		return fmt.Errorf("s3 delete %s: %w", key, reachErr(err))
+		return fmt.Errorf("s3 delete %s: %w", key, b.reach(outer, err))
 	}
 	return nil
 }
 
 // List implements Backend.
 func (b *S3) List(ctx context.Context, prefix string) ([]Object, error) {
+	if err := b.answering(ctx); err != nil {
+		return nil, fmt.Errorf("s3 list %s: %w", prefix, err)
+	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, 2*s3DataTimeout)
 	defer cancel()
 	var out []Object
 	for o := range b.c.ListObjects(ctx, b.bucket, minio.ListObjectsOptions{Prefix: b.prefix + prefix, Recursive: true}) {
 		if o.Err != nil {
-			return nil, fmt.Errorf("s3 list %s: %w", prefix, reachErr(o.Err))
+			return nil, fmt.Errorf("s3 list %s: %w", prefix, b.reach(outer, o.Err))
 		}
 		out = append(out, Object{Key: strings.TrimPrefix(o.Key, b.prefix), Size: o.Size})
 	}
