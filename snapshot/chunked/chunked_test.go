@@ -1421,3 +1421,15 @@ func TestS3OwnerClaim(t *testing.T) {
 		t.Fatalf("write after another store took the prefix: %v", err)
 	}
 }
+
+// TestS3PlainHTTPEndpoint: host:port means https; a server that answers plain
+// HTTP there is refused at start with the http:// spelling (a new-user trial
+// saw it taken for an outage: the server started and no upload ever worked).
+func TestS3PlainHTTPEndpoint(t *testing.T) {
+	srv := s3test.Start(t)
+	_, err := NewS3(ctx, S3Config{Endpoint: srv.Addr, Bucket: "torpor-x", AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true})
+	if err == nil || !strings.Contains(err.Error(), "http://"+srv.Addr) {
+		t.Fatalf("NewS3(%s) against a plain-HTTP server: %v", srv.Addr, err)
+	}
+}
