@@ -481,13 +481,29 @@ func (e *Engine) processes() map[string][]int {
 }
 
 // Close releases what runsc keeps mounted in the engine's root (its null-netns
-// file). Call it only when no instance of this engine runs any more (tests).
+// file) and removes the engine's empty parent cgroups (tests made thousands a
+// day otherwise). Call it only when no instance of this engine runs any more
+// (tests).
 func (e *Engine) Close() error {
 	p := filepath.Join(e.cfg.StateDir, "root", "null-netns")
 	if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("gvisor: unmount %s: %w", p, err)
 	}
+	// The parent cgroups of this engine's instances (one per controller),
+	// empty once no instance runs; rmdir leaves a non-empty one alone.
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/torpor-" + e.scope)
+	if d := "/sys/fs/cgroup/torpor-" + e.scope; dirExists(d) {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		_ = syscall.Rmdir(d)
+	}
 	return nil
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }
 
 // alive reports whether pid exists and is not a zombie. Sandbox processes are
