@@ -37,23 +37,20 @@ func TestMain(m *testing.M) {
 	}
 	dataDir = d
 	code := m.Run()
-	removeScopeCgroups(d)
+	// The engine's per-data-dir parent cgroups (empty once every sandbox is
+	// gone; servertest's Engine.Close removes them too, except after tests
+	// that keep their sandboxes).
+	scope := gvisor.Scope(filepath.Join(d, "gvisor"))
+	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + scope, "/sys/fs/cgroup/torpor-" + scope} {
+		dirs, _ := filepath.Glob(pat)
+		for _, dir := range dirs {
+			os.Remove(dir)
+		}
+	}
 	// runsc's null-netns mount in the engine's root (servertest unmounts it too).
 	syscall.Unmount(filepath.Join(d, "gvisor", "root", "null-netns"), syscall.MNT_DETACH)
 	os.RemoveAll(d)
 	os.Exit(code)
-}
-
-// removeScopeCgroups removes the engine's parent cgroups of data directory
-// dir (empty once every sandbox of it is gone).
-func removeScopeCgroups(dir string) {
-	scope := gvisor.Scope(filepath.Join(dir, "gvisor"))
-	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + scope, "/sys/fs/cgroup/torpor-" + scope} {
-		dirs, _ := filepath.Glob(pat)
-		for _, d := range dirs {
-			os.Remove(d)
-		}
-	}
 }
 
 // start starts a server on the shared data directory. Tests run one at a time
