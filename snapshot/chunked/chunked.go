@@ -548,7 +548,6 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	}()
 	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]uint64, len(names))}
 	par := s.openParent(m.Parent)
-	defer par.close()
 	var target Backend = s.b
 	set := s.known
 	if async {
@@ -568,11 +567,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	// segments that the workers chunk and store independently (no hand-off per
 	// chunk); the chunks are those of a single pass from offset 0 (segments).
 	var mapped [][]byte
-	defer func() {
-		for _, b := range mapped {
-			_ = syscall.Munmap(b)
-		}
-	}()
+	defer func() { unmapLater(par, mapped) }()
 	var segs []*segment
 	fileData := make([][]byte, len(names))
 	for fi, n := range names {
