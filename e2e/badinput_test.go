@@ -158,6 +158,7 @@ func listJSON(t *testing.T, srv *servertest.Server) string {
 
 func engineJSON(t *testing.T, srv *servertest.Server) string {
 	t.Helper()
+	srv.Manager.Wait() // hibernated instances still being removed
 	infos, err := srv.Engine.List(ctxFor(t, time.Minute))
 	if err != nil {
 		t.Fatal(err)

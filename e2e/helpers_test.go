@@ -208,9 +208,12 @@ func rawCall(t *testing.T, method, url, contentType string, body []byte) rawResu
 	return res
 }
 
-// instancesOf returns the engine instances whose id starts with the sandbox id.
+// instancesOf returns the engine instances whose id starts with the sandbox id,
+// once the removals of hibernated instances still in progress have ended
+// (a hibernate answers before its exited instance is removed).
 func instancesOf(t *testing.T, srv *servertest.Server, id string) (running, all []string, pids []int) {
 	t.Helper()
+	srv.Manager.Wait()
 	infos, err := srv.Engine.List(ctxFor(t, time.Minute))
 	if err != nil {
 		t.Fatalf("engine list: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,5 +168,77 @@ func TestConcurrentSameCallsOneActs(t *testing.T) {
 			t.Fatalf("round %d: two resumes: unchanged %v and %v, generations %d and %d; want one acting, same generation",
 				round, res[0].Unchanged, res[1].Unchanged, res[0].Generation, res[1].Generation)
 		}
+	}
+}
+
+// TestDeleteRightAfterHibernate deletes sandboxes the moment their hibernate
+// answers, while the exited instance is still being removed in the background
+// (the hibernate does not wait for runsc delete and the network namespaces):
+// the DELETE's answer must mean nothing of the sandbox is left — checked here
+// without waiting for the manager's background work. A sandbox hibernated,
+// resumed and hibernated again in quick succession (two removals in flight)
+// ends the same way, and a server stopped right after a hibernate leaves no
+// instance of it behind.
+func TestDeleteRightAfterHibernate(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	left := func(id string) []string {
+		var out []string
+		infos, err := srv.Engine.List(ctx) // not instancesOf: no Manager.Wait
+		if err != nil {
+			t.Fatalf("engine list: %v", err)
+		}
+		for _, i := range infos {
+			if strings.HasPrefix(i.ID, id+"-") {
+				out = append(out, "instance "+i.ID)
+			}
+		}
+		for _, p := range hostProcs(id) {
+			out = append(out, "process "+p)
+		}
+		for _, n := range netnsOf(id) {
+			out = append(out, "netns "+n)
+		}
+		return out
+	}
+
+	a := create(t, c, apiv1.CreateSandboxRequest{})
+	hibernate(t, c, a.ID)
+	if err := c.DeleteSandbox(ctx, a.ID); err != nil {
+		t.Fatalf("delete right after hibernate: %v", err)
+	}
+	if l := left(a.ID); len(l) > 0 {
+		t.Errorf("after the DELETE answered, left of %s: %v", a.ID, l)
+	}
+
+	b := create(t, c, apiv1.CreateSandboxRequest{})
+	hibernate(t, c, b.ID)
+	if _, err := c.Resume(ctx, b.ID); err != nil {
+		t.Fatalf("resume right after hibernate: %v", err)
+	}
+	if got := sh(t, c, b.ID, "echo ok"); got != "ok\n" {
+		t.Fatalf("exec after the quick resume: %q", got)
+	}
+	hibernate(t, c, b.ID)
+	if err := c.DeleteSandbox(ctx, b.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if l := left(b.ID); len(l) > 0 {
+		t.Errorf("after hibernate, resume, hibernate and DELETE, left of %s: %v", b.ID, l)
+	}
+
+	d := create(t, c, apiv1.CreateSandboxRequest{})
+	hibernate(t, c, d.ID)
+	srv.Restart(t)
+	c = srv.Client
+	if l := left(d.ID); len(l) > 0 {
+		t.Errorf("after a restart right after the hibernate, left of %s: %v", d.ID, l)
+	}
+	if _, err := c.Resume(ctx, d.ID); err != nil {
+		t.Fatalf("resume after the restart: %v", err)
+	}
+	if got := sh(t, c, d.ID, "echo ok"); got != "ok\n" {
+		t.Fatalf("exec after the restart: %q", got)
 	}
 }

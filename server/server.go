@@ -175,6 +175,7 @@ func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
 	}
+	s.Manager.Wait()
 	if s.closeStore != nil {
 		s.closeStore()
 	}
@@ -243,6 +244,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// Sandboxes keep running across a restart (the next server reattaches them);
 	// only when none is left does the engine release its host mounts.
+	s.Manager.Wait()
 	if infos, err := s.Engine.List(sctx); err == nil && len(infos) == 0 {
 		s.Engine.Close()
 	}
