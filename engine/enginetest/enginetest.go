@@ -9,6 +9,7 @@ package enginetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -216,6 +217,59 @@ func Run(t *testing.T, s Setup) {
 			run(t, c1, "sh", "-c", "pgrep -x sleep || ps -eo comm | grep -qx sleep")
 		})
 	}
+
+	// Stop while another goroutine lists instances (the manager's watchers do):
+	// nothing of the stopped instances may be listed afterwards. With runsc, a
+	// list racing a delete re-created the container's lock file, which stayed
+	// for good.
+	t.Run("StopWhileListing", func(t *testing.T) {
+		const n = 4
+		var ids []string
+		for i := 0; i < n; i++ {
+			start(t, fmt.Sprintf("l%d", i), "")
+			ids = append(ids, fmt.Sprintf("%sl%d", prefix, i))
+		}
+		done := make(chan struct{})
+		var lists sync.WaitGroup
+		for w := 0; w < 2; w++ {
+			lists.Add(1)
+			go func() {
+				defer lists.Done()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					_, _ = e.List(ctx)
+				}
+			}()
+		}
+		var stops sync.WaitGroup
+		for _, id := range ids {
+			stops.Add(1)
+			go func(id string) {
+				defer stops.Done()
+				if err := e.Stop(ctx, id); err != nil {
+					t.Errorf("Stop %s: %v", id, err)
+				}
+			}(id)
+		}
+		stops.Wait()
+		close(done)
+		lists.Wait()
+		infos, err := e.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range infos {
+			for _, id := range ids {
+				if i.ID == id {
+					t.Errorf("%s still listed after Stop (while listing): %+v", id, i)
+				}
+			}
+		}
+	})
 
 	t.Run("BadInput", func(t *testing.T) {
 		sp := s.Spec

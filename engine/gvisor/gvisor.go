@@ -30,6 +30,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +59,13 @@ type Engine struct {
 	// scope prefixes every host-wide name (network namespaces, cgroups) so two
 	// engines with different StateDirs never collide.
 	scope string
+	// listMu keeps `runsc list` (read) apart from `runsc delete` and the
+	// removal of its lock files (write): list finds a container's state file,
+	// then locks the container, which creates <id>_sandbox:<id>.lock again if
+	// a delete removed both in between (runsc/container/state_file.go), and
+	// nothing ever removed that file (a new-user trial found 30 after a few
+	// hundred hibernates).
+	listMu sync.RWMutex
 }
 
 var (
@@ -254,11 +262,18 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
 	var errs []error
-	if e.hasRunscState(id) {
+	if e.hasRunscState(id) || len(e.lockFiles(id)) > 0 {
 		st, _ := e.state(ctx, id) // pid to wait for; 0 if runsc cannot say
+		e.listMu.Lock()
 		if _, err := e.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("delete: %w", err))
 		}
+		for _, f := range e.lockFiles(id) { // left by a delete that failed, or from before listMu
+			if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
+		}
+		e.listMu.Unlock()
 		if st.Pid > 0 {
 			if err := waitGone(ctx, st.Pid, 5*time.Second); err != nil {
 				_ = syscall.Kill(st.Pid, syscall.SIGKILL)
@@ -285,6 +300,12 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
 	}
 	return nil
+}
+
+// lockFiles returns runsc's lock files for instance id under the engine's root.
+func (e *Engine) lockFiles(id string) []string {
+	m, _ := filepath.Glob(filepath.Join(e.cfg.StateDir, "root", id+"_sandbox:*.lock"))
+	return m
 }
 
 // hasRunscState reports whether runsc keeps state for id under the engine's root.
@@ -349,7 +370,9 @@ func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
 // List implements engine.Engine: runsc's containers under this engine's root, plus
 // instances of which only a bundle or a network namespace is left.
 func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
+	e.listMu.RLock()
 	out, err := e.run(ctx, "list", "--format", "json")
+	e.listMu.RUnlock()
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: list: %w", err)
 	}
@@ -368,6 +391,15 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 			if _, ok := seen[d.Name()]; !ok {
 				seen[d.Name()] = engine.Info{ID: d.Name()}
 			}
+		}
+	}
+	// A lock file without a state file: the remains of a deleted instance (or
+	// one runsc is creating this moment; Stop is not called on those).
+	locks, _ := filepath.Glob(filepath.Join(e.cfg.StateDir, "root", "*_sandbox:*.lock"))
+	for _, l := range locks {
+		id, _, _ := strings.Cut(filepath.Base(l), "_sandbox:")
+		if _, ok := seen[id]; !ok && idRE.MatchString(id) {
+			seen[id] = engine.Info{ID: id}
 		}
 	}
 	for id, pids := range e.processes() {
