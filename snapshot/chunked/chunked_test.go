@@ -1433,3 +1433,40 @@ func TestS3PlainHTTPEndpoint(t *testing.T) {
 		t.Fatalf("NewS3(%s) against a plain-HTTP server: %v", srv.Addr, err)
 	}
 }
+
+// A pending snapshot deleted between the upload's listing and its own upload
+// (its outbox chunks dropped under it) is skipped quietly: the others upload in
+// the same pass instead of waiting out a backoff behind a false failure.
+func TestS3AsyncDeletedDuringUpload(t *testing.T) {
+	srv := s3test.Start(t)
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: newS3Backend(t, srv), CacheBytes: 64 << 20, UploadRetry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	srv.Stop() // the background upload fails and waits an hour
+	img := memImage(1024)
+	commitAsync(t, s, "snap-a", map[string][]byte{"pages.img": img})
+	filesB := map[string][]byte{"pages.img": memImage(1024)} // no chunk shared: snap-a's pack goes with it
+	commitAsync(t, s, "snap-b", filesB)
+	srv.Restart()
+	testBeforeUpload = func(id string) {
+		if id == "snap-a" {
+			if err := s.Delete(ctx, id); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+	}
+	defer func() { testBeforeUpload = nil }()
+	n, err := s.uploadPending(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("upload pass with snap-a deleted during it: %d uploaded, err %v; want 1, nil", n, err)
+	}
+	if !durable(t, s, "snap-b") {
+		t.Fatal("snap-b not durable after the pass")
+	}
+	mustOpen(t, s, "snap-b", filesB)
+	if ids, _ := s.List(ctx); len(ids) != 1 || ids[0] != "snap-b" {
+		t.Fatalf("snapshots after the pass: %v, want [snap-b]", ids)
+	}
+}
