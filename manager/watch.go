@@ -36,6 +36,12 @@ func (m *Manager) watch(id, instance string) {
 		}
 		if pid <= 0 {
 			// Never report a sandbox dead on a guess; the next call will fail.
+			// A sandbox hibernated or deleted right after its start or resume
+			// no longer runs this instance: nothing to report.
+			if s, err := m.get(ctx, id); err != nil || s.Instance != instance || s.State == apiv1.StateHibernating {
+				m.log.Debug("watch: instance gone before it was followed", "sandbox", id, "instance", instance)
+				return
+			}
 			m.log.Warn("watch: no process for instance", "sandbox", id, "instance", instance)
 			return
 		}
