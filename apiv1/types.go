@@ -457,13 +457,14 @@ type BuildEvent struct {
 
 // Error codes, each with its HTTP status.
 const (
-	CodeNotFound        = "not_found"        // 404
-	CodeInvalidArgument = "invalid_argument" // 400
-	CodeConflict        = "conflict"         // 409: the sandbox's state does not allow the call
-	CodeSnapshotCorrupt = "snapshot_corrupt" // 422: a snapshot file failed its checksum
-	CodeUnavailable     = "unavailable"      // 503
-	CodeBadGateway      = "bad_gateway"      // 502: nothing answers on the proxied port
-	CodeInternal        = "internal"         // 500
+	CodeNotFound         = "not_found"          // 404
+	CodeInvalidArgument  = "invalid_argument"   // 400; 413 for a body over the limit
+	CodeMethodNotAllowed = "method_not_allowed" // 405: the path exists for other methods (Allow header)
+	CodeConflict         = "conflict"           // 409: the sandbox's state does not allow the call
+	CodeSnapshotCorrupt  = "snapshot_corrupt"   // 422: a snapshot file failed its checksum
+	CodeUnavailable      = "unavailable"        // 503
+	CodeBadGateway       = "bad_gateway"        // 502: nothing answers on the proxied port
+	CodeInternal         = "internal"           // 500
 )
 
 // ErrorBody is the body of every error answer: {"error":{"code":…,"message":…}}.

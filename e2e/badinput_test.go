@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,6 +102,18 @@ func TestBadInput(t *testing.T) {
 		for _, port := range []string{"0", "99999", "abc", "-1", "49983"} {
 			add(400, "GET", p+"/ports/"+port+"/", "", "")
 		}
+		// resume takes no options: a body other than {} is refused, not ignored.
+		for _, body := range []string{`{bad json`, `{"async_upload":true}`, `[]`} {
+			add(400, "POST", p+"/resume", j, body)
+		}
+		// A path that exists, with the wrong method: 405, not 404.
+		add(405, "GET", p+"/hibernate", "", "")
+		add(405, "PUT", p+"/resume", j, "{}")
+		add(405, "DELETE", p+"/hibernate", "", "")
+		add(405, "POST", p, j, "{}")
+		// Over the 1 MiB limit: 413.
+		add(413, "POST", p+"/hibernate", j, `{"async_upload":true,"x":"`+strings.Repeat("x", 2<<20)+`"}`)
+		add(413, "POST", p+"/resume", j, `{"x":"`+strings.Repeat("x", 2<<20)+`"}`)
 	}
 
 	for _, cl := range calls {
@@ -109,8 +122,9 @@ func TestBadInput(t *testing.T) {
 			body = []byte(cl.body)
 		}
 		res := rawCall(t, cl.method, srv.URL+cl.path, cl.ctype, body)
-		what := fmt.Sprintf("%s %s %s", cl.method, cl.path, cl.body)
-		wantCode := map[int]string{400: apiv1.CodeInvalidArgument, 404: apiv1.CodeNotFound}[cl.status]
+		what := fmt.Sprintf("%s %s %.80s", cl.method, cl.path, cl.body)
+		wantCode := map[int]string{400: apiv1.CodeInvalidArgument, 404: apiv1.CodeNotFound,
+			405: apiv1.CodeMethodNotAllowed, 413: apiv1.CodeInvalidArgument}[cl.status]
 		if res.Status != cl.status || res.Err.Code != wantCode || res.Err.Message == "" {
 			t.Errorf("%s: HTTP %d code %q message %q; want %d %s with a message (body %s)",
 				what, res.Status, res.Err.Code, res.Err.Message, cl.status, wantCode, res.Body)

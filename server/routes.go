@@ -63,10 +63,33 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/images/build", s.buildImage)
 	mux.HandleFunc("POST /v1/images/import", s.importImage)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, apiv1.CodeMethodNotAllowed,
+				fmt.Sprintf("%s %s: method not allowed; this path takes %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			return
+		}
 		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 	return mux
 }
+
+// allowedMethods returns the methods for which mux has a route (other than the
+// catch-all "/") matching r's path: an unmatched request to such a path is 405
+// Method Not Allowed (RFC 9110 §15.5.6), not 404.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
+}
+
+// errBodyTooLarge is a request body over maxJSONBody: 413.
+var errBodyTooLarge = fmt.Errorf("%w: body too large", manager.ErrInvalidArgument)
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -83,6 +106,8 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // classify maps an error to its HTTP status and API code.
 func classify(err error) (int, string) {
 	switch {
+	case errors.Is(err, errBodyTooLarge):
+		return http.StatusRequestEntityTooLarge, apiv1.CodeInvalidArgument
 	case errors.Is(err, manager.ErrNotFound), errors.Is(err, image.ErrNotFound):
 		return http.StatusNotFound, apiv1.CodeNotFound
 	case errors.Is(err, manager.ErrInvalidArgument), errors.Is(err, image.ErrInvalid):
@@ -115,7 +140,7 @@ func decode(r *http.Request, v any, allowEmpty bool) error {
 		return fmt.Errorf("%w: reading body: %v", manager.ErrInvalidArgument, err)
 	}
 	if len(b) > maxJSONBody {
-		return fmt.Errorf("%w: body larger than %d bytes", manager.ErrInvalidArgument, maxJSONBody)
+		return fmt.Errorf("%w: larger than %d bytes", errBodyTooLarge, maxJSONBody)
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		if allowEmpty {
@@ -189,6 +214,12 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	// No options: an empty body or {} (anything else is refused, as for
+	// hibernate and fork, rather than ignored).
+	if err := decode(r, &struct{}{}, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	sb, unchanged, err := s.Manager.ResumeCall(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
