@@ -195,7 +195,8 @@ func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
 }
 
 // exec answers from the command name: "echo" echoes args, "fail N" exits N,
-// "cat" echoes stdin, "nosuch" cannot start, "bg" with --background gives a pid.
+// "cat" echoes stdin, "nosuch" cannot start, "bg" with --background gives a pid,
+// "cut" ends the stream without an exit status (the server went away).
 func (f *fakeServer) exec(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 	var req apiv1.ExecRequest
 	json.NewDecoder(r.Body).Decode(&req)
@@ -216,6 +217,9 @@ func (f *fakeServer) exec(w http.ResponseWriter, r *http.Request, sb *apiv1.Sand
 		fmt.Sscan(req.Cmd[1], &code)
 	case "cat":
 		enc.Encode(apiv1.ExecEvent{Stream: "stdout", Data: []byte(req.Stdin)})
+	case "cut":
+		enc.Encode(apiv1.ExecEvent{Stream: "stdout", Data: []byte("partial\n")})
+		return
 	case "nosuch":
 		code = 127
 		enc.Encode(apiv1.ExecEvent{ExitCode: &code, Error: `exec: "nosuch": executable file not found in $PATH`})
@@ -364,6 +368,13 @@ func TestExecExitCodePassthrough(t *testing.T) {
 	r = f.run("", "exec", "sb1", "--", "nosuch")
 	if r.code != 127 || !strings.Contains(r.stderr, "executable file not found") {
 		t.Fatalf("nosuch: %+v", r)
+	}
+
+	// A stream cut before its exit status: 255 (not 1, which the command may
+	// return), naming the broken stream.
+	r = f.run("", "exec", "sb1", "--", "cut")
+	if r.code != 255 || r.stdout != "partial\n" || !strings.Contains(r.stderr, "exec stream broken") {
+		t.Fatalf("cut stream: %+v", r)
 	}
 
 	r = f.run("", "exec", "sb1", "--background", "--", "sleep", "100")

@@ -90,10 +90,15 @@ its output goes to /tmp/torpor-bg-<pid>.log inside the sandbox.`,
 
 // execErr reports a process that could not start with exit code 127 (after printing
 // why), like a shell.
+// A stream cut before the exit status (the server stopped) exits 255, as ssh
+// does for a lost connection: not 1, which the command itself may return.
 func execErr(err error) error {
 	var ee *client.ExecError
 	if errors.As(err, &ee) {
 		return &reportedExit{code: ee.ExitCode, err: err}
+	}
+	if errors.Is(err, client.ErrStreamBroken) {
+		return &reportedExit{code: 255, err: err}
 	}
 	return err
 }

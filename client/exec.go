@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -32,9 +33,16 @@ func (c *Client) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*E
 	return &ExecEvents{ctx: ctx, body: resp.Body, sc: sc}, nil
 }
 
+// ErrStreamBroken is an exec stream that ended before its last event: the
+// connection to the server closed (server stopped or restarted, proxy timeout),
+// so the command's exit status is unknown. The CLI exits 255 on it, as for a
+// stream the server reports broken (a hibernate's drain cut it).
+var ErrStreamBroken = errors.New("exec stream broken: the connection to the server ended before the command's exit status")
+
 // Next returns the next event. After the last event (the one with ExitCode set) it
-// returns io.EOF. A stream that ends before its last event gives
-// io.ErrUnexpectedEOF (or the context's error).
+// returns io.EOF. A stream that ends before its last event gives an error
+// matching both ErrStreamBroken and io.ErrUnexpectedEOF (or the context's
+// error).
 func (s *ExecEvents) Next() (apiv1.ExecEvent, error) {
 	if s.done {
 		return apiv1.ExecEvent{}, io.EOF
@@ -58,9 +66,9 @@ func (s *ExecEvents) Next() (apiv1.ExecEvent, error) {
 		return apiv1.ExecEvent{}, err
 	}
 	if err := s.sc.Err(); err != nil {
-		return apiv1.ExecEvent{}, fmt.Errorf("torpor: exec stream: %w", err)
+		return apiv1.ExecEvent{}, fmt.Errorf("%w: %w", ErrStreamBroken, err)
 	}
-	return apiv1.ExecEvent{}, io.ErrUnexpectedEOF
+	return apiv1.ExecEvent{}, fmt.Errorf("%w: %w", ErrStreamBroken, io.ErrUnexpectedEOF)
 }
 
 // Close releases the stream. Closing before the last event abandons the output; the
