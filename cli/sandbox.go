@@ -157,6 +157,10 @@ func (a *app) hibernateCommand() *cobra.Command {
 			}
 			_, err = fmt.Fprintf(a.stdout, "hibernated %s: snapshot %s, %s, %d ms%s\n",
 				sb.ID, sb.Snapshot.ID, mib(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS, durable)
+			if err == nil && sb.ExpiresAt != nil && !sb.ExpiresAt.After(time.Now()) {
+				fmt.Fprintf(a.stderr, "torpor: warning: %s expired at %s; retention deletes it and its snapshot within seconds (torpor set %s --expires-at never keeps it)\n",
+					sb.ID, sb.ExpiresAt.UTC().Format(time.RFC3339), sb.ID)
+			}
 			return err
 		},
 	}

@@ -153,3 +153,79 @@ func waitDead(t *testing.T, pid int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A sandbox whose process dies (here: killed, as the host's OOM killer would)
+// is reported error; an explicit resume recovers it from its last snapshot —
+// the same process, with the state it had at that hibernate — while exec is
+// refused naming the reason. One that never hibernated has nothing to recover
+// and is refused with 409.
+func TestResumeRecoversErrorSandbox(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	waitError := func(id string) apiv1.Sandbox {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			sb := get(t, c, id)
+			if sb.State == apiv1.StateError {
+				return sb
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is %s 30 s after its process was killed, want error", id, sb.State)
+			}
+		}
+	}
+	kill := func(id string) {
+		t.Helper()
+		_, _, pids := instancesOf(t, srv, id)
+		if len(pids) != 1 {
+			t.Fatalf("engine pids of %s: %v, want one", id, pids)
+		}
+		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitDead(t, pids[0])
+	}
+
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+	if err := workload.Start(ctx, c, sb.ID, 8); err != nil {
+		t.Fatal(err)
+	}
+	atHibernate, err := workload.Get(ctx, c, sb.ID, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hibernate(t, c, sb.ID)
+	if _, err := workload.Get(ctx, c, sb.ID, "/count"); err != nil { // resumes it
+		t.Fatal(err)
+	}
+	kill(sb.ID)
+	e := waitError(sb.ID)
+	res := rawCall(t, "POST", srv.URL+"/v1/sandboxes/"+sb.ID+"/exec", "application/json", []byte(`{"cmd":["true"]}`))
+	if res.Status != 409 || !strings.Contains(res.Err.Message, e.Error) {
+		t.Errorf("exec in state error: HTTP %d %q, want 409 naming the reason %q", res.Status, res.Err.Message, e.Error)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatalf("resume of the sandbox in state error: %v", err)
+	}
+	if got := get(t, c, sb.ID); got.State != apiv1.StateRunning || got.Error != "" {
+		t.Fatalf("after the recovering resume: state %s, error %q", got.State, got.Error)
+	}
+	after, err := workload.Get(ctx, c, sb.ID, "/count")
+	if err != nil || after.Pid != atHibernate.Pid || after.Count != atHibernate.Count+1 {
+		t.Fatalf("after recovery: %+v %v; want pid %d, count %d (the snapshot's state, one request later)", after, err, atHibernate.Pid, atHibernate.Count+1)
+	}
+
+	never := create(t, c, apiv1.CreateSandboxRequest{})
+	kill(never.ID)
+	waitError(never.ID)
+	if _, err := c.Resume(ctx, never.ID); err == nil || !strings.Contains(err.Error(), "no snapshot") {
+		t.Errorf("resume of a sandbox in state error without a snapshot: %v, want a conflict saying it has no snapshot", err)
+	}
+	for _, id := range []string{sb.ID, never.ID} {
+		if err := c.DeleteSandbox(ctx, id); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+		assertGone(t, srv, id)
+	}
+}

@@ -871,7 +871,28 @@ func (m *Manager) ResumeCall(ctx context.Context, id string) (sb apiv1.Sandbox, 
 		return apiv1.Sandbox{}, false, err
 	}
 	unchanged = s.State == apiv1.StateRunning
-	if err := m.resumeLocked(context.WithoutCancel(ctx), s); err != nil {
+	ctx = context.WithoutCancel(ctx)
+	if s.State == apiv1.StateError {
+		// An explicit resume recovers a sandbox whose instance died (OOM kill,
+		// host kill) from its last snapshot; what it did since is lost, which
+		// the caller asked for. Calls that wake a sandbox by themselves (exec,
+		// files, the proxy) never do this.
+		if s.SnapshotID == "" {
+			return m.view(ctx, s), false, conflict("sandbox %s is in state error (%s) and has no snapshot to resume from; delete it", s.ID, s.Error)
+		}
+		cause := s.Error
+		m.log.Warn("resume: recovering a sandbox in state error from its last snapshot", "sandbox", s.ID, "snapshot", s.SnapshotID, "error_was", cause)
+		s.Error = ""
+		if err := m.setState(ctx, s, apiv1.StateHibernated); err != nil {
+			return m.view(ctx, s), false, err
+		}
+		if err := m.resumeLocked(ctx, s); err != nil {
+			m.fail(ctx, s, fmt.Errorf("%s; recovering from snapshot %s failed: %v", cause, s.SnapshotID, err))
+			return m.view(ctx, s), false, err
+		}
+		return m.view(ctx, s), false, nil
+	}
+	if err := m.resumeLocked(ctx, s); err != nil {
 		return m.view(ctx, s), false, err
 	}
 	return m.view(ctx, s), unchanged, nil
@@ -1075,6 +1096,8 @@ func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox
 		case apiv1.StateRunning:
 		case apiv1.StateHibernated:
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
+		case apiv1.StateError:
+			err = conflict("sandbox %s is in state error: %s (POST /v1/sandboxes/%s/resume recovers it from its last snapshot, if it has one)", id, s.Error, id)
 		default:
 			err = conflict("sandbox %s is in state %s", id, s.State)
 		}
