@@ -171,3 +171,31 @@ func TestStalledUploadDoesNotFreezeSandbox(t *testing.T) {
 		t.Error("/root/stalled exists after its upload was cut")
 	}
 }
+
+// An exec still streaming when a hibernate's 10 s drain ends is cut: exit 255,
+// with a message that says a hibernate cut it (not a bare network error).
+func TestExecCutByHibernateSaysSo(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 2*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+	type result struct {
+		code int
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, _, code, err := c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"sleep", "60"}})
+		done <- result{code, err}
+	}()
+	time.Sleep(time.Second)
+	hibernate(t, c, sb.ID)
+	r := <-done
+	if r.code != 255 || r.err == nil || !strings.Contains(r.err.Error(), "cut by a hibernate") {
+		t.Fatalf("exec cut by the hibernate's drain: exit %d, err %v; want 255 and a message naming the hibernate", r.code, r.err)
+	}
+	t.Logf("cut exec: exit %d, %v", r.code, r.err)
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}

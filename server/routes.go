@@ -140,7 +140,7 @@ func decode(r *http.Request, v any, allowEmpty bool) error {
 		return fmt.Errorf("%w: reading body: %v", manager.ErrInvalidArgument, err)
 	}
 	if len(b) > maxJSONBody {
-		return fmt.Errorf("%w: larger than %d bytes", errBodyTooLarge, maxJSONBody)
+		return fmt.Errorf("%w: %d bytes at most", errBodyTooLarge, maxJSONBody)
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		if allowEmpty {
@@ -270,7 +270,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			code := 255
-			enc.Encode(apiv1.ExecEvent{Error: "exec stream broken: " + err.Error(), ExitCode: &code})
+			msg := "exec stream broken: " + err.Error()
+			// The usual cause: a hibernate cut the stream after its drain
+			// (the sandbox is hibernating or hibernated by now).
+			if sb, gerr := s.Manager.Get(context.WithoutCancel(r.Context()), r.PathValue("id")); gerr == nil &&
+				(sb.State == apiv1.StateHibernating || sb.State == apiv1.StateHibernated) {
+				msg = fmt.Sprintf("exec stream broken: cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
+			}
+			enc.Encode(apiv1.ExecEvent{Error: msg, ExitCode: &code})
 			return
 		}
 		if err := enc.Encode(ev); err != nil {
