@@ -28,6 +28,7 @@ type serveConfig struct {
 	S3Region    string
 	S3Prefix    string
 	CacheBytes  int64
+	OpenBytes   int64
 	AsyncUpload bool
 }
 
@@ -79,6 +80,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
 	f.StringVar(&cfg.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket (e.g. torpor/)")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
+	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }

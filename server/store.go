@@ -44,6 +44,11 @@ type StoreConfig struct {
 	// CacheBytes bounds the local chunk cache in front of S3 (default 10 GiB; 0
 	// keeps the default, a negative value disables the cache).
 	CacheBytes int64
+	// OpenBytes bounds the chunked store's opened copies (each live
+	// snapshot's files, uncompressed, for warm resumes and diff hibernates;
+	// least recently used removed above it, after a minute unused). Default
+	// 20 GiB; a negative value means no bound.
+	OpenBytes int64
 	// AsyncUpload makes asynchronous upload the default for hibernates that do
 	// not choose (idle and timeout hibernates, forks, API calls without
 	// async_upload). Not with the plain store.
@@ -266,7 +271,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
 	case "chunked", "local":
-		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC,
+		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, OpenBytes: cfg.openBytes(),
 			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
@@ -297,7 +302,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 			cache = 0
 		}
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), Backend: b,
-			CacheBytes: cache, AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
+			CacheBytes: cache, OpenBytes: cfg.openBytes(), AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -305,4 +310,15 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	default:
 		return nil, nil, fmt.Errorf("snapshot store %q: want plain, chunked or s3", cfg.Kind)
 	}
+}
+
+// openBytes maps StoreConfig.OpenBytes to chunked.Config.OpenBytes (0 = no bound).
+func (c StoreConfig) openBytes() int64 {
+	switch {
+	case c.OpenBytes == 0:
+		return 20 << 30
+	case c.OpenBytes < 0:
+		return 0
+	}
+	return c.OpenBytes
 }

@@ -207,5 +207,5 @@ type CorruptError struct {
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("snapshot %s: file %s: %s", e.Snapshot, e.File, e.Reason)
+	return fmt.Sprintf("snapshot %s failed its integrity check (corrupt or incomplete): file %s: %s", e.Snapshot, e.File, e.Reason)
 }

@@ -109,6 +109,11 @@ type Config struct {
 	// UploadRetry is the first delay before a failed asynchronous upload is
 	// retried; it doubles up to 60 s. Default 1 s.
 	UploadRetry time.Duration
+	// OpenBytes bounds the opened copies (open/<id>: each live snapshot's
+	// files, uncompressed, kept for warm resumes and as diff parents): above
+	// it the least recently used copies not used for a minute are removed
+	// (opened.go). 0: no bound.
+	OpenBytes int64
 	// ReadOnly is for tools that inspect a store a server owns: no background
 	// upload runs.
 	ReadOnly bool
@@ -174,6 +179,9 @@ type Store struct {
 
 	// upRetry is the first delay before retrying a failed upload (Config.UploadRetry).
 	upRetry time.Duration
+	// opened_ tracks the opened copies for Config.OpenBytes (opened.go).
+	opened_   *openedSet
+	openLimit int64
 }
 
 var _ snapshot.Store = (*Store)(nil)
@@ -202,7 +210,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
 		known: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
 		closed: make(chan struct{}), outKnown: newPackSet(),
-		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry}
+		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry, openLimit: cfg.OpenBytes}
+	if cfg.ReadOnly {
+		s.openLimit = 0 // the server owning the store trims its copies
+	}
+	s.scanOpened()
 	if s.upRetry <= 0 {
 		s.upRetry = time.Second
 	}
@@ -682,6 +694,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		_ = os.RemoveAll(dir)
 	} else {
 		s.stampCopy(id, d)
+		s.useOpened(id)
 	}
 	return m, nil
 }
@@ -805,6 +818,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	s.forgetDoc(id)
 	s.forgetCopy(id)
+	s.dropOpened(id)
 	// uploadMu: an upload in flight must not write the manifest back afterwards.
 	// The backend's manifest goes first: while the backend cannot be reached
 	// the snapshot stays whole (one waiting for its upload keeps its outbox
@@ -913,6 +927,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 				s.rememberDoc(id, d)
 			}
 			s.stampCopy(id, d)
+			s.useOpened(id)
 			return dir, d.Manifest, nil
 		} else if s.forgetCopy(id); ctx.Err() != nil {
 			return "", d.Manifest, err
@@ -920,6 +935,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 			// The local copy is only a copy: set it aside (a restore may still
 			// read the old files) and rebuild it from the chunks.
 			s.log.Warn("snapshot copy failed verification; rebuilding from chunks", "snapshot", id, "err", err)
+			s.dropOpened(id)
 			trash := filepath.Join(s.dir, "open", ".trash-"+id+"-"+rnd())
 			if err := os.Rename(dir, trash); err != nil {
 				return "", d.Manifest, err
@@ -944,6 +960,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		s.rememberDoc(id, d)
 	}
 	s.stampCopy(id, d)
+	s.useOpened(id)
 	return dir, d.Manifest, nil
 }
 

@@ -1470,3 +1470,52 @@ func TestS3AsyncDeletedDuringUpload(t *testing.T) {
 		t.Fatalf("snapshots after the pass: %v, want [snap-b]", ids)
 	}
 }
+
+// Config.OpenBytes bounds the opened copies: over it the least recently used
+// copies (none used within openGrace) are removed; their snapshots still open,
+// reassembled from the chunks. Without the bound every live snapshot kept its
+// uncompressed copy.
+func TestOpenedCopiesBounded(t *testing.T) {
+	defer func(g time.Duration) { openGrace = g }(openGrace)
+	openGrace = 0
+	const copyBytes = 256 * pageSize // 1 MiB per snapshot
+	s, err := New(ctx, Config{Dir: t.TempDir(), OpenBytes: 3*copyBytes + copyBytes/2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	openBytes := func() int64 {
+		var n int64
+		ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
+		for _, e := range ents {
+			b, _ := dirBytes(filepath.Join(s.dir, "open", e.Name()))
+			n += b
+		}
+		return n
+	}
+	files := map[string]map[string][]byte{}
+	for i := 0; i < 6; i++ {
+		id := fmt.Sprintf("snap-%d", i)
+		files[id] = map[string][]byte{"pages.img": memImage(256)}
+		commit(t, s, id, files[id])
+		time.Sleep(10 * time.Millisecond) // distinct last-use times
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for openBytes() > 3*copyBytes+copyBytes/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("opened copies hold %d bytes, bound %d", openBytes(), 3*copyBytes+copyBytes/2)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i, want := range []bool{false, false, false, true, true, true} {
+		_, err := os.Stat(s.opened(fmt.Sprintf("snap-%d", i)))
+		if kept := err == nil; kept != want {
+			t.Errorf("snap-%d: opened copy kept %v, want %v (least recently used go first)", i, kept, want)
+		}
+	}
+	for i := 0; i < 6; i++ { // evicted or not, every snapshot opens whole
+		id := fmt.Sprintf("snap-%d", i)
+		mustOpen(t, s, id, files[id])
+		time.Sleep(10 * time.Millisecond)
+	}
+}
