@@ -1862,6 +1862,9 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	return len(drop), err
 }
 
+// gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).
+var gcMaxWait = time.Minute
+
 func (s *Store) gcLoop() {
 	defer close(s.gcDone)
 	for {
@@ -1871,12 +1874,18 @@ func (s *Store) gcLoop() {
 		case <-s.gcKick:
 		}
 		// Wait for a quiet period: deletes come in bursts, next to resumes.
+		// But not for ever: every hibernate deletes its predecessor, so a
+		// server hibernating every few seconds would never be quiet and its
+		// store would only grow; after gcMaxWait it collects anyway.
+		deadline := time.After(max(gcMaxWait, s.gcQuiet))
 		for quiet := false; !quiet; {
 			select {
 			case <-s.closed:
 				return
 			case <-s.gcKick:
 			case <-time.After(s.gcQuiet):
+				quiet = true
+			case <-deadline:
 				quiet = true
 			}
 		}

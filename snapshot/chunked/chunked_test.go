@@ -1519,3 +1519,39 @@ func TestOpenedCopiesBounded(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Deletes postpone the background collection until GCQuiet passes without one,
+// but at most gcMaxWait: a server hibernating every few seconds deletes a
+// snapshot each time and would otherwise never collect.
+func TestAutoGCNotStarvedBySteadyDeletes(t *testing.T) {
+	defer func(w time.Duration) { gcMaxWait = w }(gcMaxWait)
+	gcMaxWait = time.Second
+	s, err := New(ctx, Config{Dir: t.TempDir(), AutoGC: true, GCQuiet: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	commit(t, s, "snap-a", map[string][]byte{"pages.img": memImage(256)})
+	commit(t, s, "snap-b", map[string][]byte{"pages.img": memImage(256)})
+	before, err := s.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "snap-a"); err != nil {
+		t.Fatal(err)
+	}
+	// Deletes keep coming every 200 ms (kicks, as Delete sends), never 500 ms apart.
+	stop := time.Now().Add(4 * time.Second)
+	for time.Now().Before(stop) {
+		select {
+		case s.gcKick <- struct{}{}:
+		default:
+		}
+		time.Sleep(200 * time.Millisecond)
+		if u, _ := s.Usage(ctx); u.Chunks < before.Chunks {
+			t.Logf("collected %d chunks while deletes kept coming", before.Chunks-u.Chunks)
+			return
+		}
+	}
+	t.Fatalf("no collection in 4 s of steady deletes (gcMaxWait 1 s): %d chunks before and after", before.Chunks)
+}
