@@ -37,7 +37,7 @@
 // the snapshot exists and opens from this host, but Durable reports false. A
 // background upload copies the outbox's packs to the backend, then the
 // manifest, then removes them from the outbox; a failure is retried from the
-// outbox with exponential backoff (1 s doubling to 60 s) for as long as it takes,
+// outbox with exponential backoff (1 s doubling to 15 s) for as long as it takes,
 // across restarts. A snapshot being uploaded reads its chunks from the outbox;
 // one whose outbox copy is lost before the upload is refused by Open, naming the
 // missing chunk.
@@ -107,7 +107,7 @@ type Config struct {
 	AutoGC  bool
 	GCQuiet time.Duration
 	// UploadRetry is the first delay before a failed asynchronous upload is
-	// retried; it doubles up to 60 s. Default 1 s.
+	// retried; it doubles up to 15 s (maxUploadRetry). Default 1 s.
 	UploadRetry time.Duration
 	// OpenBytes bounds the opened copies (open/<id>: each live snapshot's
 	// files, uncompressed, kept for warm resumes and as diff parents): above
