@@ -179,9 +179,8 @@ type Store struct {
 
 	// upRetry is the first delay before retrying a failed upload (Config.UploadRetry).
 	upRetry time.Duration
-	// opened_ tracks the opened copies for Config.OpenBytes (opened.go).
-	opened_   *openedSet
-	openLimit int64
+	// openCopies tracks the opened copies for Config.OpenBytes (opened.go).
+	openCopies *openedSet
 }
 
 var _ snapshot.Store = (*Store)(nil)
@@ -210,11 +209,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
 		known: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
 		closed: make(chan struct{}), outKnown: newPackSet(),
-		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry, openLimit: cfg.OpenBytes}
+		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry}
+	openLimit := cfg.OpenBytes
 	if cfg.ReadOnly {
-		s.openLimit = 0 // the server owning the store trims its copies
+		openLimit = 0 // the server owning the store trims its copies
 	}
-	s.scanOpened()
+	s.scanOpened(openLimit)
 	if s.upRetry <= 0 {
 		s.upRetry = time.Second
 	}

@@ -35,17 +35,17 @@ type openedSet struct {
 	trimming bool
 }
 
-// scanOpened records the copies a previous process left in open/ (their
-// modification time as last use).
-func (s *Store) scanOpened() {
-	s.opened_ = &openedSet{limit: s.openLimit, copies: map[string]openedCopy{}}
+// scanOpened sets the bound (bytes, 0: none) and records the copies a previous
+// process left in open/ (their modification time as last use).
+func (s *Store) scanOpened(limit int64) {
+	s.openCopies = &openedSet{limit: limit, copies: map[string]openedCopy{}}
 	ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		n, used := dirBytes(s.opened(e.Name()))
-		s.opened_.copies[e.Name()] = openedCopy{n, used}
+		s.openCopies.copies[e.Name()] = openedCopy{n, used}
 	}
 }
 
@@ -69,7 +69,7 @@ func dirBytes(dir string) (int64, time.Time) {
 // and, when the copies exceed the bound, trims them in the background (an
 // Open or commit never waits for another snapshot's lock).
 func (s *Store) useOpened(id string) {
-	set := s.opened_
+	set := s.openCopies
 	n, _ := dirBytes(s.opened(id))
 	set.mu.Lock()
 	set.copies[id] = openedCopy{n, time.Now()}
@@ -90,7 +90,7 @@ func (s *Store) useOpened(id string) {
 // trimOpened removes least recently used copies, none used within openGrace,
 // while the copies exceed the bound.
 func (s *Store) trimOpened() {
-	set := s.opened_
+	set := s.openCopies
 	defer func() {
 		set.mu.Lock()
 		set.trimming = false
@@ -132,7 +132,7 @@ func (s *Store) trimOpened() {
 
 // dropOpened forgets snapshot id's opened copy (deleted or set aside).
 func (s *Store) dropOpened(id string) {
-	s.opened_.mu.Lock()
-	delete(s.opened_.copies, id)
-	s.opened_.mu.Unlock()
+	s.openCopies.mu.Lock()
+	delete(s.openCopies.copies, id)
+	s.openCopies.mu.Unlock()
 }
