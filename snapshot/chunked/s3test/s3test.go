@@ -151,10 +151,49 @@ func (s *Server) Stop() {
 
 // Freeze stops the server's process (SIGSTOP) without closing its port, as a
 // hung server: connections are accepted and never answered. Thaw resumes it.
+//
+// It returns once every thread of the process is stopped (state T in
+// /proc/PID/task/*/stat, polled each millisecond, 10 s at most): kill(2)
+// returns before that, and a group stop begins only when one thread takes the
+// signal, so on a loaded machine another thread could still answer a request
+// sent right after (a CI run's store opened against a "frozen" server that
+// had answered its bucket check).
 func (s *Server) Freeze() {
-	if s.cmd != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	if s.cmd == nil {
+		return
 	}
+	pid := s.cmd.Process.Pid
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("versitygw: SIGSTOP pid %d: %v", pid, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !allStopped(pid) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("versitygw pid %d: not stopped 10 s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of pid is in state T (stopped), from
+// /proc/PID/task/TID/stat (proc(5): the state follows the parenthesised
+// command name).
+func allStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			return false
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // Thaw resumes a frozen server (SIGCONT).
