@@ -128,7 +128,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
 		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
 		"Sandbox":               fullSandbox(),
-		"Snapshot":              Snapshot{Parent: "p", UsedBy: []string{"s"}},
+		"Snapshot":              Snapshot{Parent: new(string), UsedBy: []string{"s"}},
 		"ListSnapshotsResponse": ListSnapshotsResponse{}, "VerifySnapshotResponse": VerifySnapshotResponse{},
 		"ListSandboxesResponse": ListSandboxesResponse{},
 		"ExecRequest":           ExecRequest{Cmd: []string{"x"}, Env: map[string]string{"a": "b"}, Cwd: "/", Stdin: "x", TimeoutS: 1, Background: true},

@@ -292,8 +292,9 @@ type Snapshot struct {
 	Bytes int64 `json:"bytes"`
 	// HibernateMS is how long the hibernate took, in milliseconds.
 	HibernateMS int64 `json:"hibernate_ms"`
-	// Parent is the snapshot this one follows, if any.
-	Parent    string    `json:"parent,omitempty"`
+	// Parent is the snapshot this one follows (its sandbox's previous
+	// snapshot, or the one a fork resumed from); null for a sandbox's first.
+	Parent    *string   `json:"parent"`
 	Engine    string    `json:"engine"`
 	CreatedAt time.Time `json:"created_at"`
 	// LogicalBytes is the snapshot's size as the engine wrote it; StoredBytes the

@@ -270,9 +270,9 @@ func (a *app) snapshotLs(cmd *cobra.Command, asJSON bool) error {
 		if s.DedupRatio > 0 {
 			dedup = fmt.Sprintf("%.2fx", s.DedupRatio)
 		}
-		parent := s.Parent
-		if parent == "" {
-			parent = "-"
+		parent := "-"
+		if s.Parent != nil {
+			parent = *s.Parent
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\t%s\n", s.ID, s.SandboxID, mib(s.LogicalBytes), mib(s.StoredBytes),
 			mib(s.NewBytes), dedup, parent, s.Durable, expiresText(s.ExpiresAt), s.CreatedAt.Local().Format("2006-01-02 15:04:05"))

@@ -20,8 +20,9 @@ import (
 // reads a store directly; create and set send expires_at.
 func TestSnapshotCommands(t *testing.T) {
 	exp := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	parent := "snap-0"
 	snap := apiv1.Snapshot{ID: "snap-a", SandboxID: "sbx-1", Bytes: 200 << 20, LogicalBytes: 200 << 20, StoredBytes: 50 << 20,
-		NewBytes: 10 << 20, DedupRatio: 4, Durable: true, Parent: "snap-0", ExpiresAt: &exp, Engine: "gvisor"}
+		NewBytes: 10 << 20, DedupRatio: 4, Durable: true, Parent: &parent, ExpiresAt: &exp, Engine: "gvisor"}
 	bodies := map[string]string{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)

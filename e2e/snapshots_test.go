@@ -46,8 +46,8 @@ func TestSnapshotAPI(t *testing.T) {
 		t.Errorf("sizes logical %d stored %d new %d ratio %g; want all %d, ratio 1", snap.LogicalBytes, snap.StoredBytes,
 			snap.NewBytes, snap.DedupRatio, snap.Bytes)
 	}
-	if snap.Parent != h1.Snapshot.ID {
-		t.Errorf("parent %q, want the previous snapshot %s", snap.Parent, h1.Snapshot.ID)
+	if snap.Parent == nil || *snap.Parent != h1.Snapshot.ID {
+		t.Errorf("parent %v, want the previous snapshot %s", snap.Parent, h1.Snapshot.ID)
 	}
 	if !snap.Durable || snap.ExpiresAt != nil {
 		t.Errorf("durable %v expires_at %v; want true and null", snap.Durable, snap.ExpiresAt)
@@ -61,6 +61,10 @@ func TestSnapshotAPI(t *testing.T) {
 		if !strings.Contains(string(raw.Body), f) {
 			t.Errorf("GET /v1/snapshots/%s body lacks %s: %s", id, f, raw.Body)
 		}
+	}
+	// A sandbox's first snapshot has "parent": null.
+	if raw := rawCall(t, http.MethodGet, srv.URL+"/v1/snapshots/"+h1.Snapshot.ID, "", nil); !strings.Contains(string(raw.Body), `"parent": null`) {
+		t.Errorf("GET /v1/snapshots/%s (a first snapshot) body lacks \"parent\": null: %s", h1.Snapshot.ID, raw.Body)
 	}
 	// The sandbox's view embeds the same snapshot.
 	if v := get(t, c, sb.ID); v.Snapshot == nil || v.Snapshot.LogicalBytes != snap.LogicalBytes || !v.Snapshot.Durable {
@@ -238,8 +242,8 @@ func TestSnapshotAPIChunked(t *testing.T) {
 	if snap.LogicalBytes <= 0 || snap.StoredBytes <= 0 || snap.NewBytes >= snap.StoredBytes || snap.DedupRatio <= 0 {
 		t.Errorf("chunked diff snapshot sizes: %+v", snap)
 	}
-	if snap.Parent != h1.Snapshot.ID || !snap.Durable {
-		t.Errorf("parent %q durable %v, want %s and true", snap.Parent, snap.Durable, h1.Snapshot.ID)
+	if snap.Parent == nil || *snap.Parent != h1.Snapshot.ID || !snap.Durable {
+		t.Errorf("parent %v durable %v, want %s and true", snap.Parent, snap.Durable, h1.Snapshot.ID)
 	}
 	if vr, err := c.VerifySnapshot(ctx, id); err != nil || !vr.OK {
 		t.Fatalf("verify: %+v %v", vr, err)

@@ -44,9 +44,12 @@ func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []
 		}
 	}
 	v := apiv1.Snapshot{ID: rec.ID, SandboxID: rec.SandboxID, Bytes: rec.Bytes, HibernateMS: rec.HibernateMS,
-		Parent: rec.Parent, Engine: rec.Engine, CreatedAt: rec.CreatedAt,
+		Engine: rec.Engine, CreatedAt: rec.CreatedAt,
 		LogicalBytes: rec.LogicalBytes, StoredBytes: rec.StoredBytes, NewBytes: rec.NewBytes,
 		Durable: true, UsedBy: users}
+	if rec.Parent != "" {
+		v.Parent = &rec.Parent
+	}
 	if as, ok := m.cfg.Store.(snapshot.AsyncStore); ok {
 		// A store that cannot say (its backend is unreachable) is not claiming durability.
 		d, err := as.Durable(ctx, rec.ID)
