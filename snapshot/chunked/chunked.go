@@ -77,7 +77,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -1429,54 +1428,39 @@ func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
 func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint64, error) {
 	known := knownKeys(d)
 	type vt struct {
-		data []byte // the chunk's bytes in the file's mapping
-		off  int64
-		ref  chunkRef
-		fn   string
-		key  *uint64
+		f   *os.File
+		off int64
+		ref chunkRef
+		fn  string
+		key *uint64
 		// want is the chunk's known key when known.
 		want uint64
 	}
 	keys := make([][]uint64, len(d.Files))
-	// The files are read through read-only mappings, not copied through
-	// buffers: 3.2–5 ms instead of 3.5–8.5 ms for a 76 MiB copy (20 warm
-	// opens each, 2026-11-30).
-	var mapped [][]byte
+	var files []*os.File
 	defer func() {
-		for _, b := range mapped {
-			_ = syscall.Munmap(b)
+		for _, f := range files {
+			f.Close()
 		}
 	}()
 	var all []vt
 	for i, fc := range d.Files {
-		path := filepath.Join(dir, fc.Name)
-		st, err := os.Stat(path)
+		f, err := os.Open(filepath.Join(dir, fc.Name))
 		if err != nil {
 			return nil, &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: "missing"}
+		}
+		files = append(files, f)
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
 		}
 		if st.Size() != d.Manifest.Files[i].Bytes {
 			return nil, &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: fmt.Sprintf("size %d != %d", st.Size(), d.Manifest.Files[i].Bytes)}
 		}
-		data, err := mapStaged(path)
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(data)) != st.Size() {
-			if data != nil {
-				_ = syscall.Munmap(data)
-			}
-			return nil, &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: fmt.Sprintf("size changed while opening (%d != %d)", len(data), st.Size())}
-		}
-		if data != nil {
-			mapped = append(mapped, data)
-		}
 		keys[i] = make([]uint64, len(fc.Chunks))
 		var off int64
 		for j, r := range fc.Chunks {
-			if off+r.Len > int64(len(data)) {
-				return nil, &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: fmt.Sprintf("chunk %s at offset %d: past the end", r.ID, off)}
-			}
-			t := vt{data: data[off : off+r.Len], off: off, ref: r, fn: fc.Name, key: &keys[i][j]}
+			t := vt{f: f, off: off, ref: r, fn: fc.Name, key: &keys[i][j]}
 			if known {
 				t.want = d.keys[i][j]
 			}
@@ -1484,39 +1468,48 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint6
 			off += r.Len
 		}
 	}
-	// Each worker takes a contiguous share of the chunks. A file truncated
-	// under the mapping would raise SIGBUS; debug.SetPanicOnFault turns that
-	// into a panic that fails the verification instead of the server.
+	// Each worker takes a contiguous share of the chunks and reads runs of
+	// neighbouring chunks with one ReadAt of up to verifySpan bytes.
+	const verifySpan = 1 << 20
 	errs := make([]error, s.workers)
 	var wg sync.WaitGroup
 	for w := 0; w < s.workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-			defer func() {
-				if r := recover(); r != nil {
-					errs[w] = &snapshot.CorruptError{Snapshot: id, Reason: fmt.Sprintf("opened copy changed while read: %v", r)}
-				}
-			}()
+			buf := make([]byte, verifySpan+maxChunk)
 			lo, hi := w*len(all)/s.workers, (w+1)*len(all)/s.workers
-			for i := lo; i < hi; i++ {
-				t := all[i]
-				*t.key = fingerprint(t.data)
-				ok, check := false, "sha256"
-				switch {
-				case known:
-					ok, check = *t.key == t.want, "fingerprint"
-				case t.ref.ID == "":
-					ok = allZero(t.data)
-				default:
-					ok = sha256Hex(t.data) == t.ref.ID
+			for i := lo; i < hi; {
+				j, n := i, int64(0)
+				for j < hi && all[j].f == all[i].f && n < verifySpan {
+					n += all[j].ref.Len
+					j++
 				}
-				if !ok {
-					errs[w] = &snapshot.CorruptError{Snapshot: id, File: t.fn, Reason: fmt.Sprintf("chunk %s at offset %d: %s mismatch", t.ref.ID, t.off, check)}
+				span := buf[:n]
+				if _, err := all[i].f.ReadAt(span, all[i].off); err != nil {
+					errs[w] = err
 					return
 				}
-				if i%256 == 0 && ctx.Err() != nil {
+				for ; i < j; i++ {
+					t := all[i]
+					b := span[:t.ref.Len]
+					span = span[t.ref.Len:]
+					*t.key = fingerprint(b)
+					ok, check := false, "sha256"
+					switch {
+					case known:
+						ok, check = *t.key == t.want, "fingerprint"
+					case t.ref.ID == "":
+						ok = allZero(b)
+					default:
+						ok = sha256Hex(b) == t.ref.ID
+					}
+					if !ok {
+						errs[w] = &snapshot.CorruptError{Snapshot: id, File: t.fn, Reason: fmt.Sprintf("chunk %s at offset %d: %s mismatch", t.ref.ID, t.off, check)}
+						return
+					}
+				}
+				if ctx.Err() != nil {
 					errs[w] = ctx.Err()
 					return
 				}
