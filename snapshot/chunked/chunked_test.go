@@ -1555,3 +1555,69 @@ func TestAutoGCNotStarvedBySteadyDeletes(t *testing.T) {
 	}
 	t.Fatalf("no collection in 4 s of steady deletes (gcMaxWait 1 s): %d chunks before and after", before.Chunks)
 }
+
+// A hibernate's requests against a hung S3 (connections accepted, never
+// answered) do not each wait out their own deadline: the stage check's 3 s
+// deadline marks S3 hung, so a synchronous commit's first upload gives up after
+// a probe (it waited 60 s, a new-user trial's sync hibernate took 63 s), and
+// deleting the snapshot a hibernate replaced fails at once (an asynchronous
+// hibernate's answer waited 10 s for it). The prefix has an owner whose claim
+// is read again before each write (as after a minute of uptime).
+func TestS3HungHibernateSequence(t *testing.T) {
+	srv := s3test.Start(t)
+	nb := newS3Backend(t, srv)
+	b, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: nb.bucket, AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true,
+		Owner: &Owner{StoreID: "store-hung", Host: "test", DataDir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { claimRecheck = d }(claimRecheck)
+	claimRecheck = 0
+	s, err := New(ctx, Config{Dir: t.TempDir(), Backend: b, UploadRetry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	files := map[string][]byte{"pages.img": memImage(256)}
+	commit(t, s, "snap-a", files)
+	srv.Freeze()
+	defer srv.Thaw()
+	stage := func(id string) {
+		dir, err := s.Stage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "pages.img"), mutate(files["pages.img"], 0.05, 8, 3), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	man := func(id string) snapshot.Manifest {
+		return snapshot.Manifest{ID: id, SandboxID: "sbx-t", Engine: "test", CreatedAt: time.Now()}
+	}
+	t0 := time.Now()
+	stage("snap-b")
+	if _, err := s.CommitAsync(ctx, "snap-b", man("snap-b")); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Delete(ctx, "snap-a")
+	d := time.Since(t0)
+	t.Logf("stage, async commit and delete of the replaced snapshot: %v (delete: %v)", d.Round(time.Millisecond), err)
+	if !errors.Is(err, snapshot.ErrUnavailable) {
+		t.Errorf("delete with S3 hung: %v, want ErrUnavailable", err)
+	}
+	if d > 3*time.Second+s3ProbeTimeout {
+		t.Errorf("async hibernate sequence with S3 hung took %v", d)
+	}
+	t1 := time.Now()
+	stage("snap-c")
+	_, err = s.Commit(ctx, "snap-c", man("snap-c"))
+	d = time.Since(t1)
+	t.Logf("stage and synchronous commit: %v (%v)", d.Round(time.Millisecond), err)
+	if !errors.Is(err, snapshot.ErrUnavailable) {
+		t.Errorf("sync commit with S3 hung: %v, want ErrUnavailable", err)
+	}
+	if d > 3*time.Second+3*s3ProbeTimeout {
+		t.Errorf("sync hibernate sequence with S3 hung took %v", d)
+	}
+}

@@ -100,14 +100,18 @@ func reachErr(err error) error {
 }
 
 // reach is reachErr for a request made under the caller's context outer; a
-// request that ran into its own deadline (outer still live) marks S3 as hung,
-// so the next requests probe it first (answering).
+// request that ran into a deadline, its own or the caller's (not a caller's
+// cancellation), marks S3 as hung, so the next requests probe it first
+// (answering). A caller's short deadline cut a healthy server costs one probe.
 func (b *S3) reach(outer context.Context, err error) error {
-	if err != nil && minio.ToErrorResponse(err).StatusCode == 0 && outer.Err() == nil && isTimeout(err) {
+	if err != nil && minio.ToErrorResponse(err).StatusCode == 0 && !canceled(outer) && isTimeout(err) {
 		b.hungAt.Store(time.Now().UnixNano())
 	}
 	return reachErr(err)
 }
+
+// canceled reports whether ctx was canceled (not merely past its deadline).
+func canceled(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
 
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -132,7 +136,7 @@ func (b *S3) answering(ctx context.Context) error {
 	defer cancel()
 	_, err := b.c.BucketExists(pctx, b.bucket)
 	if err != nil && minio.ToErrorResponse(err).StatusCode == 0 {
-		if ctx.Err() == nil && isTimeout(err) {
+		if !canceled(ctx) && isTimeout(err) {
 			b.hungAt.Store(time.Now().UnixNano())
 		}
 		return fmt.Errorf("%w: S3 gave no answer within %s (it hung %s ago): %w", snapshot.ErrUnavailable,
@@ -420,8 +424,16 @@ func (b *S3) Exists(ctx context.Context, key string) (bool, error) {
 	return false, fmt.Errorf("s3 stat %s: %w", key, b.reach(outer, err))
 }
 
-// Delete implements Backend.
+// Delete implements Backend. Within s3MetaTimeout of S3 being found hung it
+// fails at once with snapshot.ErrUnavailable, without a probe: deletions are
+// retried (the manager's lifecycle loop, every 30 s), and every hibernate
+// deletes the snapshot it replaces, which held an asynchronous hibernate's
+// answer 10 s against a hung S3 in a new-user trial (3 s with a probe).
 func (b *S3) Delete(ctx context.Context, key string) error {
+	if t := b.hungAt.Load(); t != 0 && time.Since(time.Unix(0, t)) < s3MetaTimeout {
+		return fmt.Errorf("s3 delete %s: %w: S3 gave no answer %s ago; the deletion is tried again later", key,
+			snapshot.ErrUnavailable, time.Since(time.Unix(0, t)).Round(time.Second))
+	}
 	if err := b.claim(ctx); err != nil {
 		return fmt.Errorf("s3 delete %s: %w", key, err)
 	}
