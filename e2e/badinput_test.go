@@ -105,7 +105,9 @@ func TestBadInput(t *testing.T) {
 		// resume takes no options: a body other than {} is refused, not ignored.
 		for _, body := range []string{`{bad json`, `{"async_upload":true}`, `[]`} {
 			add(400, "POST", p+"/resume", j, body)
+			add(400, "POST", "/v1/snapshots/snap-any/verify", j, body) // nor does verify
 		}
+		add(413, "POST", "/v1/snapshots/snap-any/verify", j, `{"x":"`+strings.Repeat("x", 2<<20)+`"}`)
 		// A path that exists, with the wrong method: 405, not 404.
 		add(405, "GET", p+"/hibernate", "", "")
 		add(405, "PUT", p+"/resume", j, "{}")

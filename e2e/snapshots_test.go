@@ -164,6 +164,11 @@ func TestSnapshotRetention(t *testing.T) {
 	if res.Status != http.StatusBadRequest {
 		t.Errorf("PATCH expires_at \"soon\": %d %s, want 400", res.Status, res.Body)
 	}
+	// The zero time is refused, not taken for "never".
+	res = rawCall(t, http.MethodPatch, srv.URL+"/v1/sandboxes/"+expiring.ID, "application/json", []byte(`{"expires_at":"0001-01-01T00:00:00Z"}`))
+	if res.Status != http.StatusBadRequest || !strings.Contains(res.Err.Message, "zero time") {
+		t.Errorf("PATCH expires_at 0001-01-01T00:00:00Z: %d %s, want 400 naming the zero time", res.Status, res.Body)
+	}
 	if _, err := c.UpdateSandbox(ctx, expiring.ID, apiv1.UpdateSandboxRequest{ExpiresAt: apiv1.ExpireAt(past)}); err != nil {
 		t.Fatal(err)
 	}

@@ -85,6 +85,9 @@ func checkOnResume(cmd []string) error {
 func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxRequest) (metadata.Policy, error) {
 	p := metadata.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		HibernationMode: req.HibernationMode, OnResume: req.OnResume, ExpiresAt: utcp(req.ExpiresAt)}
+	if err := checkExpiry(req.ExpiresAt); err != nil {
+		return p, err
+	}
 	if req.IdleTimeoutS != nil {
 		p.IdleTimeoutS = *req.IdleTimeoutS
 	}
@@ -144,6 +147,9 @@ func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandbox
 		p.OnResume = *req.OnResume
 	}
 	if req.ExpiresAt.Set {
+		if err := checkExpiry(req.ExpiresAt.At); err != nil {
+			return apiv1.Sandbox{}, err
+		}
 		p.ExpiresAt = utcp(req.ExpiresAt.At)
 	}
 	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
@@ -185,6 +191,16 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *apiv1.
 }
 
 // utcp copies a time in UTC (nil stays nil).
+// checkExpiry refuses the zero time (0001-01-01T00:00:00Z) as expires_at: it
+// was taken for "never" (a trial's PATCH cleared an expiry with it), though
+// any other past time means "now".
+func checkExpiry(t *time.Time) error {
+	if t != nil && t.IsZero() {
+		return invalid("expires_at %s is the zero time: give a real time, or null for never", t.Format(time.RFC3339))
+	}
+	return nil
+}
+
 func utcp(t *time.Time) *time.Time {
 	if t == nil || t.IsZero() {
 		return nil

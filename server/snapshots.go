@@ -52,6 +52,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) verifySnapshot(w http.ResponseWriter, r *http.Request) {
+	// No options: an empty body or {} (anything else is refused, as for resume).
+	if err := decode(r, &struct{}{}, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	res, err := s.Manager.VerifySnapshot(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
