@@ -153,6 +153,11 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	// Again under the lock: of concurrent deletes of one snapshot, the later
+	// ones find it gone (404) instead of all answering 204.
+	if _, err := m.getSnapshot(ctx, id); err != nil {
+		return err
+	}
 	users, err := m.cfg.DB.SnapshotUsers(ctx, id)
 	if err != nil {
 		return err
