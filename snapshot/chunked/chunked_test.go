@@ -44,12 +44,19 @@ func newS3Backend(t *testing.T, srv *s3test.Server) *S3 {
 	bucketSeq++
 	bucket := fmt.Sprintf("torpor-%d", bucketSeq)
 	bucketMu.Unlock()
-	b, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey,
-		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true, CreateBucket: true})
+	cfg := s3Config(srv, bucket)
+	cfg.CreateBucket = true
+	b, err := NewS3(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// s3Config is the configuration of a backend on bucket of the test server srv.
+func s3Config(srv *s3test.Server, bucket string) S3Config {
+	return S3Config{Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true}
 }
 
 func newS3Store(t *testing.T, srv *s3test.Server, cacheBytes int64) *Store {
@@ -1254,8 +1261,7 @@ func TestS3HungAtStart(t *testing.T) {
 
 	srv.Freeze()
 	t0 := time.Now()
-	b2, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: b.bucket, AccessKey: srv.AccessKey,
-		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true})
+	b2, err := NewS3(ctx, s3Config(srv, b.bucket))
 	if err != nil {
 		srv.Thaw()
 		t.Fatalf("NewS3 with the server hung: %v", err)
@@ -1332,8 +1338,9 @@ func TestS3OwnerClaim(t *testing.T) {
 		t.Fatalf("another prefix: %v", err)
 	}
 	// A reader without an owner (offline inspection) is not refused.
-	rb, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: b.bucket, AccessKey: srv.AccessKey,
-		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true, Prefix: "p/"})
+	rcfg := s3Config(srv, b.bucket)
+	rcfg.Prefix = "p/"
+	rb, err := NewS3(ctx, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1565,10 +1572,9 @@ func TestAutoGCNotStarvedBySteadyDeletes(t *testing.T) {
 // is read again before each write (as after a minute of uptime).
 func TestS3HungHibernateSequence(t *testing.T) {
 	srv := s3test.Start(t)
-	nb := newS3Backend(t, srv)
-	b, err := NewS3(ctx, S3Config{Endpoint: srv.Endpoint, Bucket: nb.bucket, AccessKey: srv.AccessKey,
-		SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true,
-		Owner: &Owner{StoreID: "store-hung", Host: "test", DataDir: t.TempDir()}})
+	cfg := s3Config(srv, newS3Backend(t, srv).bucket) // the bucket made
+	cfg.Owner = &Owner{StoreID: "store-hung", Host: "test", DataDir: t.TempDir()}
+	b, err := NewS3(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
