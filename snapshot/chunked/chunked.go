@@ -77,6 +77,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -171,11 +172,9 @@ type Store struct {
 	docMu    sync.Mutex
 	docs     map[string]doc
 	docOrder []string
-	// lastReused is the number of chunks the last commit named by comparison
-	// with its parent's copy (tests).
+	// lastReused is the number of chunks the last commit named by their key
+	// match with a parent chunk (tests).
 	lastReused atomic.Int64
-	// stamps: the opened copies this process verified or wrote (parent.go).
-	stamps map[string]map[string]fileStamp
 
 	// upRetry is the first delay before retrying a failed upload (Config.UploadRetry).
 	upRetry time.Duration
@@ -368,9 +367,9 @@ type doc struct {
 	Chunking string            `json:"chunking"`
 	Manifest snapshot.Manifest `json:"manifest"`
 	Files    []fileChunks      `json:"chunks"`
-	// keys[file][chunk] are the chunk keys (cut), known in memory for
-	// snapshots this process committed or verified; not stored.
-	keys [][]uint64
+	// keys[file][chunk] are the chunk keys (fingerprint), known in memory
+	// for snapshots this process committed or verified; not stored.
+	keys [][]chunkSum
 }
 
 type fileChunks struct {
@@ -472,22 +471,23 @@ type segment struct {
 	file       int
 	start, end int
 	refs       []chunkRef
-	keys       []uint64
+	keys       []chunkSum
 }
 
 // storeSegment cuts data[sg.start:sg.end] (a slice of the staged file's
 // mapping) into chunks and stores them, filling sg.refs and sg.keys: a chunk
-// found in the parent's copy of the file by key and byte comparison takes the
+// whose key and length match a chunk of the parent's file (parent.go) takes the
 // parent's id, others are hashed (putChunk). Errors name the offset; they come
 // from putChunk or ctx.
-func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWriter, async bool, par *parentCopy, name string, data []byte, sg *segment) error {
+func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWriter, async bool, par *parentKeys, name string, data []byte, sg *segment) error {
 	for off := sg.start; off < sg.end; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n, key := cut(data[off:sg.end])
+		n := cut(data[off:sg.end])
 		chunk := data[off : off+n]
-		known, ok := par.match(name, key, chunk)
+		key := fingerprint(chunk)
+		known, ok := par.match(name, key, n)
 		if ok {
 			st.reused.Add(1)
 		}
@@ -506,7 +506,7 @@ type commitState struct {
 	mu       sync.Mutex
 	pinned   []string
 	newBytes int64
-	reused   atomic.Int64 // chunks named by comparison with the parent's copy
+	reused   atomic.Int64 // chunks named by their key match with a parent chunk
 }
 
 // Commit implements snapshot.Store: it returns once the snapshot is in the
@@ -558,7 +558,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			s.kickUpload()
 		}
 	}()
-	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]uint64, len(names))}
+	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]chunkSum, len(names))}
 	par := s.openParent(m.Parent)
 	var target Backend = s.b
 	set := s.known
@@ -574,12 +574,12 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		errOnce.Do(func() { firstErr = err; cancel() })
 	}
 	// The staged files are read through read-only mappings: chunks are slices
-	// of them, compared with the parent's copy (also mapped) and compressed in
+	// of them, fingerprinted, hashed and compressed in
 	// place, without copying 512 MiB through buffers. Each file is split into
 	// segments that the workers chunk and store independently (no hand-off per
 	// chunk); the chunks are those of a single pass from offset 0 (segments).
 	var mapped [][]byte
-	defer func() { unmapLater(par, mapped) }()
+	defer func() { unmapLater(mapped) }()
 	var segs []*segment
 	fileData := make([][]byte, len(names))
 	for fi, n := range names {
@@ -600,9 +600,13 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	kind := "first"
+	if par != nil {
+		kind = "diff"
+	}
 	for w := 0; w < min(s.workers, len(segs)); w++ {
 		wg.Add(1)
-		go func() {
+		go pprof.Do(ctx, pprof.Labels("commit", kind), func(ctx context.Context) {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				i := int(next.Add(1)) - 1
@@ -615,7 +619,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if firstErr == nil && ctx.Err() != nil {
@@ -693,7 +697,6 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if err := os.Rename(dir, s.opened(id)); err != nil {
 		_ = os.RemoveAll(dir)
 	} else {
-		s.stampCopy(id, d)
 		s.useOpened(id)
 	}
 	return m, nil
@@ -701,8 +704,8 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 
 // putChunk stores one chunk through pw unless it is all zeros or already
 // stored: in the backend, or with async in the outbox (unless the backend has
-// it). id, when set, is data's sha256 already known from an exact comparison
-// (parentCopy).
+// it). id, when set, is data's sha256 already known from its key match with a
+// parent chunk (parent.go).
 func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, data []byte, async bool, id string) (chunkRef, error) {
 	ref := chunkRef{Len: int64(len(data)), ID: id}
 	if id == "" {
@@ -824,7 +827,6 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	s.forgetDoc(id)
-	s.forgetCopy(id)
 	s.dropOpened(id)
 	// uploadMu: an upload in flight must not write the manifest back afterwards.
 	// The backend's manifest goes first: while the backend cannot be reached
@@ -934,10 +936,9 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 				d.keys = keys
 				s.rememberDoc(id, d)
 			}
-			s.stampCopy(id, d)
 			s.useOpened(id)
 			return dir, d.Manifest, nil
-		} else if s.forgetCopy(id); ctx.Err() != nil {
+		} else if ctx.Err() != nil {
 			return "", d.Manifest, err
 		} else {
 			// The local copy is only a copy: set it aside (a restore may still
@@ -962,12 +963,11 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		return "", d.Manifest, err
 	}
 	// The rebuilt copy holds verified chunks whose keys assemble computed
-	// from the bytes it wrote: the next commit may compare against it.
+	// from the bytes it wrote: the next commit may match against them.
 	if d.keys == nil {
 		d.keys = keys
 		s.rememberDoc(id, d)
 	}
-	s.stampCopy(id, d)
 	s.useOpened(id)
 	return dir, d.Manifest, nil
 }
@@ -1073,7 +1073,7 @@ type fetch struct {
 	refs []chunkRef
 	tier Backend // nil: the chunk is nowhere known
 	locs []chunkLoc
-	keys []*uint64 // with f: where each chunk's key (fingerprint) goes
+	keys []*chunkSum // with f: where each chunk's key (fingerprint) goes
 }
 
 // locate returns the tier holding chunk cid (the outbox first: a snapshot
@@ -1092,13 +1092,13 @@ func (s *Store) locate(cid string) (Backend, chunkLoc, bool) {
 
 // assemble fetches and verifies every chunk of d; with dir != "" it writes the
 // files there. useCache selects reading through the chunk cache.
-func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) ([][]uint64, error) {
-	var keys [][]uint64
+func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) ([][]chunkSum, error) {
+	var keys [][]chunkSum
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err
 		}
-		keys = make([][]uint64, len(d.Files))
+		keys = make([][]chunkSum, len(d.Files))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -1160,7 +1160,7 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 				}
 			}
 			if keys != nil {
-				keys[fi] = make([]uint64, len(fc.Chunks))
+				keys[fi] = make([]chunkSum, len(fc.Chunks))
 			}
 			var off int64
 			for j, r := range fc.Chunks {
@@ -1433,18 +1433,18 @@ func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
 // is checked against its id (sha256, ~150 ms for 512 MiB) and the keys are
 // computed on the way. Chunks read from the cache or the backend are always
 // checked against their sha256 ids (assemble).
-func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint64, error) {
+func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]chunkSum, error) {
 	known := knownKeys(d)
 	type vt struct {
 		f   *os.File
 		off int64
 		ref chunkRef
 		fn  string
-		key *uint64
+		key *chunkSum
 		// want is the chunk's known key when known.
-		want uint64
+		want chunkSum
 	}
-	keys := make([][]uint64, len(d.Files))
+	keys := make([][]chunkSum, len(d.Files))
 	var files []*os.File
 	defer func() {
 		for _, f := range files {
@@ -1465,7 +1465,7 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]uint6
 		if st.Size() != d.Manifest.Files[i].Bytes {
 			return nil, &snapshot.CorruptError{Snapshot: id, File: fc.Name, Reason: fmt.Sprintf("size %d != %d", st.Size(), d.Manifest.Files[i].Bytes)}
 		}
-		keys[i] = make([]uint64, len(fc.Chunks))
+		keys[i] = make([]chunkSum, len(fc.Chunks))
 		var off int64
 		for j, r := range fc.Chunks {
 			t := vt{f: f, off: off, ref: r, fn: fc.Name, key: &keys[i][j]}

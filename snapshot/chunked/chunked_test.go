@@ -744,17 +744,16 @@ func collectUntil(t *testing.T, s *Store, stop <-chan struct{}) int {
 	}
 }
 
-func TestChunkerKeyIsFingerprint(t *testing.T) {
+// cut makes whole-page chunks of at most maxChunk bytes; only the last may
+// end in a partial page.
+func TestCutChunks(t *testing.T) {
 	img := append(memImage(300), make([]byte, 1234)...) // a trailing partial page
 	rand.Read(img[len(img)-1234:])
 	n := 0
 	for off := 0; off < len(img); n++ {
-		size, key := cut(img[off:])
+		size := cut(img[off:])
 		if size <= 0 || size > maxChunk || (off+size < len(img) && size%pageSize != 0) {
 			t.Fatalf("chunk at %d: %d bytes", off, size)
-		}
-		if want := fingerprint(img[off : off+size]); key != want {
-			t.Fatalf("chunk at %d: key %x, fingerprint %x", off, key, want)
 		}
 		off += size
 	}
@@ -777,11 +776,11 @@ func commitChild(t *testing.T, s *Store, id, parent string, files map[string][]b
 	return m, d
 }
 
-// A diff commit names unchanged chunks by byte comparison with the parent's
-// copy instead of hashing them, and the result is exactly what hashing gives:
+// A diff commit names unchanged chunks by their key match with the parent's
+// chunks instead of hashing them, and the result is exactly what hashing gives:
 // the same chunk list as a store that never saw the parent. Also after a
-// restart (keys recomputed by the verifying Open), and never from a parent copy
-// changed behind the store's back.
+// restart (keys recomputed by the verifying Open), and whatever happens to the
+// parent's opened copy on disk (keys come from the bytes that were hashed).
 func TestDiffFromParentCopy(t *testing.T) {
 	s := newFSStore(t)
 	ref := newFSStore(t) // hashes everything
@@ -801,9 +800,9 @@ func TestDiffFromParentCopy(t *testing.T) {
 		t.Fatal("snap-2: the parent-copy commit named chunks differently from hashing them")
 	}
 	if n := len(d2.Files[1].Chunks); reused < int64(n)*8/10 {
-		t.Fatalf("snap-2: %d of %d chunks taken from the parent's copy, want ≥ 80%%", reused, n)
+		t.Fatalf("snap-2: %d of %d chunks named by a parent chunk's key, want ≥ 80%%", reused, n)
 	}
-	t.Logf("snap-2: %d of %d chunks named by comparison with the parent's copy", reused, len(d2.Files[1].Chunks))
+	t.Logf("snap-2: %d of %d chunks named by a parent chunk's key", reused, len(d2.Files[1].Chunks))
 
 	// A restart: no keys in memory until Open verifies the copy.
 	s2, err := New(ctx, Config{Dir: s.dir})
@@ -823,10 +822,10 @@ func TestDiffFromParentCopy(t *testing.T) {
 		t.Fatal("snap-3: chunks differ from hashing")
 	}
 
-	// The parent's copy is changed behind the store's back, mtime put back so
-	// its stamps still agree, and the new snapshot holds the changed bytes: the
-	// bytes compare equal, but the keys recorded when the copy was verified
-	// (from its true content) do not, so no chunk gets the old content's id.
+	// The parent's copy is changed behind the store's back, mtime put back,
+	// and the new snapshot holds the changed bytes: the keys recorded when the
+	// parent was committed (from its true content) differ from the changed
+	// chunk's, so no chunk gets the old content's id.
 	p := filepath.Join(s2.opened("snap-3"), "pages.img")
 	st, _ := os.Stat(p)
 	tampered := bytes.Clone(img3)

@@ -2,6 +2,8 @@ package chunked
 
 import (
 	"hash/crc32"
+
+	"github.com/zeebo/xxh3"
 )
 
 // Chunking: page-aligned content-defined chunks.
@@ -26,29 +28,23 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// cut returns the length of the chunk that starts at data[0] and its key: whole
-// pages up to and including the first whose CRC-32C ≡ cutModulus-1 (mod
-// cutModulus), at most maxPages; a trailing partial page (fewer than pageSize
-// bytes left) ends the chunk it falls in, or is a chunk of its own. The key
-// (FNV-1a over the chunk's page CRC-32Cs, then its length; computed from the
-// cut-point CRCs, so free) equals fingerprint(data[:n]): a cheap fingerprint,
-// equal for equal chunks, proving nothing without a byte comparison (see
-// parentCopy). data must not be empty.
-func cut(data []byte) (n int, key uint64) {
-	key = fnvOffset
+// cut returns the length of the chunk that starts at data[0]: whole pages up
+// to and including the first whose CRC-32C ≡ cutModulus-1 (mod cutModulus), at
+// most maxPages; a trailing partial page (fewer than pageSize bytes left) ends
+// the chunk it falls in, or is a chunk of its own. data must not be empty.
+func cut(data []byte) int {
+	n := 0
 	for pages := 0; pages < maxPages; pages++ {
 		if len(data)-n < pageSize {
-			n = len(data)
-			break
+			return len(data)
 		}
 		crc := crc32.Checksum(data[n:n+pageSize], castagnoli)
-		key = fnvMix(key, uint64(crc))
 		n += pageSize
 		if crc%cutModulus == cutModulus-1 {
 			break
 		}
 	}
-	return n, fnvMix(key, uint64(n))
+	return n
 }
 
 // segmentSpan is the nominal length in bytes of the segments a commit's workers
@@ -83,30 +79,16 @@ func segments(data []byte, span int) []int {
 	return append(bounds, len(data))
 }
 
-// fingerprint is the key cut gives chunk b: FNV-1a over the CRC-32C
-// of each whole page, then the length (a trailing partial page has no CRC).
-func fingerprint(b []byte) uint64 {
-	key := uint64(fnvOffset)
-	for p := 0; p+pageSize <= len(b); p += pageSize {
-		key = fnvMix(key, uint64(crc32.Checksum(b[p:p+pageSize], castagnoli)))
-	}
-	return fnvMix(key, uint64(len(b)))
-}
+// chunkSum is a chunk's fingerprint: its XXH3-128 (github.com/zeebo/xxh3).
+type chunkSum = xxh3.Uint128
 
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// fnvMix folds the 8 bytes of v into FNV-1a hash h.
-func fnvMix(h, v uint64) uint64 {
-	for i := 0; i < 8; i++ {
-		h ^= v & 0xff
-		h *= fnvPrime
-		v >>= 8
-	}
-	return h
-}
+// fingerprint returns chunk b's key, XXH3-128 of its bytes: ~0.6 ms per 64 MiB
+// on one core here when computed right after cut, with the chunk in cache
+// (BenchmarkFingerprint), against ~7 ms for cutting. Two different chunks have
+// equal keys with probability 2^-128; it is the strong checksum rsync (3.2+)
+// compares blocks with. It is not a cryptographic hash: see parent.go for what
+// the store trusts it with.
+func fingerprint(b []byte) chunkSum { return xxh3.Hash128(b) }
 
 func allZero(b []byte) bool {
 	for len(b) >= 8 {
@@ -123,14 +105,12 @@ func allZero(b []byte) bool {
 	return true
 }
 
-// zeroPageCRC is the CRC-32C of a page of zeros.
-var zeroPageCRC = crc32.Checksum(make([]byte, pageSize), castagnoli)
+var zeroChunk = make([]byte, maxChunk+pageSize)
 
 // zeroKey is fingerprint of n zero bytes (an all-zero chunk, not stored).
-func zeroKey(n int64) uint64 {
-	key := uint64(fnvOffset)
-	for p := int64(0); p+pageSize <= n; p += pageSize {
-		key = fnvMix(key, uint64(zeroPageCRC))
+func zeroKey(n int64) chunkSum {
+	if n <= int64(len(zeroChunk)) {
+		return fingerprint(zeroChunk[:n])
 	}
-	return fnvMix(key, uint64(n))
+	return fingerprint(make([]byte, n))
 }

@@ -8,7 +8,7 @@ import (
 
 type cutChunk struct {
 	off, n int
-	key    uint64
+	key    chunkSum
 }
 
 // onePass chunks data[start:end] with cut from start, as commits did before
@@ -16,8 +16,8 @@ type cutChunk struct {
 func onePass(data []byte, start, end int) []cutChunk {
 	var out []cutChunk
 	for off := start; off < end; {
-		n, key := cut(data[off:end])
-		out = append(out, cutChunk{off, n, key})
+		n := cut(data[off:end])
+		out = append(out, cutChunk{off, n, fingerprint(data[off : off+n])})
 		off += n
 	}
 	return out

@@ -15,7 +15,7 @@ import (
 // or 512 MiB of random pages, committed once (first_GiB/s: every chunk
 // compressed, hashed and packed), then b.N times with 1% of its pages
 // rewritten since the parent (GiB/s: a diff commit on the local filesystem
-// backend with the parent's copy at hand), in GiB/s of logical bytes. The
+// backend with the parent's chunk keys in memory), in GiB/s of logical bytes. The
 // runsc checkpoint is not included; see bench.BenchmarkStore for the whole
 // hibernate.
 //
@@ -63,6 +63,29 @@ func BenchmarkDiffCommit(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)*float64(len(img))/(1<<30)/total.Seconds(), "GiB/s")
 			b.ReportMetric(first, "first_GiB/s")
+		})
+	}
+}
+
+// BenchmarkFingerprint compares cutting 64 MiB of random pages into chunks
+// (CRC-32C of every page) with cutting and also taking each chunk's
+// fingerprint (XXH3-128) right after, as a commit does, in MB/s.
+//
+//	go test -run '^$' -bench Fingerprint ./snapshot/chunked
+func BenchmarkFingerprint(b *testing.B) {
+	img := memImage(64 << 20 / pageSize)
+	for _, withKey := range []bool{false, true} {
+		b.Run(fmt.Sprintf("fingerprint=%v", withKey), func(b *testing.B) {
+			b.SetBytes(int64(len(img)))
+			for i := 0; i < b.N; i++ {
+				for off := 0; off < len(img); {
+					n := cut(img[off:])
+					if withKey {
+						_ = fingerprint(img[off : off+n])
+					}
+					off += n
+				}
+			}
 		})
 	}
 }

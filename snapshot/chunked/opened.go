@@ -119,7 +119,6 @@ func (s *Store) trimOpened() {
 		}
 		set.mu.Unlock()
 		if stale {
-			s.forgetCopy(victim)
 			if err := os.RemoveAll(s.opened(victim)); err != nil {
 				s.log.Warn("snapshot store: removing an opened copy over the bound", "snapshot", victim, "err", err)
 			} else {
