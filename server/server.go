@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,6 +88,7 @@ type Server struct {
 // manager.Reconcile) and returns a server ready to serve. Errors name the part
 // that failed (database, runsc, agent binary).
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	tuneGC()
 	if cfg.DataDir == "" {
 		cfg.DataDir = "/var/lib/torpor"
 	}
@@ -211,6 +213,22 @@ func lockDataDir(dir string) (*os.File, error) {
 	}
 	_ = os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 	return d, nil
+}
+
+// serverGCPercent is the garbage collector's GOGC for the server process when
+// the environment sets none. The server's heap is small (the manifests it
+// keeps in memory, request buffers), and at Go's default of 100 a collection
+// ran during most hibernate commits: with 400, a 64 MiB sandbox's diff
+// commit took 29–34 ms instead of 34–38 ms and its diff hibernate went from
+// 0.93–1.02 to 1.02–1.11 GiB/s (bench.BenchmarkStore, two runs each,
+// interleaved, 2026-12-01). GOGC and GOMEMLIMIT in the environment win.
+const serverGCPercent = 400
+
+// tuneGC sets serverGCPercent unless GOGC is set in the environment.
+func tuneGC() {
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(serverGCPercent)
+	}
 }
 
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
