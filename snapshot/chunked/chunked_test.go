@@ -1009,6 +1009,32 @@ func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 	}
 }
 
+// A diff commit whose parent holds the damaged chunk stores it again too:
+// the chunk matches the parent's by key, and the store knows the parent's copy
+// of it is bad.
+func TestDamagedChunkRepairedByNextDiffCommit(t *testing.T) {
+	s := newFSStore(t)
+	files := map[string][]byte{"pages.img": memImage(1024)}
+	commit(t, s, "snap-a", files)
+	d, _ := s.readDoc(ctx, "snap-a")
+	bad := d.Files[0].Chunks[5].ID
+	corruptChunk(t, s, bad)
+	dropLocal(t, s)
+	if _, _, err := s.Open(ctx, "snap-a"); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("open with a damaged chunk: %v", err)
+	}
+	m, _ := commitChild(t, s, "snap-b", "snap-a", files)
+	if s.lastReused.Load() == 0 {
+		t.Fatal("no chunk matched the parent's")
+	}
+	if m.NewBytes == 0 {
+		t.Fatal("the damaged chunk was not written again")
+	}
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-b", files)
+	mustOpen(t, s, "snap-a", files)
+}
+
 // A live snapshot's pack whose index is unreadable is not collected: the
 // store cannot tell what is in it, and the snapshot needs it.
 func TestUnindexedLivePackKept(t *testing.T) {
