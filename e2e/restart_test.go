@@ -229,3 +229,54 @@ func TestResumeRecoversErrorSandbox(t *testing.T) {
 		assertGone(t, srv, id)
 	}
 }
+
+// TestForkCloneLostRecoversAsClone: a fork clone whose runsc sandbox dies while
+// the server is down (before it ever hibernated) is reported error; resuming it
+// restores its source's snapshot, so the guest must be told it is a fork
+// (forked: true), as at the clone's creation. A new-user trial found such a
+// clone told forked:false after a crash interrupted its creation, keeping the
+// source's fork-unsafe secrets. Once the clone hibernates itself, its resumes
+// are ordinary again (forked: false).
+func TestForkCloneLostRecoversAsClone(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	src := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	clones, err := c.Fork(ctx, src.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := clones[0]
+	_, _, pids := instancesOf(t, srv, cl.ID)
+	if len(pids) != 1 || pids[0] <= 0 {
+		t.Fatalf("engine pids of clone %s: %v, want one", cl.ID, pids)
+	}
+	srv.Stop()
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatalf("kill the clone's runsc sandbox process %d: %v", pids[0], err)
+	}
+	waitDead(t, pids[0])
+	srv.Restart(t)
+	c = srv.Client
+	wantState(t, c, cl.ID, apiv1.StateError)
+
+	got, err := c.Resume(ctx, cl.ID)
+	if err != nil {
+		t.Fatalf("resume the lost clone: %v", err)
+	}
+	if got.LastResume == nil || !got.LastResume.Forked {
+		t.Errorf("lost clone resumed from its source's snapshot: last_resume %+v, want forked true", got.LastResume)
+	}
+	if out := sh(t, c, cl.ID, "cat /run/torpor/resume.json"); !strings.Contains(out, `"forked":true`) {
+		t.Errorf("lost clone's resume.json: %s, want forked true", out)
+	}
+
+	hibernate(t, c, cl.ID)
+	got, err = c.Resume(ctx, cl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.LastResume == nil || got.LastResume.Forked {
+		t.Errorf("clone resumed from its own snapshot: last_resume %+v, want forked false", got.LastResume)
+	}
+}

@@ -240,7 +240,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	}
 	// The resume contract runs after the unpack (the layer holds the old
 	// /run/torpor files) and before on_resume.
-	s.LastResume = m.runContract(ctx, s, gen, false, false, s.SnapshotID, launched)
+	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, launched)
 	if len(s.OnResume) > 0 {
 		if _, err := c.Start(cctx, apiv1.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
 			// The sandbox is back with its files; a broken on_resume is the user's to fix.

@@ -957,7 +957,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
 	agentDur := time.Since(tAgent)
-	s.LastResume = m.runContract(ctx, s, gen, false, false, s.SnapshotID, tAgent)
+	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, tAgent)
 	m.log.Info("resumed", "sandbox", s.ID, "total_ms", time.Since(start).Milliseconds(),
 		"verify_ms", verifyDur.Milliseconds(), "restore_ms", restoreDur.Milliseconds(),
 		"agent_ms", agentDur.Milliseconds(), "window_ms", s.LastResume.WindowMS)
@@ -970,6 +970,22 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	}
 	m.cfg.Metrics.resume.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// restoresClone reports whether resuming s restores another sandbox's
+// snapshot, so the guest must be told it is a fork (secrets wiped, intents set
+// aside; the resume contract): true when s's snapshot was taken of another
+// sandbox — a fork clone whose creation a server crash interrupted, or one lost
+// while running before it ever hibernated, both resumed from the source's
+// snapshot (a new-user trial found such a clone told forked:false, keeping the
+// source's fork-unsafe secrets). When the snapshot's record cannot be read it
+// answers whether s is a clone at all, erring toward telling the guest.
+func (m *Manager) restoresClone(ctx context.Context, s *metadata.Sandbox) bool {
+	rec, err := m.cfg.DB.GetSnapshot(ctx, s.SnapshotID)
+	if err != nil || rec == nil {
+		return s.ForkedFrom != ""
+	}
+	return rec.SandboxID != s.ID
 }
 
 // Fork makes count clones from the sandbox's snapshot. A running source is first
