@@ -102,11 +102,18 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
-// usageArgs makes an argument validator's errors usage errors.
+// usageArgs makes an argument validator's errors usage errors, and refuses an
+// empty argument (every command it guards takes ids, names and paths: `torpor
+// rm ""` used to reach the API as DELETE /v1/sandboxes/ and answer "no route").
 func usageArgs(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {
 			return usageError{err}
+		}
+		for i, a := range args {
+			if strings.TrimSpace(a) == "" {
+				return usagef("argument %d is empty; usage: %s", i+1, cmd.UseLine())
+			}
 		}
 		return nil
 	}

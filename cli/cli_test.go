@@ -320,6 +320,8 @@ func TestUsageErrors(t *testing.T) {
 		{"image", "build"},
 		{"fork", "sb1", "--count", "0"},
 		{"bench", "resume", "--working-set", "big"},
+		{"hibernate", ""},
+		{"rm", "sb1", " "},
 	} {
 		r := f.run("", args...)
 		if r.code != 2 || !strings.HasPrefix(r.stderr, "torpor: ") || !strings.Contains(r.stderr, "--help") {

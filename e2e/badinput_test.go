@@ -66,6 +66,7 @@ func TestBadInput(t *testing.T) {
 		`{"memory_mib": "lots"}`,               // wrong type
 		`{} {}`,                                // trailing data
 		`[]`,                                   // not an object
+		`null`,                                 // not an object either
 		`{"env": {"BAD-KEY": "x"}}`,            // bad env name
 		`{"image": "sha256:0000000000000000"}`, // unknown digest
 	} {

@@ -132,8 +132,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	writeError(w, status, code, manager.Message(err))
 }
 
-// decode reads a JSON body into v: unknown fields, trailing data and bodies over
-// 1 MiB are errors. An empty body leaves v as it is when allowEmpty.
+// decode reads a JSON object body into v: other JSON values (null, arrays),
+// unknown fields, trailing data and bodies over 1 MiB are errors. An empty body leaves v as it is when allowEmpty.
 func decode(r *http.Request, v any, allowEmpty bool) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {
@@ -147,6 +147,9 @@ func decode(r *http.Request, v any, allowEmpty bool) error {
 			return nil
 		}
 		return fmt.Errorf("%w: empty body; a JSON object is required", manager.ErrInvalidArgument)
+	}
+	if bytes.TrimSpace(b)[0] != '{' { // `null` would decode as "no fields" (a trial's create)
+		return fmt.Errorf("%w: the body must be a JSON object", manager.ErrInvalidArgument)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
