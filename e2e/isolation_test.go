@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -181,6 +183,17 @@ func TestIsolation(t *testing.T) {
 			}
 		default:
 			t.Errorf("after the allocation the sandbox is %q", sb.State)
+		}
+		// An upload into /tmp (sandbox memory) beyond the limit: if it kills the
+		// sandbox, the upload's error says so instead of inviting a retry.
+		u := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128})
+		uerr := c.WriteFile(ctx, u.ID, "/tmp/big", io.LimitReader(rand.Reader, 300<<20))
+		us := get(t, c, u.ID)
+		t.Logf("300 MiB upload into /tmp of a 128 MiB sandbox: %v; state %s", uerr, us.State)
+		if uerr == nil {
+			t.Errorf("a 300 MiB upload into the memory of a 128 MiB sandbox succeeded")
+		} else if us.State == apiv1.StateError && (!strings.Contains(uerr.Error(), "state error") || strings.Contains(uerr.Error(), "retry")) {
+			t.Errorf("upload that killed the sandbox answered %q; want the sandbox's error, no retry hint", uerr)
 		}
 		// Other sandboxes are unaffected.
 		other := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128})

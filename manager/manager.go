@@ -1233,6 +1233,13 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 	defer pr.CloseWithError(io.ErrClosedPipe)
 	err = c.WriteFile(uctx, path, &releaseOnRead{r: pr, release: release}, size)
 	if err != nil && ctx.Err() == nil && m.liveClient(id) != c {
+		// The sandbox's process may have died (the host's OOM killer: a
+		// trial's 200 MB upload into /tmp of a 256 MiB sandbox); instanceExited
+		// records why before it cuts the calls in flight, so say that rather
+		// than invite a retry that would kill it again.
+		if s, gerr := m.get(context.WithoutCancel(ctx), id); gerr == nil && s.State == apiv1.StateError {
+			return conflict("sandbox %s stopped during the upload of %s and is in state error: %s; nothing was written", id, path, s.Error)
+		}
 		return conflict("sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
 	}
 	return agentErr(err)
