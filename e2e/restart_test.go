@@ -72,17 +72,7 @@ func TestServerRestart(t *testing.T) {
 
 	// A sandbox whose runsc process dies while the server is down.
 	doomed := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
-	_, _, pids := instancesOf(t, srv, doomed.ID)
-	if len(pids) != 1 || pids[0] <= 0 {
-		t.Fatalf("engine pids of %s: %v, want one", doomed.ID, pids)
-	}
-	srv.Stop()
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-		t.Fatalf("kill runsc sandbox process %d: %v", pids[0], err)
-	}
-	waitDead(t, pids[0])
-	t.Logf("killed %s's runsc sandbox process %d while the server was stopped", doomed.ID, pids[0])
-	srv.Restart(t)
+	killWhileStopped(t, srv, doomed.ID)
 	c = srv.Client
 
 	d := get(t, c, doomed.ID)
@@ -247,16 +237,7 @@ func TestForkCloneLostRecoversAsClone(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := clones[0]
-	_, _, pids := instancesOf(t, srv, cl.ID)
-	if len(pids) != 1 || pids[0] <= 0 {
-		t.Fatalf("engine pids of clone %s: %v, want one", cl.ID, pids)
-	}
-	srv.Stop()
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-		t.Fatalf("kill the clone's runsc sandbox process %d: %v", pids[0], err)
-	}
-	waitDead(t, pids[0])
-	srv.Restart(t)
+	killWhileStopped(t, srv, cl.ID)
 	c = srv.Client
 	wantState(t, c, cl.ID, apiv1.StateError)
 
@@ -279,4 +260,21 @@ func TestForkCloneLostRecoversAsClone(t *testing.T) {
 	if got.LastResume == nil || got.LastResume.Forked {
 		t.Errorf("clone resumed from its own snapshot: last_resume %+v, want forked false", got.LastResume)
 	}
+}
+
+// killWhileStopped stops the server, kills sandbox id's runsc sandbox process
+// (its one engine instance) and starts the server again on the same data.
+func killWhileStopped(t *testing.T, srv *servertest.Server, id string) {
+	t.Helper()
+	_, _, pids := instancesOf(t, srv, id)
+	if len(pids) != 1 || pids[0] <= 0 {
+		t.Fatalf("engine pids of %s: %v, want one", id, pids)
+	}
+	srv.Stop()
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatalf("kill runsc sandbox process %d: %v", pids[0], err)
+	}
+	waitDead(t, pids[0])
+	t.Logf("killed %s's runsc sandbox process %d while the server was stopped", id, pids[0])
+	srv.Restart(t)
 }

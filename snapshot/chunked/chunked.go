@@ -480,7 +480,7 @@ type segment struct {
 // parent's id (reuse), others are hashed (putChunk). Errors name the offset;
 // they come from putChunk or ctx.
 func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWriter, async bool, par *parentKeys, name string, data []byte, sg *segment) error {
-	var matched []reused
+	var matched []parentMatch
 	for off := sg.start; off < sg.end; {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -489,7 +489,7 @@ func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWrite
 		chunk := data[off : off+n]
 		key := fingerprint(chunk)
 		if known, ok := par.match(name, key, n); ok {
-			matched = append(matched, reused{len(sg.refs), off})
+			matched = append(matched, parentMatch{len(sg.refs), off})
 			sg.refs = append(sg.refs, known)
 		} else {
 			ref, err := s.putChunk(ctx, st, pw, chunk, async, "")
@@ -505,9 +505,9 @@ func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWrite
 	return s.reuse(ctx, st, pw, async, data, sg, matched)
 }
 
-// reused is a chunk of a segment named by a parent chunk: its index in the
+// parentMatch is a chunk of a segment named by a parent chunk: its index in the
 // segment's refs and its offset in the file.
-type reused struct{ i, off int }
+type parentMatch struct{ i, off int }
 
 // reuse pins the chunks of sg that took a parent chunk's id (matched) and sets
 // their stored sizes, under one lock for the whole segment: one lock and map
@@ -516,11 +516,11 @@ type reused struct{ i, off int }
 // deleted by the GC this moment, or not in the tier (a suspect copy, or one the
 // GC removed after the parent committed), goes through putChunk, which waits for
 // the deletion and stores it again. Errors come from putChunk.
-func (s *Store) reuse(ctx context.Context, st *commitState, pw *packWriter, async bool, data []byte, sg *segment, matched []reused) error {
+func (s *Store) reuse(ctx context.Context, st *commitState, pw *packWriter, async bool, data []byte, sg *segment, matched []parentMatch) error {
 	if len(matched) == 0 {
 		return nil
 	}
-	var slow []reused
+	var slow []parentMatch
 	ids := make([]string, 0, len(matched))
 	s.mu.Lock()
 	for _, m := range matched {

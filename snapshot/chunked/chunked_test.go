@@ -984,15 +984,7 @@ func TestPackGarbageCollected(t *testing.T) {
 func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 	dir := t.TempDir()
 	s := openAt(t, dir)
-	files := map[string][]byte{"pages.img": memImage(1024)}
-	commit(t, s, "snap-a", files)
-	d, _ := s.readDoc(ctx, "snap-a")
-	bad := d.Files[0].Chunks[5].ID
-	corruptChunk(t, s, bad)
-	dropLocal(t, s)
-	if _, _, err := s.Open(ctx, "snap-a"); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Fatalf("open with a damaged chunk: %v", err)
-	}
+	files := commitDamaged(t, s, "snap-a")
 	// The sandbox still holds the bytes: its next hibernate stores the chunk again.
 	m := commit(t, s, "snap-b", files)
 	if m.NewBytes == 0 {
@@ -1009,20 +1001,28 @@ func TestDamagedChunkRepairedByNextCommit(t *testing.T) {
 	}
 }
 
+// commitDamaged commits snapshot id, damages one of its chunks in the backend,
+// and checks that an Open from the backend finds it; it returns the files.
+func commitDamaged(t *testing.T, s *Store, id string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{"pages.img": memImage(1024)}
+	commit(t, s, id, files)
+	d, _ := s.readDoc(ctx, id)
+	bad := d.Files[0].Chunks[5].ID
+	corruptChunk(t, s, bad)
+	dropLocal(t, s)
+	if _, _, err := s.Open(ctx, id); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("open with a damaged chunk: %v", err)
+	}
+	return files
+}
+
 // A diff commit whose parent holds the damaged chunk stores it again too:
 // the chunk matches the parent's by key, and the store knows the parent's copy
 // of it is bad.
 func TestDamagedChunkRepairedByNextDiffCommit(t *testing.T) {
 	s := newFSStore(t)
-	files := map[string][]byte{"pages.img": memImage(1024)}
-	commit(t, s, "snap-a", files)
-	d, _ := s.readDoc(ctx, "snap-a")
-	bad := d.Files[0].Chunks[5].ID
-	corruptChunk(t, s, bad)
-	dropLocal(t, s)
-	if _, _, err := s.Open(ctx, "snap-a"); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Fatalf("open with a damaged chunk: %v", err)
-	}
+	files := commitDamaged(t, s, "snap-a")
 	m, _ := commitChild(t, s, "snap-b", "snap-a", files)
 	if s.lastReused.Load() == 0 {
 		t.Fatal("no chunk matched the parent's")
