@@ -133,7 +133,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // decode reads a JSON object body into v: other JSON values (null, arrays),
-// unknown fields, trailing data and bodies over 1 MiB are errors. An empty body leaves v as it is when allowEmpty.
+// unknown fields, trailing data and bodies over 1 MiB are errors. An empty body
+// leaves v as it is when allowEmpty.
 func decode(r *http.Request, v any, allowEmpty bool) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {

@@ -531,13 +531,7 @@ func (s *Store) reuse(ctx context.Context, st *commitState, pw *packWriter, asyn
 		}
 		s.pins[ref.ID]++
 		ids = append(ids, ref.ID)
-		l, ok := s.known.locs[ref.ID]
-		if bad, suspect := s.suspects[ref.ID]; ok && suspect && bad == l {
-			ok = false // store it again (Store.suspect)
-		}
-		if !ok && async {
-			l, ok = s.outKnown.locs[ref.ID]
-		}
+		l, ok := s.storedLocked(ref.ID, async)
 		if !ok {
 			slow = append(slow, m)
 			continue
@@ -759,6 +753,20 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	return m, nil
 }
 
+// storedLocked returns where chunk id is stored for a commit: in the durable
+// tier unless that copy is a suspect (Store.suspect: store it again), or with
+// async in the outbox. The caller holds s.mu.
+func (s *Store) storedLocked(id string, async bool) (chunkLoc, bool) {
+	l, ok := s.known.locs[id]
+	if bad, suspect := s.suspects[id]; ok && suspect && bad == l {
+		ok = false
+	}
+	if !ok && async {
+		l, ok = s.outKnown.locs[id]
+	}
+	return l, ok
+}
+
 // putChunk stores one chunk through pw unless it is all zeros or already
 // stored: in the backend, or with async in the outbox (unless the backend has
 // it). id, when set, is data's sha256 already known from its key match with a
@@ -776,13 +784,7 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 	st.pinned = append(st.pinned, ref.ID)
 	st.mu.Unlock()
 	s.mu.Lock()
-	l, ok := s.known.locs[ref.ID]
-	if bad, suspect := s.suspects[ref.ID]; ok && suspect && bad == l {
-		ok = false // store it again (Store.suspect)
-	}
-	if !ok && async {
-		l, ok = s.outKnown.locs[ref.ID]
-	}
+	l, ok := s.storedLocked(ref.ID, async)
 	s.mu.Unlock()
 	if ok {
 		ref.Stored = l.Len
