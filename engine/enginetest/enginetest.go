@@ -31,6 +31,10 @@ import (
 type Setup struct {
 	Engine engine.Engine
 	Spec   engine.Spec
+	// AfterCheckpointExit, if set, is called with the instance's id right
+	// after a CheckpointExit (engine.ExitCheckpointer), before its Stop: an
+	// engine's own checks of the exited instance.
+	AfterCheckpointExit func(t *testing.T, id string)
 }
 
 func agent(e engine.Engine, id string) *agentclient.Client {
@@ -187,6 +191,9 @@ func Run(t *testing.T, s Setup) {
 			}
 			if err := xc.CheckpointExit(ctx, prefix+"e0", dir); err != nil {
 				t.Fatal(err)
+			}
+			if s.AfterCheckpointExit != nil {
+				s.AfterCheckpointExit(t, prefix+"e0")
 			}
 			// The image is complete before the teardown: restore it while the
 			// exited instance is still being removed.

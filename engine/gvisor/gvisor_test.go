@@ -53,6 +53,13 @@ func TestConformance(t *testing.T) {
 	}
 	enginetest.Run(t, enginetest.Setup{Engine: e, Spec: engine.Spec{
 		RootFS: images.Path(img.Digest), GuestDir: guest, MemoryMiB: 256, CPUs: 1,
+	}, AfterCheckpointExit: func(t *testing.T, id string) {
+		// The exited sandbox waits frozen for Stop, its teardown off the
+		// commit's CPU (CheckpointExit).
+		st, err := gvisor.FreezerState(e, id)
+		if err != nil || (st != "FROZEN" && st != "FREEZING" && st != "1") {
+			t.Fatalf("after CheckpointExit: freezer state %q (%v), want it frozen", st, err)
+		}
 	}})
 	// Every checkpoint of the suite went through the control socket: a runsc
 	// whose state file or protocol changed would fall back to `runsc

@@ -485,9 +485,8 @@ func (s *Store) storeSegment(ctx context.Context, st *commitState, pw *packWrite
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n := cut(data[off:sg.end])
+		n, key := cut(data[off:sg.end])
 		chunk := data[off : off+n]
-		key := fingerprint(chunk)
 		if known, ok := par.match(name, key, n); ok {
 			matched = append(matched, parentMatch{len(sg.refs), off})
 			sg.refs = append(sg.refs, known)

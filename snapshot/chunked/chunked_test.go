@@ -745,15 +745,24 @@ func collectUntil(t *testing.T, s *Store, stop <-chan struct{}) int {
 }
 
 // cut makes whole-page chunks of at most maxChunk bytes; only the last may
-// end in a partial page.
+// end in a partial page. The key it returns is the chunk's fingerprint, and a
+// change anywhere in a chunk changes it.
 func TestCutChunks(t *testing.T) {
 	img := append(memImage(300), make([]byte, 1234)...) // a trailing partial page
 	rand.Read(img[len(img)-1234:])
 	n := 0
 	for off := 0; off < len(img); n++ {
-		size := cut(img[off:])
+		size, key := cut(img[off:])
 		if size <= 0 || size > maxChunk || (off+size < len(img) && size%pageSize != 0) {
 			t.Fatalf("chunk at %d: %d bytes", off, size)
+		}
+		if fp := fingerprint(img[off : off+size]); fp != key {
+			t.Fatalf("chunk at %d: cut's key %x, fingerprint %x", off, key, fp)
+		}
+		changed := bytes.Clone(img[off : off+size])
+		changed[len(changed)-1] ^= 1
+		if fingerprint(changed) == key {
+			t.Fatalf("chunk at %d: its last byte changed, same key", off)
 		}
 		off += size
 	}

@@ -1,7 +1,7 @@
 package chunked
 
 import (
-	"hash/crc32"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -16,8 +16,11 @@ type cutChunk struct {
 func onePass(data []byte, start, end int) []cutChunk {
 	var out []cutChunk
 	for off := start; off < end; {
-		n := cut(data[off:end])
-		out = append(out, cutChunk{off, n, fingerprint(data[off : off+n])})
+		n, key := cut(data[off:end])
+		if want := fingerprint(data[off : off+n]); key != want {
+			panic(fmt.Sprintf("chunk at %d: cut's key %x, fingerprint %x", off, key, want))
+		}
+		out = append(out, cutChunk{off, n, key})
 		off += n
 	}
 	return out
@@ -34,7 +37,7 @@ func TestSegmentsChunkAsOnePass(t *testing.T) {
 	clear(img[100*pageSize : 300*pageSize])
 	for p := 600; p < 700; p++ {
 		page := img[p*pageSize : (p+1)*pageSize]
-		for crc32.Checksum(page, castagnoli)%cutModulus == cutModulus-1 {
+		for cutsAfter(pageKey(page)) {
 			fill(page)
 		}
 	}
