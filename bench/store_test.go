@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -245,6 +246,42 @@ func (sr *storeRun) cycle(b *testing.B, ctx context.Context, label string, cold 
 	return gibs, msOf(d)
 }
 
+// settle lets the sandbox idle before its hibernate, as it has under an idle
+// timeout (the hibernate torpor makes by itself): it waits until no server of
+// runs is filling its chunk cache — every chunks/cache directory unchanged
+// (entries and bytes) for 100 ms, at most 10 s — then 200 ms more, in which
+// gVisor finishes loading the pages of the last restore in the background and
+// the previous hibernate's teardown ends. Without it, in full runs, a hibernate
+// ran beside another store's cache filling after a cold resume (diff hibernates
+// after a cold resume 0.51–0.85 GiB/s at 64 MiB, 1.05–1.16 with one store alone;
+// 2026-12-01).
+func settle(runs []*storeRun) {
+	size := func() (n, bytes int64) {
+		for _, sr := range runs {
+			_ = filepath.WalkDir(filepath.Join(sr.srv.DataDir, "chunks", "cache"), func(_ string, d fs.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					if fi, err := d.Info(); err == nil {
+						n, bytes = n+1, bytes+fi.Size()
+					}
+				}
+				return nil
+			})
+		}
+		return n, bytes
+	}
+	n, by := size()
+	for deadline, still := time.Now().Add(10*time.Second), 0; still < 2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		n2, by2 := size()
+		if n2 == n && by2 == by {
+			still++
+		} else {
+			still, n, by = 0, n2, by2
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+}
+
 // measureStores measures every store of kinds at working set ws MiB, all
 // servers up at once: a first hibernate each, then cycles warm rounds, one
 // cycle of every store per round, then cycles cold rounds of the chunked
@@ -269,6 +306,7 @@ func measureStores(b *testing.B, kinds []string, ws, cycles int) []storeResult {
 		for i := 0; i < cycles; i++ {
 			for j := range rs {
 				sr := rs[(i+j)%len(rs)]
+				settle(runs)
 				g, ms := sr.cycle(b, ctx, label, cold)
 				if cold {
 					sr.diffCold, sr.cold = append(sr.diffCold, g), append(sr.cold, ms)
