@@ -31,9 +31,9 @@ const (
 type CreateSandboxRequest struct {
 	// Image is an image name ("base") or digest ("sha256:…"). Default "base".
 	Image string `json:"image,omitempty"`
-	// MemoryMiB is the memory limit in MiB (default 512, 64..65536).
+	// MemoryMiB is the memory limit in MiB (64..65536; absent or 0: 512).
 	MemoryMiB int `json:"memory_mib,omitempty"`
-	// CPUs is the CPU limit in cores (default 1, 0.1..64).
+	// CPUs is the CPU limit in cores (0.1..64; absent or 0: 1).
 	CPUs float64 `json:"cpus,omitempty"`
 	// Env is set for every process the guest agent starts.
 	Env map[string]string `json:"env,omitempty"`

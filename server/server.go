@@ -246,7 +246,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "store", s.StoreKind)
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", s.Engine.HostScope(), "store", s.StoreKind)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -104,6 +104,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	e := &Engine{cfg: cfg, runsc: path, scope: Scope(dir)}
+	e.thawAll()
 	e.version = "runsc"
 	if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		e.version = "runsc " + bi.Main.Version
@@ -128,6 +129,11 @@ func (e *Engine) Name() string { return "gvisor" }
 
 // Version returns "runsc <module version>" read from the binary's build info.
 func (e *Engine) Version() string { return e.version }
+
+// HostScope returns the prefix of the engine's host-wide names (Scope of its
+// state directory): cgroups torpor-<scope>/<instance>, network namespaces
+// <scope>-<instance>-g and -h.
+func (e *Engine) HostScope() string { return e.scope }
 
 func (e *Engine) pair(id string) sandboxnet.Pair { return sandboxnet.For(e.scope, id) }
 
@@ -222,6 +228,11 @@ func (e *Engine) applyCPU(spec engine.Spec) error {
 	return os.WriteFile(filepath.Join("/sys/fs/cgroup", rel, "cpu.max"), []byte(fmt.Sprintf("%d %d", quota, cpuPeriodUS)), 0)
 }
 
+// listTimeout bounds one `runsc list` (List). It takes ~10–20 ms here; a
+// sandbox frozen after its checkpoint holds it until the hibernate's commit
+// ends (up to ~12 s with S3 hung, the store's own bounds).
+const listTimeout = 30 * time.Second
+
 // cgroupPath is the instance's cgroup, relative to each controller's root.
 func (e *Engine) cgroupPath(id string) string { return "/torpor-" + e.scope + "/" + id }
 
@@ -270,6 +281,23 @@ func (e *Engine) freeze(id string, frozen bool) error {
 		return err
 	}
 	return nil
+}
+
+// thawAll thaws every instance cgroup of the engine's scope. Only a crash
+// between a CheckpointExit and the Stop that follows it leaves an instance
+// frozen, and runsc blocks on a frozen sandbox (list, delete): the next server
+// start hung in `runsc list` until thawed by hand (found by a new-user trial,
+// kill -9 of the server in that window). New calls it; the thawed sandbox
+// finishes the exit gVisor began after its checkpoint.
+func (e *Engine) thawAll() {
+	for _, pat := range []string{"/sys/fs/cgroup/freezer/torpor-" + e.scope + "/*", "/sys/fs/cgroup/torpor-" + e.scope + "/*"} {
+		dirs, _ := filepath.Glob(pat)
+		for _, d := range dirs {
+			if id := filepath.Base(d); idRE.MatchString(id) {
+				_ = e.freeze(id, false)
+			}
+		}
+	}
 }
 
 func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
@@ -418,6 +446,11 @@ func (e *Engine) state(ctx context.Context, id string) (runscState, error) {
 // List implements engine.Engine: runsc's containers under this engine's root, plus
 // instances of which only a bundle or a network namespace is left.
 func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
+	// runsc list asks each running sandbox for its state and waits as long as
+	// one does not answer (a frozen one: CheckpointExit until its Stop): an
+	// error after listTimeout rather than a caller stuck for good.
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
 	e.listMu.RLock()
 	out, err := e.run(ctx, "list", "--format", "json")
 	e.listMu.RUnlock()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/enginetest"
@@ -59,6 +60,21 @@ func TestConformance(t *testing.T) {
 		st, err := gvisor.FreezerState(e, id)
 		if err != nil || (st != "FROZEN" && st != "FREEZING" && st != "1") {
 			t.Fatalf("after CheckpointExit: freezer state %q (%v), want it frozen", st, err)
+		}
+		// A server killed in this window: the next one's engine thaws what
+		// is frozen, and listing does not hang on it (it did, until thawed by
+		// hand: runsc list waits for every running sandbox's answer).
+		e2, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: filepath.Join(dir, "gvisor")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := gvisor.FreezerState(e2, id); err == nil && (st == "FROZEN" || st == "FREEZING" || st == "1") {
+			t.Fatalf("a new engine on the same state left %s frozen (%s)", id, st)
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if _, err := e2.List(lctx); err != nil {
+			t.Fatalf("list by a new engine after a CheckpointExit: %v", err)
 		}
 	}})
 	// Every checkpoint of the suite went through the control socket: a runsc
