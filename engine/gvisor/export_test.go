@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -13,11 +12,7 @@ func RunscCheckpoints(e *Engine) int64 { return e.runscCheckpoints.Load() }
 // FreezerState returns instance id's cgroup freezer state: cgroup v1
 // freezer.state (THAWED, FREEZING, FROZEN), or cgroup v2 cgroup.freeze (0, 1).
 func FreezerState(e *Engine, id string) (string, error) {
-	rel := e.cgroupPath(id)
-	p := filepath.Join("/sys/fs/cgroup", rel, "cgroup.freeze")
-	if st, err := os.Stat("/sys/fs/cgroup/freezer"); err == nil && st.IsDir() {
-		p = filepath.Join("/sys/fs/cgroup/freezer", rel, "freezer.state")
-	}
-	b, err := os.ReadFile(p)
+	file, _, _ := e.freezer(id)
+	b, err := os.ReadFile(file)
 	return strings.TrimSpace(string(b)), err
 }

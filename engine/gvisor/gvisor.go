@@ -265,19 +265,28 @@ func (e *Engine) CheckpointExit(ctx context.Context, id, dir string) error {
 	return nil
 }
 
-// freeze freezes (frozen) or thaws every process of instance id through its
-// cgroup's freezer: cgroup v1 freezer.state FROZEN or THAWED, cgroup v2
+// freezer returns the freezer file of instance id's cgroup and the values that
+// freeze and thaw it: cgroup v1 freezer.state FROZEN or THAWED, cgroup v2
 // cgroup.freeze 1 or 0 (Linux Documentation/admin-guide/cgroup-v1/freezer-subsystem.rst,
-// cgroup-v2.rst). It returns once the state is written, not when every task
+// cgroup-v2.rst). id "*" gives the glob of all the engine's instances.
+func (e *Engine) freezer(id string) (file, frozen, thawed string) {
+	if st, err := os.Stat("/sys/fs/cgroup/freezer"); err == nil && st.IsDir() {
+		return filepath.Join("/sys/fs/cgroup/freezer", e.cgroupPath(id), "freezer.state"), "FROZEN", "THAWED"
+	}
+	return filepath.Join("/sys/fs/cgroup", e.cgroupPath(id), "cgroup.freeze"), "1", "0"
+}
+
+// freeze freezes (frozen) or thaws every process of instance id through its
+// cgroup's freezer. It returns once the state is written, not when every task
 // has stopped; a task already exiting stops only when it is gone. A missing
 // cgroup (the instance is gone) is not an error.
 func (e *Engine) freeze(id string, frozen bool) error {
-	rel := e.cgroupPath(id)
-	path, val := filepath.Join("/sys/fs/cgroup", rel, "cgroup.freeze"), map[bool]string{true: "1", false: "0"}[frozen]
-	if st, err := os.Stat("/sys/fs/cgroup/freezer"); err == nil && st.IsDir() {
-		path, val = filepath.Join("/sys/fs/cgroup/freezer", rel, "freezer.state"), map[bool]string{true: "FROZEN", false: "THAWED"}[frozen]
+	file, fr, th := e.freezer(id)
+	val := th
+	if frozen {
+		val = fr
 	}
-	if err := os.WriteFile(path, []byte(val), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.WriteFile(file, []byte(val), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil
@@ -290,12 +299,11 @@ func (e *Engine) freeze(id string, frozen bool) error {
 // kill -9 of the server in that window). New calls it; the thawed sandbox
 // finishes the exit gVisor began after its checkpoint.
 func (e *Engine) thawAll() {
-	for _, pat := range []string{"/sys/fs/cgroup/freezer/torpor-" + e.scope + "/*", "/sys/fs/cgroup/torpor-" + e.scope + "/*"} {
-		dirs, _ := filepath.Glob(pat)
-		for _, d := range dirs {
-			if id := filepath.Base(d); idRE.MatchString(id) {
-				_ = e.freeze(id, false)
-			}
+	glob, _, _ := e.freezer("*")
+	files, _ := filepath.Glob(glob)
+	for _, f := range files {
+		if id := filepath.Base(filepath.Dir(f)); idRE.MatchString(id) {
+			_ = e.freeze(id, false)
 		}
 	}
 }
@@ -326,8 +334,8 @@ func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	return nil
 }
 
-// Stop implements engine.Engine: thaw (freeze), runsc delete --force, then wait for the sandbox
-// process to be gone, then remove the namespaces and the bundle.
+// Stop implements engine.Engine: thaw (freeze), runsc delete --force, then wait
+// for the sandbox process to be gone, then remove the namespaces and the bundle.
 func (e *Engine) Stop(ctx context.Context, id string) error {
 	if !idRE.MatchString(id) {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)

@@ -58,8 +58,7 @@ func cut(data []byte) (int, chunkSum) {
 	for pages := 0; pages < maxPages; pages++ {
 		end := min(n+pageSize, len(data))
 		pk := pageKey(data[n:end])
-		binary.LittleEndian.PutUint64(sums[k:], pk.Hi)
-		binary.LittleEndian.PutUint64(sums[k+8:], pk.Lo)
+		putSum(sums[k:], pk)
 		k += 16
 		partial := end-n < pageSize
 		n = end
@@ -80,11 +79,16 @@ func fingerprint(b []byte) chunkSum {
 	var sums [(maxPages + 1) * 16]byte
 	buf := sums[:0]
 	for off := 0; off < len(b); off += pageSize {
-		pk := pageKey(b[off:min(off+pageSize, len(b))])
-		buf = binary.LittleEndian.AppendUint64(buf, pk.Hi)
-		buf = binary.LittleEndian.AppendUint64(buf, pk.Lo)
+		buf = append(buf, make([]byte, 16)...)
+		putSum(buf[len(buf)-16:], pageKey(b[off:min(off+pageSize, len(b))]))
 	}
 	return xxh3.Hash128(buf)
+}
+
+// putSum writes k into dst[:16]: Hi then Lo, little-endian.
+func putSum(dst []byte, k chunkSum) {
+	binary.LittleEndian.PutUint64(dst, k.Hi)
+	binary.LittleEndian.PutUint64(dst[8:], k.Lo)
 }
 
 // segmentSpan is the nominal length in bytes of the segments a commit's workers
