@@ -211,7 +211,13 @@ func lockDataDir(dir string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("data dir %s: lock: %w", dir, err)
 	}
-	_ = os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+	// Replaced whole (written aside, renamed over): a server refused meanwhile
+	// reads the old pid or the new one, never an empty file (a trial saw
+	// "pid unknown" with an in-place rewrite).
+	tmp := pidFile + ".new"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err == nil {
+		_ = os.Rename(tmp, pidFile)
+	}
 	return d, nil
 }
 
