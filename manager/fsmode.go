@@ -34,8 +34,9 @@ import (
 // Resume: a fresh instance boots from the image (with the current guest agent),
 // the archive is unpacked over the root (tar -xp), and the sandbox's on_resume
 // command is started detached (its output goes to /tmp/torpor-bg-<pid>.log, as
-// for a background exec). This is DESIGN.md's rebuild-from-log path: processes
-// start again and rebuild their state from files.
+// for a background exec). This is the resume contract's rebuild-from-log path
+// (docs/resume-contract.md): processes start again and rebuild their state from
+// files.
 
 const fsLayerFile = "fs.tar"
 const fsTarInSandbox = "/tmp/.torpor-fs.tar"

@@ -54,7 +54,7 @@ type Sandbox struct {
 	LastHibernateAt *time.Time
 	LastResumeAt    *time.Time
 	ResumeMS        int64
-	// Lifecycle policies and usage (issue 5; see policy.go).
+	// Lifecycle policies and usage (see policy.go and docs/lifecycle.md).
 	Policy
 	// LastResume is the guest agent's report of the last start, resume or fork
 	// (stored as JSON in column last_resume).

@@ -54,7 +54,8 @@ type Options struct {
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
 	// Store selects the snapshot store (passed to server.Config.Store); the zero
-	// value is the default plain-file store.
+	// value is the default for a new data directory, the chunked store on local
+	// disk (server.ResolveStoreKind).
 	Store server.StoreConfig
 	// Logger receives the server's log (nil = warnings and errors to the test's log).
 	Logger *slog.Logger
