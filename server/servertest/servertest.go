@@ -58,6 +58,9 @@ type Options struct {
 	Store server.StoreConfig
 	// Logger receives the server's log (nil = warnings and errors to the test's log).
 	Logger *slog.Logger
+	// AgentPath is the guest agent binary the server installs ("" = AgentBinary,
+	// built from this checkout).
+	AgentPath string
 }
 
 var (
@@ -127,8 +130,12 @@ func Start(t testing.TB, opts Options) *Server {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	agent := opts.AgentPath
+	if agent == "" {
+		agent = AgentBinary(t)
+	}
 	cfg := server.Config{
-		DataDir: dir, RunscPath: Runsc(t), AgentPath: AgentBinary(t),
+		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TestResumeDelay:    opts.TestResumeDelay,
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
