@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/snapshot"
 )
@@ -101,7 +102,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	since := img.CreatedAt.Unix() - 1
 	script := fmt.Sprintf(`cd / && rm -f %[1]s && find . -xdev -mindepth 1 \( %[2]s \) -prune -o -newerct @%[3]d -print0 2>/dev/null | tar --null --no-recursion -T - -cpf %[1]s`,
 		fsTarInSandbox, prune, since)
-	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c", script}})
+	_, stderr, code, err := c.Run(cctx, proto.ExecRequest{Cmd: []string{"sh", "-c", script}})
 	// tar exits 1 when a file changed while it was read (a process still writes):
 	// the archive is complete, with that file as it was at some point.
 	if err == nil && code > 1 {
@@ -231,7 +232,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return stop(fmt.Errorf("upload writable layer: %w", err))
 	}
-	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c",
+	_, stderr, code, err := c.Run(cctx, proto.ExecRequest{Cmd: []string{"sh", "-c",
 		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox}})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
@@ -243,7 +244,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	// /run/torpor files) and before on_resume.
 	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, launched)
 	if len(s.OnResume) > 0 {
-		if _, err := c.Start(cctx, apiv1.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
+		if _, err := c.Start(cctx, proto.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
 			// The sandbox is back with its files; a broken on_resume is the user's to fix.
 			m.log.Warn("resume (filesystem): on_resume did not start", "sandbox", s.ID, "cmd", s.OnResume, "err", err)
 		}

@@ -348,6 +348,8 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 		c.CloseIdleConnections()
 		return fmt.Errorf("guest agent of %s did not answer: %w", s.ID, err)
 	}
+	m.log.Debug("guest agent ready", "sandbox", s.ID, "instance", s.Instance,
+		"protocol_version", c.ProtocolVersion(), "agent", c.AgentBuild())
 	m.mu.Lock()
 	m.live[s.ID] = c
 	m.mu.Unlock()
@@ -383,7 +385,7 @@ func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int6
 	defer cancel()
 	req.HostTime = time.Now().UTC()
 	t0 := time.Now()
-	rep, err := c.Resume(cctx, req)
+	rep, err := resumeAgent(cctx, c, req)
 	agentDur := time.Since(t0)
 	end := time.Since(launched)
 	if err != nil {
@@ -1169,7 +1171,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 		return nil, err
 	}
 	defer unlock() // after the agent answered: the command has started
-	return m.trackExec(id, c)(c.Exec(ctx, req))
+	return m.trackExec(id, c)(c.Exec(ctx, agentExec(req)))
 }
 
 func checkPath(p string) error {
