@@ -46,6 +46,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server/servertest"
 )
@@ -248,7 +249,11 @@ func (x *hzHost) serveIn(id string) {
 	x.t.Helper()
 	inst := hzInstance(x.t, x.srv, id)
 	var ln net.Listener
-	err := x.srv.Engine.HostNetns(inst).RunIn(func() error {
+	gv, ok := x.srv.Engine.(*gvisor.Engine)
+	if !ok {
+		x.t.Fatalf("engine %s has no host network namespace", x.srv.Engine.Name())
+	}
+	err := gv.HostNetns(inst).RunIn(func() error {
 		var err error
 		ln, err = net.Listen("tcp", net.JoinHostPort(sandboxnet.HostIP, strconv.Itoa(x.port)))
 		return err

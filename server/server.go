@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
@@ -72,7 +74,10 @@ type Config struct {
 type Server struct {
 	Manager *manager.Manager
 	Images  *image.Store
-	Engine  *gvisor.Engine
+	// Engines are the host's engines (gvisor today); Engine is their default,
+	// which starts new sandboxes.
+	Engines *engine.Registry
+	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
 	StoreKind  string
 	db         *metadata.DB
@@ -140,14 +145,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
+	gv, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
+	if err != nil {
+		return fail(err)
+	}
+	engines, err := engine.NewRegistry(gv.Name(), gv)
 	if err != nil {
 		return fail(err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mgr, err := manager.New(manager.Config{
-		Engine: eng, Store: store, DB: db, Images: images,
+		Engines: engines, Store: store, DB: db, Images: images,
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
 		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
@@ -162,10 +171,25 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engine: eng, StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
+}
+
+// CloseIdleEngines releases the host mounts of every engine that has no
+// instance left (io.Closer engines; gVisor unmounts runsc's null-netns file).
+// Engines with instances are left alone: the next server reattaches them.
+func (s *Server) CloseIdleEngines(ctx context.Context) {
+	for _, e := range s.Engines.All() {
+		c, ok := e.(io.Closer)
+		if !ok {
+			continue
+		}
+		if infos, err := e.List(ctx); err == nil && len(infos) == 0 {
+			c.Close()
+		}
+	}
 }
 
 // Handler returns the HTTP handler of the API.
@@ -252,7 +276,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", s.Engine.HostScope(), "store", s.StoreKind)
+	scope := ""
+	if hs, ok := s.Engine.(engine.HostScoper); ok {
+		scope = hs.HostScope()
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -269,8 +297,6 @@ func Run(ctx context.Context, cfg Config) error {
 	// Sandboxes keep running across a restart (the next server reattaches them);
 	// only when none is left does the engine release its host mounts.
 	s.Manager.Wait()
-	if infos, err := s.Engine.List(sctx); err == nil && len(infos) == 0 {
-		s.Engine.Close()
-	}
+	s.CloseIdleEngines(sctx)
 	return nil
 }

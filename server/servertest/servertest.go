@@ -145,10 +145,14 @@ func Start(t testing.TB, opts Options) *Server {
 		if !opts.KeepSandboxes {
 			s.DeleteAll(t)
 		}
-		eng := s.Engine
+		engines := s.Engines
 		s.Stop()
-		if !opts.KeepSandboxes && eng != nil {
-			eng.Close() // unmount runsc's null-netns so the temp dir can be removed
+		if !opts.KeepSandboxes && engines != nil {
+			for _, e := range engines.All() {
+				if c, ok := e.(io.Closer); ok {
+					c.Close() // unmount runsc's null-netns so the temp dir can be removed
+				}
+			}
 		}
 	})
 	return s
