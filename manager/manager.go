@@ -683,10 +683,23 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 			return "", cause
 		}
 		// The engine stops the instance only after a complete checkpoint; if it
-		// still answers, the sandbox still runs.
-		if c := m.liveClient(s.ID); c != nil && c.Health(ctx) == nil {
+		// still answers (asked anew: the hibernate dropped the agent's
+		// connections), the sandbox still runs. An instance still saving (a
+		// checkpoint past its deadline) does not answer and is stopped.
+		c := m.liveClient(s.ID)
+		if c == nil {
+			c = m.agentFor(s.Instance)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		alive := c.Health(hctx) == nil
+		cancel()
+		if alive {
+			m.mu.Lock()
+			m.live[s.ID] = c // its watch still follows the instance
+			m.mu.Unlock()
 			_ = m.setState(ctx, s, prevState)
 		} else {
+			c.CloseIdleConnections()
 			m.dropLive(s.ID)
 			_ = m.eng(s).Stop(ctx, s.Instance)
 			m.fail(ctx, s, cause)
