@@ -46,7 +46,6 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
-	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server/servertest"
 )
@@ -249,7 +248,7 @@ func (x *hzHost) serveIn(id string) {
 	x.t.Helper()
 	inst := hzInstance(x.t, x.srv, id)
 	var ln net.Listener
-	gv, ok := x.srv.Engine.(*gvisor.Engine)
+	gv, ok := x.srv.Engine.(interface{ HostNetns(string) sandboxnet.Pair }) // gVisor's
 	if !ok {
 		x.t.Fatalf("engine %s has no host network namespace", x.srv.Engine.Name())
 	}

@@ -53,8 +53,8 @@ type Config struct {
 	// EngineTimeouts bound every engine call (see EngineTimeouts).
 	EngineTimeouts EngineTimeouts
 	Store          snapshot.Store
-	DB     *metadata.DB
-	Images *image.Store
+	DB             *metadata.DB
+	Images         *image.Store
 	// GuestDir is the host directory holding one sub-directory per guest agent
 	// version (named by the binary's sha256), each mounted read-only at /.torpor.
 	GuestDir string
@@ -74,10 +74,6 @@ type Config struct {
 	// ResumeAckDeadline bounds the wait for in-sandbox subscribers to acknowledge a
 	// resume event (default 5 s).
 	ResumeAckDeadline time.Duration
-	// TestResumeDelay, when set, sleeps in the resume path after the sandbox is
-	// marked resuming and before the engine restores it: tests use it to race
-	// other calls against a resume. Zero in production.
-	TestResumeDelay time.Duration
 	// AsyncUpload is the default for hibernates that do not choose (see
 	// HibernateOptions): commit on local disk, upload in the background. Needs
 	// a snapshot.AsyncStore.
@@ -980,9 +976,6 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	gen, err := m.cfg.DB.BeginRestore(ctx, s)
 	if err != nil {
 		return back(err)
-	}
-	if m.cfg.TestResumeDelay > 0 {
-		time.Sleep(m.cfg.TestResumeDelay)
 	}
 	tRestore := time.Now()
 	eng := m.on(e, s)

@@ -52,8 +52,10 @@ type Config struct {
 	Logger    *slog.Logger
 	// ImageCache is the host-wide image build cache ("" = image.BuildCacheFromEnv()).
 	ImageCache string
-	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
-	TestResumeDelay time.Duration
+	// Engines, when set, are the host's engines instead of the gVisor engine the
+	// server makes on RunscPath with its state in <data dir>/gvisor (tests wrap
+	// that engine, see servertest).
+	Engines *engine.Registry
 	// Store selects the snapshot store (default: the data directory's recorded
 	// kind, chunked for a new one; see StoreConfig and ResolveStoreKind).
 	Store StoreConfig
@@ -145,13 +147,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	gv, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
-	if err != nil {
-		return fail(err)
-	}
-	engines, err := engine.NewRegistry(gv.Name(), gv)
-	if err != nil {
-		return fail(err)
+	engines := cfg.Engines
+	if engines == nil {
+		if engines, err = DefaultEngines(dir, cfg.RunscPath); err != nil {
+			return fail(err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -160,7 +160,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
 		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
-			VolumesDir: filepath.Join(dir, "volumes")}, TestResumeDelay: cfg.TestResumeDelay,
+			VolumesDir: filepath.Join(dir, "volumes")},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
 	})
@@ -175,6 +175,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
+}
+
+// DefaultEngines returns the engines of a server on data directory dir: gVisor
+// with runsc at runscPath, its state in dir/gvisor. Errors: runsc missing or
+// not executable, dir/gvisor not writable.
+func DefaultEngines(dir, runscPath string) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor")})
+	if err != nil {
+		return nil, err
+	}
+	return engine.NewRegistry(gv.Name(), gv)
 }
 
 // CloseIdleEngines releases the host mounts of every engine that has no
