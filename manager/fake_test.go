@@ -35,6 +35,8 @@ type hostOpts struct {
 	dir      string // reuse a data directory ("" = a new one)
 	version  string // the fake engine's Version ("" = its default)
 	timeouts manager.EngineTimeouts
+	// eng reuses an engine whose instances outlived the previous host (crash).
+	eng *fake.Engine
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -44,9 +46,12 @@ func newHost(t *testing.T, o hostOpts) *host {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake"), Version: o.version})
-	if err != nil {
-		t.Fatal(err)
+	eng := o.eng
+	if eng == nil {
+		var err error
+		if eng, err = fake.New(fake.Config{Dir: filepath.Join(dir, "fake"), Version: o.version}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	engines, err := engine.NewRegistry(eng.Name(), eng)
 	if err != nil {
@@ -104,6 +109,14 @@ func (h *host) close() {
 	for _, i := range infos {
 		h.eng.Stop(ctx, i.ID)
 	}
+	h.db.Close()
+	h.db = nil
+}
+
+// crash ends the host as a killed server would: its instances keep running
+// (the next host on the same engine finds them), its database is closed.
+func (h *host) crash() {
+	h.m.Wait()
 	h.db.Close()
 	h.db = nil
 }
