@@ -22,6 +22,15 @@
 // the whole sandbox: nothing else on the host has to be kept for a Restore except the
 // image and the guest directory named in the Spec.
 //
+// # Engines by name, optional capabilities
+//
+// A host may have several engines (Registry, keyed by Name); new sandboxes start
+// on its default, and a snapshot is restored only by the engine its manifest
+// names, at a Version that engine accepts (Registry.CheckRestore,
+// CompatibilityChecker). What only some engines can do is an optional interface
+// the caller type-asserts: ExitCheckpointer, CPUMeter, HostScoper, io.Closer
+// (host resources to release once no instance runs).
+//
 // # Names
 //
 // ID is the engine-level instance id, unique per host and per incarnation (the manager

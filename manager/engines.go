@@ -138,11 +138,16 @@ func (c engineCalls) checkpointExit(ctx context.Context, id, dir string) (ok boo
 func (c engineCalls) Stop(ctx context.Context, id string) error {
 	err := c.bound(ctx, c.timeouts().Stop, "stop", id, func(ctx context.Context) error { return c.Engine.Stop(ctx, id) })
 	if err == nil {
-		c.m.mu.Lock()
-		delete(c.m.instEngine, id)
-		c.m.mu.Unlock()
+		c.m.forgetInstance(id)
 	}
 	return err
+}
+
+// forgetInstance drops the record of instance's engine (it is gone).
+func (m *Manager) forgetInstance(instance string) {
+	m.mu.Lock()
+	delete(m.instEngine, instance)
+	m.mu.Unlock()
 }
 
 func (c engineCalls) Dial(ctx context.Context, id string, port int) (net.Conn, error) {

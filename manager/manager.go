@@ -730,8 +730,8 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		if err == nil {
 			exited = s.Instance
 		}
-	} else {
-		err = eng.Checkpoint(ctx, s.Instance, dir, false)
+	} else if err = eng.Checkpoint(ctx, s.Instance, dir, false); err == nil {
+		m.forgetInstance(s.Instance) // the engine removed it
 	}
 	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
