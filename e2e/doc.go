@@ -16,7 +16,7 @@
 //     later writes, have their own generations and forked_from, their counters
 //     continue independently from the snapshot's value, and the running source keeps
 //     running.
-//   - race_test.go: DELETE racing a resume (server with TestResumeDelay), in both
+//   - race_test.go: DELETE racing a resume (a test server whose engine restores after a delay), in both
 //     orders and several timings: the sandbox ends 404 and no runsc process for it is
 //     left (engine list and the host's process table).
 //   - corrupt_test.go: one flipped byte in a snapshot's memory file (pages.img; in

@@ -248,7 +248,11 @@ func (x *hzHost) serveIn(id string) {
 	x.t.Helper()
 	inst := hzInstance(x.t, x.srv, id)
 	var ln net.Listener
-	err := x.srv.Engine.HostNetns(inst).RunIn(func() error {
+	gv, ok := x.srv.Engine.(interface{ HostNetns(string) sandboxnet.Pair }) // gVisor's
+	if !ok {
+		x.t.Fatalf("engine %s has no host network namespace", x.srv.Engine.Name())
+	}
+	err := gv.HostNetns(inst).RunIn(func() error {
 		var err error
 		ln, err = net.Listen("tcp", net.JoinHostPort(sandboxnet.HostIP, strconv.Itoa(x.port)))
 		return err

@@ -21,7 +21,7 @@ import (
 // left — neither in the engine's list nor in the host's process table.
 func TestDeleteRacingResume(t *testing.T) {
 	const delay = 1500 * time.Millisecond
-	srv := start(t, servertest.Options{TestResumeDelay: delay})
+	srv := start(t, servertest.Options{ResumeDelay: delay})
 	c := srv.Client
 
 	cases := []struct {

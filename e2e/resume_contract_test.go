@@ -353,7 +353,7 @@ func TestResumeClock(t *testing.T) {
 // TestResumeOrdering: an exec issued while a resume is under way (or that itself
 // wakes the sandbox) reads the new generation, never the old one.
 func TestResumeOrdering(t *testing.T) {
-	srv := start(t, servertest.Options{TestResumeDelay: 300 * time.Millisecond})
+	srv := start(t, servertest.Options{ResumeDelay: 300 * time.Millisecond})
 	c := srv.Client
 	sb := create(t, c, apiv1.CreateSandboxRequest{})
 	for round := 0; round < 4; round++ {

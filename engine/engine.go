@@ -15,10 +15,21 @@
 //	                               restored many times (forks), each restore is a clone
 //	Stop(id)                    -> the instance and everything the engine made for it
 //	                               (processes, network namespaces) is gone; idempotent
+//	Wait(id)                    -> returns once the instance has exited, whoever ended
+//	                               it (Stop, a checkpoint, the host's OOM killer)
 //
 // The writable layer lives inside the instance's memory, so a checkpoint directory is
 // the whole sandbox: nothing else on the host has to be kept for a Restore except the
 // image and the guest directory named in the Spec.
+//
+// # Engines by name, optional capabilities
+//
+// A host may have several engines (Registry, keyed by Name); new sandboxes start
+// on its default, and a snapshot is restored only by the engine its manifest
+// names, at a Version that engine accepts (Registry.CheckRestore,
+// CompatibilityChecker). What only some engines can do is an optional interface
+// the caller type-asserts: ExitCheckpointer, CPUMeter, HostScoper, io.Closer
+// (host resources to release once no instance runs).
 //
 // # Names
 //
@@ -62,15 +73,19 @@ const AgentPort = 49983
 type Info struct {
 	ID      string
 	Running bool
-	// Pid is the host pid of the instance's outermost process (0 if none).
+	// Pid is the host pid of the instance's outermost process (0 if none or
+	// not a host process), for logs only.
 	Pid int
 }
 
 // Engine runs sandboxes. Implementations must be safe for concurrent use on
-// different instance ids; the manager never runs two calls on one id at once.
+// different instance ids; the manager never runs two calls on one id at once
+// (Wait excepted, which runs beside the others). Every call must return soon
+// after its ctx ends: the manager bounds each call it makes with a deadline.
 type Engine interface {
 	// Name and Version identify the engine in snapshot manifests ("gvisor",
-	// "runsc <version>"). A snapshot is restored only by the engine that wrote it.
+	// "runsc <version>"). A snapshot is restored only by an engine of the same
+	// Name whose CheckRestore accepts its Version.
 	Name() string
 	Version() string
 
@@ -81,6 +96,7 @@ type Engine interface {
 	// empty). Without leaveRunning the instance is stopped and removed afterwards.
 	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
 	// Restore starts a new instance named spec.ID from a checkpoint directory.
+	// The caller checks the checkpoint's engine and version first (CheckRestore).
 	Restore(ctx context.Context, spec Spec, dir string) error
 	// Stop kills the instance and removes everything made for it. Stopping an
 	// unknown or already stopped instance returns nil.
@@ -92,6 +108,11 @@ type Engine interface {
 	// List returns every instance this engine has on the host, including ones a
 	// previous server process left behind (for reconciliation on start-up).
 	List(ctx context.Context) ([]Info, error)
+	// Wait blocks until instance id has exited, for whatever reason (Stop, a
+	// checkpoint without leaveRunning, a kill from outside), or ctx ends (then
+	// ctx's error). It returns at once with an error wrapping ErrNotRunning
+	// when the engine has no running instance id to follow.
+	Wait(ctx context.Context, id string) (ExitStatus, error)
 }
 
 // ExitCheckpointer is an Engine whose hibernating checkpoint can hand back
@@ -109,6 +130,13 @@ type ExitCheckpointer interface {
 	// Stop, which the caller must call. On error the instance may still run;
 	// nothing is removed.
 	CheckpointExit(ctx context.Context, id, dir string) error
+}
+
+// ExitStatus says how an instance ended (Engine.Wait).
+type ExitStatus struct {
+	// What names what exited, for the sandbox's error message: "the sandbox's
+	// process (host pid 1234)".
+	What string
 }
 
 // ErrNotRunning is returned (wrapped) for calls on an instance that does not run.

@@ -48,9 +48,11 @@ func (m *Manager) isFilesystemSnapshot(ctx context.Context, id string) bool {
 		return false
 	}
 	man, err := m.cfg.Store.Manifest(ctx, id)
-	if err != nil {
-		return false
-	}
+	return err == nil && isFilesystemManifest(man)
+}
+
+// isFilesystemManifest reports whether man is a writable layer's snapshot.
+func isFilesystemManifest(man snapshot.Manifest) bool {
 	for _, f := range man.Files {
 		if f.Name == fsLayerFile {
 			return true
@@ -122,13 +124,14 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	}
 	// The layer is captured: drop the processes and the memory.
 	m.dropLive(s.ID)
-	if err := m.cfg.Engine.Stop(ctx, s.Instance); err != nil {
+	eng := m.eng(s)
+	if err := eng.Stop(ctx, s.Instance); err != nil {
 		m.log.Warn("hibernate (filesystem): stop instance", "sandbox", s.ID, "instance", s.Instance, "err", err)
 	}
 	now := time.Now().UTC()
 	man := snapshot.Manifest{
 		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
-		Engine: m.cfg.Engine.Name(), EngineVersion: "filesystem layer",
+		Engine: eng.Name(), EngineVersion: "filesystem layer",
 		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
 			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
 		CreatedAt:   now,
@@ -193,6 +196,10 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return back(err)
 	}
+	e, err := m.restoreEngine(s.SnapshotID, man)
+	if err != nil {
+		return back(err)
+	}
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {
 		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
@@ -209,10 +216,10 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	}
 	stop := func(cause error) error {
 		m.dropLive(s.ID)
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		_ = m.eng(s).Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, cause))
 	}
-	if err := m.cfg.Engine.Start(ctx, m.spec(s, rootfs)); err != nil {
+	if err := m.on(e, s).Start(ctx, m.spec(s, rootfs)); err != nil {
 		return stop(err)
 	}
 	launched := time.Now()

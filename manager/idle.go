@@ -185,7 +185,6 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		return
 	}
 	cfg := m.lcfg()
-	meter, _ := m.cfg.Engine.(engine.CPUMeter)
 	now := time.Now()
 	running := map[string]bool{}
 	type action struct {
@@ -214,7 +213,7 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		running[s.ID] = true
 		var cpu time.Duration
 		cpuOK := false
-		if meter != nil && s.IdleTimeoutS > 0 {
+		if meter, ok := m.eng(s).Engine.(engine.CPUMeter); ok && s.IdleTimeoutS > 0 {
 			if v, err := meter.CPUTime(s.Instance); err == nil {
 				cpu, cpuOK = v, true
 			}

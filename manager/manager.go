@@ -46,10 +46,15 @@ import (
 
 // Config wires a Manager to its parts.
 type Config struct {
-	Engine engine.Engine
-	Store  snapshot.Store
-	DB     *metadata.DB
-	Images *image.Store
+	// Engines are the host's engines; new sandboxes start on the registry's
+	// default, a snapshot is restored by the engine its manifest names
+	// (restoreEngine).
+	Engines *engine.Registry
+	// EngineTimeouts bound every engine call (see EngineTimeouts).
+	EngineTimeouts EngineTimeouts
+	Store          snapshot.Store
+	DB             *metadata.DB
+	Images         *image.Store
 	// GuestDir is the host directory holding one sub-directory per guest agent
 	// version (named by the binary's sha256), each mounted read-only at /.torpor.
 	GuestDir string
@@ -69,10 +74,6 @@ type Config struct {
 	// ResumeAckDeadline bounds the wait for in-sandbox subscribers to acknowledge a
 	// resume event (default 5 s).
 	ResumeAckDeadline time.Duration
-	// TestResumeDelay, when set, sleeps in the resume path after the sandbox is
-	// marked resuming and before the engine restores it: tests use it to race
-	// other calls against a resume. Zero in production.
-	TestResumeDelay time.Duration
 	// AsyncUpload is the default for hibernates that do not choose (see
 	// HibernateOptions): commit on local disk, upload in the background. Needs
 	// a snapshot.AsyncStore.
@@ -102,6 +103,9 @@ type Manager struct {
 	mu    sync.Mutex
 	locks map[string]*sandboxLock
 	live  map[string]*agentclient.Client // sandbox id -> agent client, while running
+	// instEngine names the engine of each instance this process started,
+	// restored or found (Reconcile), until it is stopped.
+	instEngine map[string]string
 	// uploads holds the cancel functions of file uploads in flight, by sandbox
 	// id: dropLive ends them (an upload's body read blocks on its client, so
 	// closing the agent connection alone would not).
@@ -163,7 +167,12 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{}}
+	if cfg.Engines == nil {
+		return nil, errors.New("manager: no engines")
+	}
+	cfg.EngineTimeouts = cfg.EngineTimeouts.withDefaults()
+	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{},
+		instEngine: map[string]string{}}
 	d, err := installAgent(cfg.AgentPath, cfg.GuestDir)
 	if err != nil {
 		return nil, err
@@ -333,7 +342,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 
 func (m *Manager) agentFor(instance string) *agentclient.Client {
 	return agentclient.New(func(ctx context.Context) (net.Conn, error) {
-		c, err := m.cfg.Engine.Dial(ctx, instance, engine.AgentPort)
+		c, err := m.engOf(instance).Dial(ctx, instance, engine.AgentPort)
 		if err != nil {
 			return nil, err
 		}
@@ -511,13 +520,15 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		return apiv1.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
-	if err := m.cfg.Engine.Start(ctx, m.spec(s, path)); err != nil {
+	eng := m.on(m.cfg.Engines.Default(), s)
+	if err := eng.Start(ctx, m.spec(s, path)); err != nil {
+		_ = eng.Stop(ctx, s.Instance)
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
 	launched := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		_ = eng.Stop(ctx, s.Instance)
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
@@ -554,7 +565,7 @@ func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 	}
 	m.dropLive(s.ID)
 	if s.Instance != "" {
-		if err := m.cfg.Engine.Stop(ctx, s.Instance); err != nil {
+		if err := m.eng(s).Stop(ctx, s.Instance); err != nil {
 			return fmt.Errorf("delete %s: %w", s.ID, err)
 		}
 	}
@@ -670,12 +681,25 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 			return "", cause
 		}
 		// The engine stops the instance only after a complete checkpoint; if it
-		// still answers, the sandbox still runs.
-		if c := m.liveClient(s.ID); c != nil && c.Health(ctx) == nil {
+		// still answers (asked anew: the hibernate dropped the agent's
+		// connections), the sandbox still runs. An instance still saving (a
+		// checkpoint past its deadline) does not answer and is stopped.
+		c := m.liveClient(s.ID)
+		if c == nil {
+			c = m.agentFor(s.Instance)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		alive := c.Health(hctx) == nil
+		cancel()
+		if alive {
+			m.mu.Lock()
+			m.live[s.ID] = c // its watch still follows the instance
+			m.mu.Unlock()
 			_ = m.setState(ctx, s, prevState)
 		} else {
+			c.CloseIdleConnections()
 			m.dropLive(s.ID)
-			_ = m.cfg.Engine.Stop(ctx, s.Instance)
+			_ = m.eng(s).Stop(ctx, s.Instance)
 			m.fail(ctx, s, cause)
 		}
 		return "", cause
@@ -700,17 +724,23 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	// the checkpoint; a crash before its removal ends leaves remains that
 	// Reconcile removes.
 	exited := ""
-	if xc, ok := m.cfg.Engine.(engine.ExitCheckpointer); ok && !leaveRunning {
-		if err := xc.CheckpointExit(ctx, s.Instance, dir); err != nil {
-			return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
+	eng := m.eng(s)
+	if leaveRunning {
+		err = eng.Checkpoint(ctx, s.Instance, dir, true)
+	} else if ok, xerr := eng.checkpointExit(ctx, s.Instance, dir); ok {
+		err = xerr
+		if err == nil {
+			exited = s.Instance
 		}
-		exited = s.Instance
-	} else if err := m.cfg.Engine.Checkpoint(ctx, s.Instance, dir, leaveRunning); err != nil {
+	} else if err = eng.Checkpoint(ctx, s.Instance, dir, false); err == nil {
+		m.forgetInstance(s.Instance) // the engine removed it
+	}
+	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
 	}
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
-	man := m.manifestFor(s, snapID, now)
+	man := m.manifestFor(s, eng, snapID, now)
 	man.HibernateMS = time.Since(start).Milliseconds()
 	man, err = m.commitSnapshot(ctx, snapID, man, async)
 	commitDur := time.Since(now)
@@ -782,12 +812,13 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 // removes the remains (Reconcile).
 func (m *Manager) removeExited(ctx context.Context, sandboxID, inst string) {
 	start := time.Now()
-	if err := m.cfg.Engine.Stop(ctx, inst); err == nil {
+	eng := m.engOf(inst)
+	if err := eng.Stop(ctx, inst); err == nil {
 		m.log.Debug("hibernate: checkpointed instance removed", "sandbox", sandboxID, "instance", inst,
 			"ms", time.Since(start).Milliseconds())
 		return
 	}
-	if err := m.cfg.Engine.Stop(ctx, inst); err != nil {
+	if err := eng.Stop(ctx, inst); err != nil {
 		m.log.Error("hibernate: removing the checkpointed instance failed", "sandbox", sandboxID, "instance", inst, "err", err)
 	}
 }
@@ -831,12 +862,12 @@ func (m *Manager) openSnapshot(ctx context.Context, id, what string) (string, sn
 	return "", man, fmt.Errorf("%s: %w", what, err)
 }
 
-// manifestFor is the manifest of a memory snapshot snapID of s, before the store
-// fills in its files.
-func (m *Manager) manifestFor(s *metadata.Sandbox, snapID string, at time.Time) snapshot.Manifest {
+// manifestFor is the manifest of a memory snapshot snapID of s written by
+// engine eng, before the store fills in its files.
+func (m *Manager) manifestFor(s *metadata.Sandbox, eng engine.Engine, snapID string, at time.Time) snapshot.Manifest {
 	return snapshot.Manifest{
 		ID: snapID, SandboxID: s.ID, Parent: s.SnapshotID,
-		Engine: m.cfg.Engine.Name(), EngineVersion: m.cfg.Engine.Version(),
+		Engine: eng.Name(), EngineVersion: eng.Version(),
 		Spec: snapshot.SandboxSpec{Image: s.Image, ImageDigest: s.ImageDigest, MemoryMiB: s.MemoryMiB,
 			CPUs: s.CPUs, Env: s.Env, GuestDigest: s.GuestDigest},
 		CreatedAt: at,
@@ -928,6 +959,10 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return err
 	}
 	verifyDur := time.Since(tVerify)
+	e, err := m.restoreEngine(s.SnapshotID, man)
+	if err != nil {
+		return err
+	}
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {
 		return fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err)
@@ -944,18 +979,16 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	if err != nil {
 		return back(err)
 	}
-	if m.cfg.TestResumeDelay > 0 {
-		time.Sleep(m.cfg.TestResumeDelay)
-	}
 	tRestore := time.Now()
-	if err := m.cfg.Engine.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+	eng := m.on(e, s)
+	if err := eng.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
+		_ = eng.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
 	restoreDur := time.Since(tRestore)
 	tAgent := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		_ = eng.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
 	agentDur := time.Since(tAgent)
@@ -1028,6 +1061,10 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if err != nil {
 		return nil, err
 	}
+	e, err := m.restoreEngine(src.SnapshotID, man)
+	if err != nil {
+		return nil, err
+	}
 	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
@@ -1066,15 +1103,16 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			defer func() { <-sem }()
 			unlockC, _ := m.lock(ctx, c.ID)
 			defer unlockC()
-			if err := m.cfg.Engine.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
-				_ = m.cfg.Engine.Stop(ctx, c.Instance)
+			eng := m.on(e, c)
+			if err := eng.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
+				_ = eng.Stop(ctx, c.Instance)
 				m.fail(ctx, c, err)
 				errs[i] = err
 				return
 			}
 			launched := time.Now()
 			if err := m.waitAgent(ctx, c); err != nil {
-				_ = m.cfg.Engine.Stop(ctx, c.Instance)
+				_ = eng.Stop(ctx, c.Instance)
 				m.fail(ctx, c, err)
 				errs[i] = err
 				return
@@ -1287,7 +1325,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 		return nil, err
 	}
 	defer unlock() // dialled and counted under the lock: a hibernate then waits for it
-	c, err := m.cfg.Engine.Dial(ctx, s.Instance, port)
+	c, err := m.eng(s).Dial(ctx, s.Instance, port)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/metadata"
 )
 
@@ -33,9 +34,17 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	if err := m.cfg.Store.Recover(ctx); err != nil {
 		return fmt.Errorf("reconcile: snapshot store: %w", err)
 	}
-	infos, err := m.cfg.Engine.List(ctx)
-	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+	// Every engine's instances, each recorded as its engine's (engOf).
+	var infos []engine.Info
+	for _, e := range m.cfg.Engines.All() {
+		list, err := engineCalls{Engine: e, m: m}.List(ctx)
+		if err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		for _, i := range list {
+			m.setInstanceEngine(i.ID, e.Name())
+		}
+		infos = append(infos, list...)
 	}
 	running := map[string]bool{}
 	for _, i := range infos {
@@ -83,7 +92,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 		case apiv1.StateResuming:
 			if s.Instance != "" {
-				_ = m.cfg.Engine.Stop(ctx, s.Instance)
+				_ = m.eng(s).Stop(ctx, s.Instance)
 			}
 			s.Instance = ""
 			_ = m.setState(ctx, s, apiv1.StateHibernated)
@@ -99,7 +108,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	for _, i := range infos {
 		if !keep[i.ID] {
 			m.log.Info("reconcile: stopping orphaned instance", "instance", i.ID, "pid", i.Pid)
-			if err := m.cfg.Engine.Stop(ctx, i.ID); err != nil {
+			if err := m.engOf(i.ID).Stop(ctx, i.ID); err != nil {
 				m.log.Warn("reconcile: stop orphan", "instance", i.ID, "err", err)
 			}
 		}
@@ -127,7 +136,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 
 func (m *Manager) lost(ctx context.Context, s *metadata.Sandbox, why string) {
 	if s.Instance != "" {
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		_ = m.eng(s).Stop(ctx, s.Instance)
 	}
 	s.PendingSnapshot = ""
 	m.fail(ctx, s, fmt.Errorf("%s", why))
@@ -136,7 +145,7 @@ func (m *Manager) lost(ctx context.Context, s *metadata.Sandbox, why string) {
 // finishHibernate completes a hibernate whose snapshot committed before a crash.
 func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	if s.Instance != "" {
-		_ = m.cfg.Engine.Stop(ctx, s.Instance)
+		_ = m.eng(s).Stop(ctx, s.Instance)
 	}
 	man, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot)
 	if err != nil {
@@ -195,7 +204,7 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 		if !exited {
 			continue
 		}
-		man := m.manifestFor(s, s.PendingSnapshot, time.Now().UTC())
+		man := m.manifestFor(s, m.eng(s), s.PendingSnapshot, time.Now().UTC())
 		if _, err := m.cfg.Store.Commit(ctx, s.PendingSnapshot, man); err != nil {
 			m.log.Warn("reconcile: interrupted hibernate could not be committed", "sandbox", s.ID, "snapshot", s.PendingSnapshot, "err", err)
 			continue
@@ -205,7 +214,7 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 }
 
 func (m *Manager) instanceRunning(ctx context.Context, instance string) bool {
-	infos, err := m.cfg.Engine.List(ctx)
+	infos, err := m.engOf(instance).List(ctx)
 	if err != nil {
 		return true // unknown: keep waiting
 	}

@@ -2,14 +2,13 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/engine"
 )
 
 // An instance can die without the manager asking: the host's OOM killer ends the
@@ -18,23 +17,13 @@ import (
 // at once, so that the API never reports a dead sandbox as running and calls in
 // flight to it end instead of hanging until TCP keepalive gives up (~150 s).
 
-// watch follows the host process of instance (found with Engine.List) and calls
-// instanceExited when it ends. It returns at once.
+// watch waits for instance to exit (Engine.Wait) and then calls
+// instanceExited. It returns at once.
 func (m *Manager) watch(id, instance string) {
 	go func() {
 		ctx := context.Background()
-		infos, err := m.cfg.Engine.List(ctx)
-		if err != nil {
-			m.log.Warn("watch: engine list", "sandbox", id, "err", err)
-			return
-		}
-		pid := 0
-		for _, i := range infos {
-			if i.ID == instance {
-				pid = i.Pid // whatever its status (a checkpoint may be under way)
-			}
-		}
-		if pid <= 0 {
+		st, err := m.engOf(instance).Wait(ctx, instance)
+		if errors.Is(err, engine.ErrNotRunning) {
 			// Never report a sandbox dead on a guess; the next call will fail.
 			// A sandbox hibernated or deleted right after its start or resume
 			// no longer runs this instance: nothing to report.
@@ -42,55 +31,15 @@ func (m *Manager) watch(id, instance string) {
 				m.log.Debug("watch: instance gone before it was followed", "sandbox", id, "instance", instance)
 				return
 			}
-			m.log.Warn("watch: no process for instance", "sandbox", id, "instance", instance)
+			m.log.Warn("watch: engine does not run the instance", "sandbox", id, "instance", instance, "err", err)
 			return
 		}
-		if err := waitExit(pid); err != nil {
-			m.log.Warn("watch: cannot follow the sandbox process", "sandbox", id, "pid", pid, "err", err)
+		if err != nil {
+			m.log.Warn("watch: cannot follow the instance", "sandbox", id, "instance", instance, "err", err)
 			return
 		}
-		m.instanceExited(id, instance, pid)
+		m.instanceExited(id, instance, st)
 	}()
-}
-
-// waitExit blocks until process pid (not necessarily a child) has exited.
-func waitExit(pid int) error {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err == unix.ESRCH {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	exited := func(fd uintptr) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(p, 0)
-		return err == nil && n > 0
-	}
-	// A non-blocking pidfd joins the runtime's poller (readable once the process
-	// exits), so no thread is held while waiting.
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	if err := rc.Read(exited); err == nil {
-		return nil
-	}
-	// Not pollable here: block in poll(2) instead.
-	var perr error
-	if err := rc.Control(func(fd uintptr) {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			if _, perr = unix.Poll(p, -1); perr != unix.EINTR {
-				return
-			}
-		}
-	}); err != nil {
-		return err
-	}
-	return perr
 }
 
 // instanceExited handles the end of instance's process. If the sandbox still runs
@@ -98,7 +47,7 @@ func waitExit(pid int) error {
 // reported error and the instance's leftovers are removed; then calls in flight to
 // the instance end (after the state is recorded, so a caller who sees its call
 // fail and looks at the sandbox sees why).
-func (m *Manager) instanceExited(id, instance string, pid int) {
+func (m *Manager) instanceExited(id, instance string, st engine.ExitStatus) {
 	defer m.closeConns(instance)
 	ctx := context.Background()
 	unlock, err := m.lock(ctx, id)
@@ -110,11 +59,11 @@ func (m *Manager) instanceExited(id, instance string, pid int) {
 	if err != nil || s.State != apiv1.StateRunning || s.Instance != instance {
 		return
 	}
-	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "pid", pid)
+	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "what", st.What)
 	m.dropLive(id)
-	m.fail(ctx, s, fmt.Errorf("the sandbox's process (host pid %d) exited unexpectedly and every process in it ended; "+
-		"the usual cause is the host killing it for using more than its memory limit of %d MiB", pid, s.MemoryMiB))
-	if err := m.cfg.Engine.Stop(ctx, instance); err != nil {
+	m.fail(ctx, s, fmt.Errorf("%s exited unexpectedly and every process in it ended; "+
+		"the usual cause is the host killing it for using more than its memory limit of %d MiB", st.What, s.MemoryMiB))
+	if err := m.engOf(instance).Stop(ctx, instance); err != nil {
 		m.log.Warn("stop exited instance", "sandbox", id, "err", err)
 	}
 }

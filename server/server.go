@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
@@ -50,8 +52,10 @@ type Config struct {
 	Logger    *slog.Logger
 	// ImageCache is the host-wide image build cache ("" = image.BuildCacheFromEnv()).
 	ImageCache string
-	// TestResumeDelay is a test-only pause inside every resume (see manager.Config).
-	TestResumeDelay time.Duration
+	// Engines, when set, are the host's engines instead of the gVisor engine the
+	// server makes on RunscPath with its state in <data dir>/gvisor (tests wrap
+	// that engine, see servertest).
+	Engines *engine.Registry
 	// Store selects the snapshot store (default: the data directory's recorded
 	// kind, chunked for a new one; see StoreConfig and ResolveStoreKind).
 	Store StoreConfig
@@ -72,7 +76,10 @@ type Config struct {
 type Server struct {
 	Manager *manager.Manager
 	Images  *image.Store
-	Engine  *gvisor.Engine
+	// Engines are the host's engines (gvisor today); Engine is their default,
+	// which starts new sandboxes.
+	Engines *engine.Registry
+	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
 	StoreKind  string
 	db         *metadata.DB
@@ -140,18 +147,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	eng, err := gvisor.New(gvisor.Config{Runsc: cfg.RunscPath, StateDir: filepath.Join(dir, "gvisor")})
-	if err != nil {
-		return fail(err)
+	engines := cfg.Engines
+	if engines == nil {
+		if engines, err = DefaultEngines(dir, cfg.RunscPath); err != nil {
+			return fail(err)
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mgr, err := manager.New(manager.Config{
-		Engine: eng, Store: store, DB: db, Images: images,
+		Engines: engines, Store: store, DB: db, Images: images,
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
 		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
-			VolumesDir: filepath.Join(dir, "volumes")}, TestResumeDelay: cfg.TestResumeDelay,
+			VolumesDir: filepath.Join(dir, "volumes")},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
 	})
@@ -162,10 +171,36 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engine: eng, StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
+}
+
+// DefaultEngines returns the engines of a server on data directory dir: gVisor
+// with runsc at runscPath, its state in dir/gvisor. Errors: runsc missing or
+// not executable, dir/gvisor not writable.
+func DefaultEngines(dir, runscPath string) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor")})
+	if err != nil {
+		return nil, err
+	}
+	return engine.NewRegistry(gv.Name(), gv)
+}
+
+// CloseIdleEngines releases the host mounts of every engine that has no
+// instance left (io.Closer engines; gVisor unmounts runsc's null-netns file).
+// Engines with instances are left alone: the next server reattaches them.
+func (s *Server) CloseIdleEngines(ctx context.Context) {
+	for _, e := range s.Engines.All() {
+		c, ok := e.(io.Closer)
+		if !ok {
+			continue
+		}
+		if infos, err := e.List(ctx); err == nil && len(infos) == 0 {
+			c.Close()
+		}
+	}
 }
 
 // Handler returns the HTTP handler of the API.
@@ -252,7 +287,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", s.Engine.HostScope(), "store", s.StoreKind)
+	scope := ""
+	if hs, ok := s.Engine.(engine.HostScoper); ok {
+		scope = hs.HostScope()
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -269,8 +308,6 @@ func Run(ctx context.Context, cfg Config) error {
 	// Sandboxes keep running across a restart (the next server reattaches them);
 	// only when none is left does the engine release its host mounts.
 	s.Manager.Wait()
-	if infos, err := s.Engine.List(sctx); err == nil && len(infos) == 0 {
-		s.Engine.Close()
-	}
+	s.CloseIdleEngines(sctx)
 	return nil
 }

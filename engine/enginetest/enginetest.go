@@ -1,15 +1,17 @@
 // Package enginetest is the conformance suite every engine.Engine implementation
-// runs (gVisor today, a microVM engine later): start, the guest agent answering,
-// checkpoint and restore with state continuing, one checkpoint restored twice as
-// independent clones, checkpoint that leaves the instance running, a
-// CheckpointExit image restored while its instance is torn down (for an
-// engine.ExitCheckpointer), stop and list.
+// runs (gVisor and the in-memory engine/fake today, a microVM engine later):
+// start, the guest agent answering, checkpoint and restore with the writable
+// layer continuing (and, for engines that keep processes, a process too), one
+// checkpoint restored twice as independent clones, checkpoint that leaves the
+// instance running, a CheckpointExit image restored while its instance is torn
+// down (for an engine.ExitCheckpointer), Wait, stop and list.
 package enginetest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -35,6 +37,11 @@ type Setup struct {
 	// after a CheckpointExit (engine.ExitCheckpointer), before its Stop: an
 	// engine's own checks of the exited instance.
 	AfterCheckpointExit func(t *testing.T, id string)
+	// KeepsProcesses says that a restored instance continues the processes of
+	// its checkpoint (a sleeping process is there with its pid): true for a
+	// real engine, whose checkpoint is the whole sandbox; false for
+	// engine/fake, whose agent runs commands on the host.
+	KeepsProcesses bool
 }
 
 func agent(e engine.Engine, id string) *agentclient.Client {
@@ -42,6 +49,33 @@ func agent(e engine.Engine, id string) *agentclient.Client {
 		return e.Dial(ctx, id, engine.AgentPort)
 	})
 }
+
+// writeFile writes content to path in the instance's writable layer (the
+// agent's files API).
+func writeFile(t *testing.T, c *agentclient.Client, path, content string) {
+	t.Helper()
+	if err := c.WriteFile(context.Background(), path, strings.NewReader(content), int64(len(content))); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+}
+
+// readFile returns the content of path in the instance (the agent's files API).
+func readFile(t *testing.T, c *agentclient.Client, path string) string {
+	t.Helper()
+	r, _, err := c.ReadFile(context.Background(), path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return string(b)
+}
+
+// sleepPid is the command that prints the pid of the instance's sleep process.
+var sleepPid = []string{"sh", "-c", "pgrep -x sleep || ps -eo pid,comm | awk '$2==\"sleep\"{print $1}'"}
 
 func run(t *testing.T, c *agentclient.Client, cmd ...string) string {
 	t.Helper()
@@ -124,9 +158,14 @@ func Run(t *testing.T, s Setup) {
 
 	t.Run("CheckpointRestoreClones", func(t *testing.T) {
 		c := start(t, "b0", "")
-		// State in memory (a sleeping process), and in the writable layer.
-		run(t, c, "sh", "-c", "echo before > /root/state && sleep 1000 >/dev/null 2>&1 &")
-		pid := run(t, c, "sh", "-c", "pgrep -x sleep || ps -eo pid,comm | awk '$2==\"sleep\"{print $1}'")
+		// State in the writable layer and, for an engine that keeps them, in
+		// memory (a sleeping process).
+		writeFile(t, c, "/root/state", "before")
+		pid := ""
+		if s.KeepsProcesses {
+			run(t, c, "sh", "-c", "sleep 1000 >/dev/null 2>&1 &")
+			pid = run(t, c, sleepPid...)
+		}
 		dir := filepath.Join(t.TempDir(), "ckpt")
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -148,16 +187,18 @@ func Run(t *testing.T, s Setup) {
 			if c == nil {
 				t.FailNow()
 			}
-			if got := run(t, c, "cat", "/root/state"); got != "before" {
+			if got := readFile(t, c, "/root/state"); got != "before" {
 				t.Fatalf("clone %d: file = %q", i, got)
 			}
-			if got := run(t, c, "sh", "-c", "pgrep -x sleep || ps -eo pid,comm | awk '$2==\"sleep\"{print $1}'"); got != pid {
-				t.Fatalf("clone %d: sleeping process %q, want %q", i, got, pid)
+			if s.KeepsProcesses {
+				if got := run(t, c, sleepPid...); got != pid {
+					t.Fatalf("clone %d: sleeping process %q, want %q", i, got, pid)
+				}
 			}
-			run(t, c, "sh", "-c", "echo clone"+string(rune('0'+i))+" > /root/state")
+			writeFile(t, c, "/root/state", "clone"+string(rune('0'+i)))
 		}
 		for i, c := range clients {
-			if got := run(t, c, "cat", "/root/state"); got != "clone"+string(rune('0'+i)) {
+			if got := readFile(t, c, "/root/state"); got != "clone"+string(rune('0'+i)) {
 				t.Fatalf("clone %d sees %q: clones are not independent", i, got)
 			}
 		}
@@ -165,18 +206,18 @@ func Run(t *testing.T, s Setup) {
 
 	t.Run("CheckpointLeaveRunning", func(t *testing.T) {
 		c := start(t, "c0", "")
-		run(t, c, "sh", "-c", "echo one > /root/x")
+		writeFile(t, c, "/root/x", "one")
 		dir := filepath.Join(t.TempDir(), "ckpt")
 		os.Mkdir(dir, 0o700)
 		if err := e.Checkpoint(ctx, prefix+"c0", dir, true); err != nil {
 			t.Fatal(err)
 		}
-		if got := run(t, c, "cat", "/root/x"); got != "one" {
+		if got := readFile(t, c, "/root/x"); got != "one" {
 			t.Fatalf("after leave-running checkpoint: %q", got)
 		}
 		c2 := start(t, "c1", dir)
-		run(t, c, "sh", "-c", "echo two > /root/x")
-		if got := run(t, c2, "cat", "/root/x"); got != "one" {
+		writeFile(t, c, "/root/x", "two")
+		if got := readFile(t, c2, "/root/x"); got != "one" {
 			t.Fatalf("clone sees the source's later write: %q", got)
 		}
 	})
@@ -184,7 +225,10 @@ func Run(t *testing.T, s Setup) {
 	if xc, ok := e.(engine.ExitCheckpointer); ok {
 		t.Run("CheckpointExitThenStop", func(t *testing.T) {
 			c := start(t, "e0", "")
-			run(t, c, "sh", "-c", "echo kept > /root/x && sleep 1000 >/dev/null 2>&1 &")
+			writeFile(t, c, "/root/x", "kept")
+			if s.KeepsProcesses {
+				run(t, c, "sh", "-c", "sleep 1000 >/dev/null 2>&1 &")
+			}
 			dir := filepath.Join(t.TempDir(), "ckpt")
 			if err := os.Mkdir(dir, 0o700); err != nil {
 				t.Fatal(err)
@@ -218,10 +262,12 @@ func Run(t *testing.T, s Setup) {
 					t.Fatalf("%se0 still listed after Stop: %+v", prefix, i)
 				}
 			}
-			if got := run(t, c1, "cat", "/root/x"); got != "kept" {
+			if got := readFile(t, c1, "/root/x"); got != "kept" {
 				t.Fatalf("restored from a CheckpointExit image: /root/x = %q", got)
 			}
-			run(t, c1, "sh", "-c", "pgrep -x sleep || ps -eo comm | grep -qx sleep")
+			if s.KeepsProcesses {
+				run(t, c1, "sh", "-c", "pgrep -x sleep || ps -eo comm | grep -qx sleep")
+			}
 		})
 	}
 
@@ -275,6 +321,46 @@ func Run(t *testing.T, s Setup) {
 					t.Errorf("%s still listed after Stop (while listing): %+v", id, i)
 				}
 			}
+		}
+	})
+
+	// Wait follows an instance until it exits, whoever ends it: here Stop.
+	t.Run("WaitUntilStop", func(t *testing.T) {
+		start(t, "w0", "")
+		id := prefix + "w0"
+		type result struct {
+			st  engine.ExitStatus
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			st, err := e.Wait(ctx, id)
+			done <- result{st, err}
+		}()
+		select {
+		case r := <-done:
+			t.Fatalf("Wait returned while the instance runs: %+v, %v", r.st, r.err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if err := e.Stop(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-done:
+			if r.err != nil || r.st.What == "" {
+				t.Fatalf("Wait after Stop: %+v, %v; want an exit status naming what exited", r.st, r.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Wait did not return within 30 s of Stop")
+		}
+		if _, err := e.Wait(ctx, id); !errors.Is(err, engine.ErrNotRunning) {
+			t.Fatalf("Wait on a stopped instance: %v, want ErrNotRunning", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		start(t, "w1", "")
+		if _, err := e.Wait(wctx, prefix+"w1"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait with an ended context on a running instance: %v, want context.DeadlineExceeded", err)
 		}
 	})
 

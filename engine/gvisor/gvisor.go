@@ -546,6 +546,9 @@ func (e *Engine) run(ctx context.Context, args ...string) ([]byte, error) {
 		cmd.Stdout = &out
 	}
 	cmd.Stderr = errf
+	// A runsc killed by ctx may leave children holding its stdout: Wait gives
+	// up on them after WaitDelay instead of outliving ctx.
+	cmd.WaitDelay = 2 * time.Second
 	// Its own session: a runsc command outlives a crashed server, so a checkpoint
 	// under way completes and the next server commits it (manager.Reconcile).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

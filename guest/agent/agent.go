@@ -52,6 +52,11 @@ type Options struct {
 	RunDir string
 	// HooksDir is the directory of user resume hooks (Run: /etc/torpor/resume.d).
 	HooksDir string
+	// Root, when set, is the host directory that the files API's absolute paths
+	// and commands' working directories are resolved under (a path p becomes
+	// Root+p); command lines are not rewritten. It lets an unprivileged test
+	// process run one agent per in-memory instance (engine/fake). "" = /.
+	Root string
 }
 
 // Run listens on addr (":49983" in a sandbox), appends its log to LogPath, and serves
@@ -117,6 +122,7 @@ type server struct {
 	reaper *reaper
 	log    *log.Logger
 	resume *resumer // nil without Options.RunDir
+	root   string   // Options.Root
 }
 
 func newServer(opts Options) *server {
@@ -133,7 +139,7 @@ func newServer(opts Options) *server {
 			}
 		}
 	}
-	return &server{env: env, reaper: getReaper(opts.ReapAll, lg), log: lg}
+	return &server{env: env, reaper: getReaper(opts.ReapAll, lg), log: lg, root: opts.Root}
 }
 
 func (s *server) handler() http.Handler {

@@ -117,6 +117,7 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 	if req.Cwd == "" {
 		req.Cwd = "/"
 	}
+	req.Cwd = filepath.Join(s.root, req.Cwd)
 	env, path := s.childEnv(req.Env)
 	out := newNDJSON(w)
 	argv0, err := lookPath(req.Cmd[0], path)

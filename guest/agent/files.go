@@ -16,18 +16,19 @@ import (
 // maxUnsizedRead bounds files whose stat size is 0 (procfs and the like), read whole.
 const maxUnsizedRead = 64 << 20
 
-// filePath returns the cleaned absolute ?path= of r, or writes a 400 and returns "".
-func filePath(w http.ResponseWriter, r *http.Request) string {
+// filePath returns the cleaned absolute ?path= of r (under Options.Root), or
+// writes a 400 and returns "".
+func (s *server) filePath(w http.ResponseWriter, r *http.Request) string {
 	p := r.URL.Query().Get("path")
 	if p == "" || !filepath.IsAbs(p) {
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "path must be absolute: "+strconv.Quote(p))
 		return ""
 	}
-	return filepath.Clean(p)
+	return filepath.Join(s.root, filepath.Clean(p))
 }
 
 func (s *server) handleGetFile(w http.ResponseWriter, r *http.Request) {
-	p := filePath(w, r)
+	p := s.filePath(w, r)
 	if p == "" {
 		return
 	}
@@ -64,7 +65,7 @@ func (s *server) handleGetFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) handlePutFile(w http.ResponseWriter, r *http.Request) {
-	p := filePath(w, r)
+	p := s.filePath(w, r)
 	if p == "" {
 		return
 	}

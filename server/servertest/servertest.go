@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/server"
 )
 
@@ -33,16 +35,20 @@ type Server struct {
 	Client  *client.Client
 	DataDir string
 	cfg     server.Config
-	hs      *http.Server
-	ln      net.Listener
+	// resumeDelay: Options.ResumeDelay.
+	resumeDelay time.Duration
+	hs          *http.Server
+	ln          net.Listener
 }
 
 // Options tune a test server.
 type Options struct {
 	// DataDir reuses a data directory (e.g. to test a restart); "" = t.TempDir().
 	DataDir string
-	// TestResumeDelay is passed to server.Config.
-	TestResumeDelay time.Duration
+	// ResumeDelay, when set, pauses every engine Restore this long before it
+	// starts (the sandbox is then marked resuming): tests race other calls
+	// against a resume.
+	ResumeDelay time.Duration
 	// ResumeHookDeadline and ResumeAckDeadline are passed to server.Config.
 	ResumeHookDeadline time.Duration
 	ResumeAckDeadline  time.Duration
@@ -157,7 +163,6 @@ func Start(t testing.TB, opts Options) *Server {
 	cfg := server.Config{
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		TestResumeDelay:    opts.TestResumeDelay,
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
 		Store: opts.Store,
 	}
@@ -166,16 +171,20 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	cfg.DisableLifecycle = !opts.Lifecycle
 	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval
-	s := &Server{DataDir: dir, cfg: cfg}
+	s := &Server{DataDir: dir, cfg: cfg, resumeDelay: opts.ResumeDelay}
 	s.start(t)
 	t.Cleanup(func() {
 		if !opts.KeepSandboxes {
 			s.DeleteAll(t)
 		}
-		eng := s.Engine
+		engines := s.Engines
 		s.Stop()
-		if !opts.KeepSandboxes && eng != nil {
-			eng.Close() // unmount runsc's null-netns so the temp dir can be removed
+		if !opts.KeepSandboxes && engines != nil {
+			for _, e := range engines.All() {
+				if c, ok := e.(io.Closer); ok {
+					c.Close() // unmount runsc's null-netns so the temp dir can be removed
+				}
+			}
 		}
 	})
 	return s
@@ -183,7 +192,22 @@ func Start(t testing.TB, opts Options) *Server {
 
 func (s *Server) start(t testing.TB) {
 	ctx := context.Background()
-	srv, err := server.New(ctx, s.cfg)
+	cfg := s.cfg
+	if s.resumeDelay > 0 {
+		engines, err := server.DefaultEngines(s.DataDir, cfg.RunscPath)
+		if err != nil {
+			t.Fatalf("start server: %v", err)
+		}
+		gv, ok := engines.Default().(*gvisor.Engine)
+		if !ok {
+			t.Fatalf("start server: default engine %s is not gVisor", engines.Default().Name())
+		}
+		slow := slowRestore{Engine: gv, delay: s.resumeDelay}
+		if cfg.Engines, err = engine.NewRegistry(slow.Name(), slow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := server.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start server: %v", err)
 	}
@@ -231,6 +255,21 @@ func (s *Server) DeleteAll(t testing.TB) {
 			t.Logf("cleanup: delete %s: %v", sb.ID, err)
 		}
 	}
+}
+
+// slowRestore is the gVisor engine whose Restore waits delay first.
+type slowRestore struct {
+	*gvisor.Engine
+	delay time.Duration
+}
+
+func (e slowRestore) Restore(ctx context.Context, spec engine.Spec, dir string) error {
+	select {
+	case <-time.After(e.delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return e.Engine.Restore(ctx, spec, dir)
 }
 
 type testWriter struct{ t testing.TB }

@@ -1,0 +1,114 @@
+package manager_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
+)
+
+// TestReconcile: what a server start makes of each record a crash can leave —
+// recorded state × its instance still running or gone × (hibernating) its
+// snapshot committed in the store or not — and that no instance is left that
+// no running sandbox owns.
+func TestReconcile(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		// crashIn turns a running sandbox (on host h, /kept written) into the
+		// record and instance a crash left.
+		crashIn   func(h *host, rec *metadata.Sandbox)
+		state     apiv1.State
+		errSubstr string // in the record's error, for state error
+	}{
+		{"running, instance alive", func(h *host, rec *metadata.Sandbox) {}, apiv1.StateRunning, ""},
+		{"running, instance died", func(h *host, rec *metadata.Sandbox) { h.eng.Kill(rec.Instance) },
+			apiv1.StateError, "lost on server restart"},
+		{"hibernating, snapshot committed", func(h *host, rec *metadata.Sandbox) {
+			// The crash came between the store's commit and the database's.
+			hib, err := h.m.Hibernate(ctx, rec.ID, manager.HibernateOptions{})
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			rec.State, rec.PendingSnapshot, rec.SnapshotID = apiv1.StateHibernating, hib.Snapshot.ID, ""
+			h.put(rec)
+			if err := h.db.DeleteSnapshot(ctx, hib.Snapshot.ID); err != nil {
+				h.t.Fatal(err)
+			}
+		}, apiv1.StateHibernated, ""},
+		{"hibernating, not committed, instance alive", func(h *host, rec *metadata.Sandbox) {
+			rec.State, rec.PendingSnapshot = apiv1.StateHibernating, "snap-neverwritten"
+			h.put(rec)
+		}, apiv1.StateRunning, ""},
+		{"hibernating, not committed, instance died", func(h *host, rec *metadata.Sandbox) {
+			rec.State, rec.PendingSnapshot = apiv1.StateHibernating, "snap-neverwritten"
+			h.put(rec)
+			h.eng.Kill(rec.Instance)
+		}, apiv1.StateError, "hibernate interrupted"},
+		{"resuming, instance alive", func(h *host, rec *metadata.Sandbox) {
+			hibernateAndRestart(h, rec)
+		}, apiv1.StateHibernated, ""},
+		{"resuming, instance died", func(h *host, rec *metadata.Sandbox) {
+			hibernateAndRestart(h, rec)
+			h.eng.Kill(rec.Instance)
+		}, apiv1.StateHibernated, ""},
+		{"creating, instance alive", func(h *host, rec *metadata.Sandbox) {
+			rec.State = apiv1.StateCreating
+			h.put(rec)
+		}, apiv1.StateError, "create interrupted"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t, hostOpts{})
+			sb := h.create()
+			h.writeFile(sb.ID, "/kept", "yes")
+			rec := h.record(sb.ID)
+			c.crashIn(h, rec)
+			h.crash()
+			h2 := newHost(t, hostOpts{dir: h.dir, eng: h.eng})
+			got := h2.record(sb.ID)
+			if got.State != c.state || (c.errSubstr != "" && !strings.Contains(got.Error, c.errSubstr)) {
+				t.Fatalf("after reconcile: state %s (error %q), want %s (error with %q)", got.State, got.Error, c.state, c.errSubstr)
+			}
+			infos, _ := h2.eng.List(ctx)
+			for _, i := range infos {
+				if got.State != apiv1.StateRunning || i.ID != got.Instance {
+					t.Fatalf("instance %+v left; the sandbox is %s on %q", i, got.State, got.Instance)
+				}
+			}
+			if got.State == apiv1.StateRunning && len(infos) != 1 {
+				t.Fatalf("running sandbox, instances %+v", infos)
+			}
+			if got.State == apiv1.StateRunning || got.State == apiv1.StateHibernated {
+				if v := h2.readFile(sb.ID, "/kept"); v != "yes" {
+					t.Fatalf("/kept = %q after reconcile", v)
+				}
+			}
+		})
+	}
+}
+
+// hibernateAndRestart leaves rec as a resume a crash interrupted: hibernated,
+// then marked resuming on a new instance that the engine restored.
+func hibernateAndRestart(h *host, rec *metadata.Sandbox) {
+	ctx := context.Background()
+	if _, err := h.m.Hibernate(ctx, rec.ID, manager.HibernateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.m.Resume(ctx, rec.ID); err != nil {
+		h.t.Fatal(err)
+	}
+	*rec = *h.record(rec.ID)
+	rec.State = apiv1.StateResuming
+	h.put(rec)
+}
+
+func (h *host) put(rec *metadata.Sandbox) {
+	h.t.Helper()
+	if err := h.db.PutSandbox(context.Background(), rec); err != nil {
+		h.t.Fatal(err)
+	}
+}
