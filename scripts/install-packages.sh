@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages torpor needs, once: mmdebstrap (image builds),
 # erofs-utils (mkfs.erofs, the read-only root image), iproute2 (network namespaces).
+# With --proto (what `make proto` runs), also protoc and its well-known types, which
+# regenerating api/e2b/envd/gen needs; building and testing do not.
 set -euo pipefail
 need=()
+if [ "${1:-}" = "--proto" ]; then
+  command -v protoc >/dev/null || need+=(protobuf-compiler)
+  [ -f /usr/include/google/protobuf/timestamp.proto ] || need+=(libprotobuf-dev)
+fi
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v mkfs.erofs >/dev/null || need+=(erofs-utils)
 command -v ip >/dev/null || need+=(iproute2)
