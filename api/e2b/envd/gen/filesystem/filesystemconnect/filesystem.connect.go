@@ -14,12 +14,13 @@
 package filesystemconnect
 
 import (
-	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	filesystem "github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
 	http "net/http"
 	strings "strings"
+
+	connect "connectrpc.com/connect"
+	filesystem "github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
 )
 
 // This is a compile-time assertion to ensure that this generated file and the connect package are

@@ -14,12 +14,13 @@
 package processconnect
 
 import (
-	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	process "github.com/torpor/torpor/api/e2b/envd/gen/process"
 	http "net/http"
 	strings "strings"
+
+	connect "connectrpc.com/connect"
+	process "github.com/torpor/torpor/api/e2b/envd/gen/process"
 )
 
 // This is a compile-time assertion to ensure that this generated file and the connect package are
