@@ -278,7 +278,7 @@ func TestSDKControlPlane(t *testing.T) {
 			defer srv.Close()
 			key := "e2b_0123456789abcdef"
 			cmd := exec.Command(node, filepath.Join("testdata", "sdk_control.mjs"),
-				filepath.Join(e2bsdk.Dir(), "node_modules", pkg, "dist", "index.mjs"))
+				e2bsdk.Module(pkg))
 			cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_API_KEY="+key, "E2B_DOMAIN=torpor.test")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -32,19 +32,31 @@ func Dir() string {
 	return filepath.Dir(file)
 }
 
+// Module is the absolute path of the ES module of the SDK installed as package (a key
+// of Packages): node_modules/<package>/dist/index.mjs.
+func Module(pkg string) string {
+	return filepath.Join(Dir(), "node_modules", pkg, "dist", "index.mjs")
+}
+
+// Installed fails t when a pinned SDK is not installed in Dir (run `make
+// node-packages`): a missing install is a set-up error, not a reason to skip.
+func Installed(t testing.TB) {
+	t.Helper()
+	for name := range Packages {
+		if _, err := os.Stat(Module(name)); err != nil {
+			t.Fatalf("E2B SDK %s is not installed in %s (run `make node-packages`): %v", name, Dir(), err)
+		}
+	}
+}
+
 // Node returns the path of the node binary for a test that runs the SDK. It skips t
-// when node is not installed, and fails t when the SDK is not installed in Dir (run
-// `make node-packages`): a missing install is a set-up error, not a reason to skip.
+// when node is not installed and fails it when the SDK is not (Installed).
 func Node(t testing.TB) string {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("node is not installed: the E2B SDK tests need Node.js (Debian package nodejs)")
 	}
-	for name := range Packages {
-		if _, err := os.Stat(filepath.Join(Dir(), "node_modules", name, "package.json")); err != nil {
-			t.Fatalf("E2B SDK %s is not installed in %s (run `make node-packages`): %v", name, Dir(), err)
-		}
-	}
+	Installed(t)
 	return node
 }
