@@ -37,7 +37,7 @@ packages:
 E2BSDK := e2e/e2bsdk
 node-packages: $(E2BSDK)/node_modules/.package-lock.json
 
-$(E2BSDK)/node_modules/.package-lock.json: $(E2BSDK)/package.json $(E2BSDK)/package-lock.json
+$(E2BSDK)/node_modules/.package-lock.json: $(E2BSDK)/package.json $(E2BSDK)/package-lock.json | packages
 	cd $(E2BSDK) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
