@@ -4,6 +4,7 @@
 #   make test    setup + build + go test (real runsc sandboxes; run as root)
 #   make run     setup + build + the quickstart
 #   make bench   the resume benchmark (20 cycles at 64 MiB and 512 MiB)
+#   make proto   regenerate the E2B envd Go code in api/e2b/envd/gen from its .proto files
 
 # runsc has no tagged versions on the Go module proxy; this pseudo-version is pinned
 # and measured (docs/decisions/gvisor-engine.md).
@@ -19,16 +20,42 @@ export PATH   := $(CURDIR)/bin:$(TOOLS)/bin:/usr/local/go/bin:$(PATH)
 export TORPOR_RUNSC := $(RUNSC)
 export TORPOR_VERSITYGW := $(VERSITYGW)
 
-.PHONY: setup build test run bench clean packages
+.PHONY: setup build test run bench clean packages node-packages proto
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
 # torpor binaries, and the default image in the host's build cache
 # (/var/cache/torpor/images; built once, ~1 min). Idempotent; seconds when done.
-setup: packages $(RUNSC) $(VERSITYGW) build
+setup: packages node-packages $(RUNSC) $(VERSITYGW) build
 	bin/torpor image warm
 
 packages:
 	@bash scripts/install-packages.sh
+
+# node-packages: E2B's npm SDK at the versions in e2e/e2bsdk/package-lock.json, for the
+# tests that drive torpor with it. npm ci runs only when the lock file is newer than
+# what is installed.
+E2BSDK := e2e/e2bsdk
+node-packages: $(E2BSDK)/node_modules/.package-lock.json
+
+$(E2BSDK)/node_modules/.package-lock.json: $(E2BSDK)/package.json $(E2BSDK)/package-lock.json | packages
+	cd $(E2BSDK) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# proto: protoc (Debian's, installed on demand) with protoc-gen-go and
+# protoc-gen-connect-go built at the versions go.mod pins.
+ENVD_PROTO := api/e2b/envd/proto
+ENVD_GEN   := api/e2b/envd/gen
+proto:
+	@bash scripts/install-packages.sh --proto
+	$(GO) build -o bin/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o bin/protoc-gen-connect-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+	rm -rf $(ENVD_GEN)
+	mkdir -p $(ENVD_GEN)
+	protoc -I $(ENVD_PROTO) \
+		--plugin=protoc-gen-go=bin/protoc-gen-go --go_out=$(ENVD_GEN) --go_opt=paths=source_relative \
+		--plugin=protoc-gen-connect-go=bin/protoc-gen-connect-go \
+		--connect-go_out=$(ENVD_GEN) --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
 
 $(RUNSC):
 	@mkdir -p $(TOOLS)/build
