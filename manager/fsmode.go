@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -64,7 +64,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	m.accrue(ctx, s, start)
 	c := m.liveClient(s.ID)
 	if c == nil {
-		return conflict("sandbox %s: no guest agent connection", s.ID)
+		return sandboxConflict(s.ID, "sandbox %s: no guest agent connection", s.ID)
 	}
 	img, _, err := m.cfg.Images.Get(ctx, s.ImageDigest)
 	if err != nil {
@@ -72,7 +72,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	}
 	snapID := newID("snap-")
 	s.PendingSnapshot = snapID
-	s.State = apiv1.StateHibernating
+	s.State = sandbox.StateHibernating
 	s.StateChangedAt = time.Now().UTC()
 	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
 		return err
@@ -80,7 +80,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	undo := func(cause error) error {
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
-		_ = m.setState(ctx, s, apiv1.StateRunning)
+		_ = m.setState(ctx, s, sandbox.StateRunning)
 		return cause
 	}
 	dir, err := m.cfg.Store.Stage(ctx, snapID)
@@ -100,7 +100,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	since := img.CreatedAt.Unix() - 1
 	script := fmt.Sprintf(`cd / && rm -f %[1]s && find . -xdev -mindepth 1 \( %[2]s \) -prune -o -newerct @%[3]d -print0 2>/dev/null | tar --null --no-recursion -T - -cpf %[1]s`,
 		fsTarInSandbox, prune, since)
-	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c", script}})
+	_, stderr, code, err := guestRun(cctx, c, []string{"sh", "-c", script})
 	// tar exits 1 when a file changed while it was read (a process still writes):
 	// the archive is complete, with that file as it was at some point.
 	if err == nil && code > 1 {
@@ -143,7 +143,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	m.accrue(ctx, s, time.Now())
 	s.SnapshotID = snapID
 	s.PendingSnapshot = ""
-	s.State = apiv1.StateHibernated
+	s.State = sandbox.StateHibernated
 	s.Instance = ""
 	s.LastHibernateAt = &now
 	s.StateChangedAt = now
@@ -177,17 +177,17 @@ func writeSynced(path string, r io.Reader) error {
 // fresh boot, unpack, on_resume. On failure the sandbox stays hibernated.
 func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbox) error {
 	start := time.Now()
-	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
+	if err := m.setState(ctx, s, sandbox.StateResuming); err != nil {
 		return err
 	}
 	back := func(cause error) error {
 		s.Instance = ""
 		s.Error = ""
-		_ = m.setState(ctx, s, apiv1.StateHibernated)
+		_ = m.setState(ctx, s, sandbox.StateHibernated)
 		s.Error = cause.Error()
 		return cause
 	}
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume "+s.ID)
+	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return back(err)
 	}
@@ -230,8 +230,8 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return stop(fmt.Errorf("upload writable layer: %w", err))
 	}
-	_, stderr, code, err := c.Run(cctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c",
-		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox}})
+	_, stderr, code, err := guestRun(cctx, c, []string{"sh", "-c",
+		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
 	}
@@ -242,7 +242,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	// /run/torpor files) and before on_resume.
 	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, launched)
 	if len(s.OnResume) > 0 {
-		if _, err := c.Start(cctx, apiv1.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
+		if _, err := guestStart(cctx, c, s.OnResume); err != nil {
 			// The sandbox is back with its files; a broken on_resume is the user's to fix.
 			m.log.Warn("resume (filesystem): on_resume did not start", "sandbox", s.ID, "cmd", s.OnResume, "err", err)
 		}
@@ -251,7 +251,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	s.Generation = gen
 	s.LastResumeAt = &now
 	s.ResumeMS = time.Since(start).Milliseconds()
-	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return err
 	}
 	m.log.Info("resumed (filesystem)", "sandbox", s.ID, "total_ms", s.ResumeMS)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // TestLastResume: the resume report round-trips through the database, and a
@@ -26,9 +26,9 @@ func TestLastResume(t *testing.T) {
 	if s.LastResume != nil {
 		t.Errorf("old record has a last_resume: %+v", s.LastResume)
 	}
-	s.LastResume = &apiv1.ResumeReport{Event: "resume", Generation: 5, OK: true, WindowMS: 12.5,
-		Steps: []apiv1.ResumeStep{{Name: "generation", MS: 0.5, OK: true}},
-		Hooks: []apiv1.ResumeHook{{Name: "10-x", ExitCode: 3, Output: "out"}}}
+	s.LastResume = &sandbox.ResumeReport{Event: "resume", Generation: 5, OK: true, WindowMS: 12.5,
+		Steps: []sandbox.ResumeStep{{Name: "generation", MS: 0.5, OK: true}},
+		Hooks: []sandbox.ResumeHook{{Name: "10-x", ExitCode: 3, Output: "out"}}}
 	s.StateChangedAt = time.Now()
 	if err := db.PutSandbox(ctx, s); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers driver "sqlite"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // ErrNotFound is returned (wrapped) for unknown sandbox or snapshot ids.
@@ -28,7 +28,7 @@ type DB struct {
 // Sandbox is a sandbox's persisted record.
 type Sandbox struct {
 	ID          string
-	State       apiv1.State
+	State       sandbox.State
 	Image       string
 	ImageDigest string
 	GuestDigest string
@@ -54,11 +54,11 @@ type Sandbox struct {
 	LastHibernateAt *time.Time
 	LastResumeAt    *time.Time
 	ResumeMS        int64
-	// Lifecycle policies and usage (issue 5; see policy.go).
-	Policy
+	sandbox.Policy
+	Meter
 	// LastResume is the guest agent's report of the last start, resume or fork
 	// (stored as JSON in column last_resume).
-	LastResume *apiv1.ResumeReport
+	LastResume *sandbox.ResumeReport
 }
 
 // Snapshot is a snapshot's persisted record (its manifest lives in the store).
@@ -176,7 +176,7 @@ func putSandbox(ctx context.Context, x execer, s *Sandbox) error {
 	env, _ := json.Marshal(s.Env)
 	lastResume := ""
 	if s.LastResume != nil {
-		b, _ := json.Marshal(s.LastResume)
+		b, _ := json.Marshal(toResumeJSON(s.LastResume))
 		lastResume = string(b)
 	}
 	_, err := x.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+sandboxCols+`)
@@ -184,7 +184,7 @@ func putSandbox(ctx context.Context, x execer, s *Sandbox) error {
 		append([]any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
 			s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
 			s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume},
-			s.Policy.values()...)...)
+			policyValues(s.Policy, s.Meter)...)...)
 	if err != nil {
 		return fmt.Errorf("metadata: put sandbox %s: %w", s.ID, err)
 	}
@@ -204,8 +204,8 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Policy = pol.policy()
-	s.State = apiv1.State(state)
+	s.Policy, s.Meter = pol.policy()
+	s.State = sandbox.State(state)
 	_ = json.Unmarshal([]byte(env), &s.Env)
 	s.CreatedAt, _ = time.Parse(time.RFC3339Nano, created)
 	s.StateChangedAt, _ = time.Parse(time.RFC3339Nano, changed)
@@ -218,9 +218,9 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 		s.LastResumeAt = &t
 	}
 	if lastResume != "" {
-		var rep apiv1.ResumeReport
+		var rep resumeJSON
 		if json.Unmarshal([]byte(lastResume), &rep) == nil {
-			s.LastResume = &rep
+			s.LastResume = rep.report()
 		}
 	}
 	return &s, nil

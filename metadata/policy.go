@@ -9,37 +9,18 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
-// Policy is the part of a sandbox record that holds its lifecycle policies (idle
-// and run timeouts, hibernation mode, volumes) and its metered usage. It is stored
-// in columns of the sandboxes table, so it is written with every state change and
-// survives any number of hibernate/resume cycles unchanged.
-type Policy struct {
-	// IdleTimeoutS: hibernate (or, in mode none, delete) after this many idle
-	// seconds; 0 = never.
-	IdleTimeoutS int
-	// TimeoutS bounds the sandbox's running time in seconds (0 = none); OnTimeout
-	// is "hibernate" or "delete".
-	TimeoutS  int
-	OnTimeout string
-	// HibernationMode is "memory", "filesystem" or "none".
-	HibernationMode string
-	// OnResume is run (detached) after a filesystem-mode resume.
-	OnResume []string
-	// Volumes are mounted read-write at their paths.
-	Volumes []apiv1.VolumeMount
-	// RunningMS is the running time accrued up to UsageAt; SnapshotByteS the
-	// snapshot storage accrued up to UsageAt, in byte-seconds.
+// Meter is a sandbox record's metered usage: RunningMS is the running time
+// accrued up to UsageAt, SnapshotByteS the snapshot storage accrued up to
+// UsageAt in byte-seconds, TimeoutBaseMS RunningMS at the start of the current
+// timeout period.
+type Meter struct {
 	RunningMS     int64
 	SnapshotByteS float64
 	UsageAt       time.Time
-	// TimeoutBaseMS is RunningMS at the start of the current timeout period.
 	TimeoutBaseMS int64
-	// ExpiresAt, when set, is when a hibernated sandbox and its snapshots are
-	// deleted (retention); nil = never (perpetual standby).
-	ExpiresAt *time.Time
 }
 
 // policyCols are the sandboxes columns of a Policy, in the order of values().
@@ -71,7 +52,7 @@ var snapshotColumnDefs = []struct{ name, def string }{
 	{"new_bytes", "INTEGER NOT NULL DEFAULT 0"},
 }
 
-func (p Policy) values() []any {
+func policyValues(p sandbox.Policy, mt Meter) []any {
 	onResume, volumes := "", ""
 	if len(p.OnResume) > 0 {
 		b, _ := json.Marshal(p.OnResume)
@@ -82,8 +63,8 @@ func (p Policy) values() []any {
 		volumes = string(b)
 	}
 	usageAt := ""
-	if !p.UsageAt.IsZero() {
-		usageAt = ts(p.UsageAt)
+	if !mt.UsageAt.IsZero() {
+		usageAt = ts(mt.UsageAt)
 	}
 	mode := p.HibernationMode
 	if mode == "" {
@@ -98,20 +79,21 @@ func (p Policy) values() []any {
 		expires = ts(*p.ExpiresAt)
 	}
 	return []any{p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		p.RunningMS, p.TimeoutBaseMS, p.SnapshotByteS, usageAt, expires}
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires}
 }
 
 type policyScan struct {
-	p                                     Policy
+	p                                     sandbox.Policy
+	mt                                    Meter
 	onResume, volumes, usageAt, expiresAt string
 }
 
 func (s *policyScan) dests() []any {
 	return []any{&s.p.IdleTimeoutS, &s.p.TimeoutS, &s.p.OnTimeout, &s.p.HibernationMode, &s.onResume, &s.volumes,
-		&s.p.RunningMS, &s.p.TimeoutBaseMS, &s.p.SnapshotByteS, &s.usageAt, &s.expiresAt}
+		&s.mt.RunningMS, &s.mt.TimeoutBaseMS, &s.mt.SnapshotByteS, &s.usageAt, &s.expiresAt}
 }
 
-func (s *policyScan) policy() Policy {
+func (s *policyScan) policy() (sandbox.Policy, Meter) {
 	p := s.p
 	if s.onResume != "" {
 		_ = json.Unmarshal([]byte(s.onResume), &p.OnResume)
@@ -119,15 +101,16 @@ func (s *policyScan) policy() Policy {
 	if s.volumes != "" {
 		_ = json.Unmarshal([]byte(s.volumes), &p.Volumes)
 	}
+	mt := s.mt
 	if s.usageAt != "" {
-		p.UsageAt, _ = time.Parse(time.RFC3339Nano, s.usageAt)
+		mt.UsageAt, _ = time.Parse(time.RFC3339Nano, s.usageAt)
 	}
 	if s.expiresAt != "" {
 		if t, err := time.Parse(time.RFC3339Nano, s.expiresAt); err == nil {
 			p.ExpiresAt = &t
 		}
 	}
-	return p
+	return p, mt
 }
 
 const volumesSchema = `

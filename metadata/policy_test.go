@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // An older database (sandboxes table without the policy columns) is migrated on
@@ -28,9 +28,9 @@ func TestMigrateAddsPolicyColumns(t *testing.T) {
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	s.ID = "sbx-new"
-	s.Policy = Policy{IdleTimeoutS: 3, TimeoutS: 60, OnTimeout: "delete", HibernationMode: "filesystem",
-		OnResume: []string{"sh", "-c", "x"}, Volumes: []apiv1.VolumeMount{{Name: "data", Path: "/data"}},
-		RunningMS: 1234, TimeoutBaseMS: 1000, SnapshotByteS: 5.5, UsageAt: now}
+	s.Policy = sandbox.Policy{IdleTimeoutS: 3, TimeoutS: 60, OnTimeout: "delete", HibernationMode: "filesystem",
+		OnResume: []string{"sh", "-c", "x"}, Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/data"}}}
+	s.Meter = Meter{RunningMS: 1234, TimeoutBaseMS: 1000, SnapshotByteS: 5.5, UsageAt: now}
 	if err := db.PutSandbox(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestMigrateAddsPolicyColumns(t *testing.T) {
 	if got.IdleTimeoutS != 3 || got.TimeoutS != 60 || got.OnTimeout != "delete" || got.HibernationMode != "filesystem" ||
 		len(got.OnResume) != 3 || len(got.Volumes) != 1 || got.Volumes[0].Path != "/data" || got.RunningMS != 1234 ||
 		got.TimeoutBaseMS != 1000 || got.SnapshotByteS != 5.5 || !got.UsageAt.Equal(now) {
-		t.Fatalf("round trip: %+v", got.Policy)
+		t.Fatalf("round trip: %+v %+v", got.Policy, got.Meter)
 	}
 	// Opening again (columns present) is a no-op.
 	db.Close()
