@@ -6,7 +6,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -27,15 +26,15 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	_ "modernc.org/sqlite"
 
+	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/sandbox"
 )
 
 func newStore(t *testing.T) *Store {
 	t.Helper()
 	dir := t.TempDir()
-	db, err := sql.Open("sqlite", filepath.Join(dir, "torpor.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package image
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -40,7 +40,7 @@ func ValidName(name string) bool { return nameRE.MatchString(name) }
 // the other.
 type Store struct {
 	dir string
-	db  *sql.DB
+	db  metadata.Images
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per image name
@@ -49,12 +49,12 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the image store in dir, e.g.
-// "<data-dir>/images", with its name records in db (a database/sql handle opened
-// with driver "sqlite" from modernc.org/sqlite). It creates the table "images"
-// if missing and removes temporary files a previous process left in dir/tmp.
-func Open(dir string, db *sql.DB) (*Store, error) {
+// "<data-dir>/images", with its name records in db (the metadata store's
+// image names), and removes temporary files a previous process left in
+// dir/tmp.
+func Open(dir string, db metadata.Images) (*Store, error) {
 	if db == nil {
-		return nil, errors.New("image: open: nil database")
+		return nil, errors.New("image: open: nil metadata store")
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -64,9 +64,6 @@ func Open(dir string, db *sql.DB) (*Store, error) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("image: open %s: %w", dir, err)
 		}
-	}
-	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS images (name TEXT PRIMARY KEY, digest TEXT NOT NULL, bytes INTEGER, source TEXT, created_at TEXT)`); err != nil {
-		return nil, fmt.Errorf("image: open %s: create table images: %w", dir, err)
 	}
 	s := &Store{dir: dir, db: db, locks: map[string]*sync.Mutex{}}
 	if ents, err := os.ReadDir(s.tmpDir()); err == nil {
@@ -161,9 +158,8 @@ func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, st
 	if err != nil {
 		return sandbox.Image{}, "", fmt.Errorf("image %q: %w", digest, err)
 	}
-	row := s.db.QueryRowContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images WHERE digest = ? ORDER BY name LIMIT 1`, digest)
-	img, err := scanImage(row)
-	if errors.Is(err, sql.ErrNoRows) {
+	img, err := s.db.ImageByDigest(ctx, digest)
+	if errors.Is(err, metadata.ErrNotFound) {
 		return sandbox.Image{Digest: digest, Bytes: fi.Size(), CreatedAt: fi.ModTime().UTC()}, p, nil
 	}
 	if err != nil {
@@ -174,9 +170,8 @@ func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, st
 
 // lookup reads the record of name; ok is false if there is none.
 func (s *Store) lookup(ctx context.Context, name string) (img sandbox.Image, ok bool, err error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images WHERE name = ?`, name)
-	img, err = scanImage(row)
-	if errors.Is(err, sql.ErrNoRows) {
+	img, err = s.db.GetImage(ctx, name)
+	if errors.Is(err, metadata.ErrNotFound) {
 		return sandbox.Image{}, false, nil
 	}
 	if err != nil {
@@ -187,50 +182,19 @@ func (s *Store) lookup(ctx context.Context, name string) (img sandbox.Image, ok 
 
 // List returns all named images, sorted by name.
 func (s *Store) List(ctx context.Context) ([]sandbox.Image, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images ORDER BY name`)
+	out, err := s.db.ListImages(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("image: list: %w", err)
 	}
-	defer rows.Close()
-	out := []sandbox.Image{}
-	for rows.Next() {
-		img, err := scanImage(rows)
-		if err != nil {
-			return nil, fmt.Errorf("image: list: %w", err)
-		}
-		out = append(out, img)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("image: list: %w", err)
+	if out == nil {
+		out = []sandbox.Image{}
 	}
 	return out, nil
 }
 
-func scanImage(row interface{ Scan(...any) error }) (sandbox.Image, error) {
-	var (
-		img             sandbox.Image
-		bytes           sql.NullInt64
-		source, created sql.NullString
-	)
-	if err := row.Scan(&img.Name, &img.Digest, &bytes, &source, &created); err != nil {
-		return sandbox.Image{}, err
-	}
-	img.Bytes = bytes.Int64
-	img.Source = source.String
-	if created.Valid {
-		if t, err := time.Parse(time.RFC3339Nano, created.String); err == nil {
-			img.CreatedAt = t
-		}
-	}
-	return img, nil
-}
-
 // record points name at img.Digest.
 func (s *Store) record(ctx context.Context, img sandbox.Image) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO images (name, digest, bytes, source, created_at) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT(name) DO UPDATE SET digest = excluded.digest, bytes = excluded.bytes, source = excluded.source, created_at = excluded.created_at`,
-		img.Name, img.Digest, img.Bytes, img.Source, img.CreatedAt.UTC().Format(time.RFC3339Nano))
-	if err != nil {
+	if err := s.db.PutImage(ctx, img); err != nil {
 		return fmt.Errorf("image %q: write record: %w", img.Name, err)
 	}
 	return nil

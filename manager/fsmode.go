@@ -74,7 +74,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	s.PendingSnapshot = snapID
 	s.State = sandbox.StateHibernating
 	s.StateChangedAt = time.Now().UTC()
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return err
 	}
 	undo := func(cause error) error {
@@ -202,7 +202,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	s.Seq++
 	s.Instance = instanceID(s.ID, s.Seq)
 	s.GuestDigest = m.guestDigest // a fresh boot runs the current agent
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return back(err)
 	}
 	stop := func(cause error) error {

@@ -48,7 +48,10 @@ import (
 type Config struct {
 	Engine engine.Engine
 	Store  snapshot.Store
-	DB     *metadata.DB
+	// DB is the metadata store. The manager holds each sandbox's lock while it
+	// reads and writes its record, so an update of it never finds another
+	// writer's version (metadata.ErrStale is an internal error here).
+	DB     metadata.Store
 	Images *image.Store
 	// GuestDir is the host directory holding one sub-directory per guest agent
 	// version (named by the binary's sha256), each mounted read-only at /.torpor.
@@ -268,7 +271,7 @@ func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st sandbox.
 		s.Error = ""
 	}
 	// Persist even if the caller's context ended: the engine already acted.
-	return m.cfg.DB.PutSandbox(context.WithoutCancel(ctx), s)
+	return m.cfg.DB.UpdateSandbox(context.WithoutCancel(ctx), s)
 }
 
 func (m *Manager) fail(ctx context.Context, s *metadata.Sandbox, cause error) {
@@ -500,7 +503,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	}
 	s.Seq = 1
 	s.Instance = instanceID(s.ID, s.Seq)
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.CreateSandbox(ctx, s); err != nil {
 		return sandbox.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
@@ -542,7 +545,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 
 func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 	s.Deleting = true
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return err
 	}
 	m.dropLive(s.ID)
@@ -563,7 +566,7 @@ func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 			return fmt.Errorf("delete %s: %w", s.ID, ctx.Err())
 		}
 	}
-	if err := m.cfg.DB.DeleteSandbox(ctx, s.ID); err != nil {
+	if err := m.cfg.DB.DeleteSandbox(ctx, s.ID); err != nil && !errors.Is(err, metadata.ErrNotFound) {
 		return err
 	}
 	m.collectSnapshots(ctx)
@@ -653,14 +656,14 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		s.State = sandbox.StateHibernating
 	}
 	s.StateChangedAt = time.Now().UTC()
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return "", err
 	}
 	undo := func(cause error) (string, error) {
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
 		if leaveRunning {
-			_ = m.cfg.DB.PutSandbox(ctx, s)
+			_ = m.cfg.DB.UpdateSandbox(ctx, s)
 			return "", cause
 		}
 		// The engine stops the instance only after a complete checkpoint; if it
@@ -1043,7 +1046,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, err
 		}
 		c.Instance = instanceID(c.ID, 1)
-		if err := m.cfg.DB.PutSandbox(ctx, c); err != nil {
+		if err := m.cfg.DB.CreateSandbox(ctx, c); err != nil {
 			return nil, err
 		}
 		clones[i] = c

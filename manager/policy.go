@@ -164,7 +164,7 @@ func (m *Manager) Update(ctx context.Context, id string, req sandbox.PolicyUpdat
 		s.TimeoutBaseMS = s.RunningMS
 	}
 	s.Policy = p
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return sandbox.Sandbox{}, err
 	}
 	m.touch(id)

@@ -92,7 +92,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		default: // hibernated, error
 			if s.Instance != "" && s.State == sandbox.StateHibernated {
 				s.Instance = ""
-				_ = m.cfg.DB.PutSandbox(ctx, s)
+				_ = m.cfg.DB.UpdateSandbox(ctx, s)
 			}
 		}
 	}
@@ -106,8 +106,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	}
 	// Snapshots committed in the store that no record knows (a crash between the
 	// store's commit and the database's) are removed; none can be resumed.
-	known, err := m.cfg.DB.SnapshotIDs(ctx)
+	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err == nil {
+		known := map[string]bool{}
+		for _, r := range recs {
+			known[r.ID] = true
+		}
 		for _, id := range committed {
 			if !known[id] {
 				pending := false

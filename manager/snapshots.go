@@ -169,7 +169,11 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := m.cfg.Store.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
-	return m.cfg.DB.DeleteSnapshot(ctx, id)
+	// A collection may have removed the record meanwhile: it is gone either way.
+	if err := m.cfg.DB.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, metadata.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // VerifySnapshot reads every byte of a snapshot and checks its hashes. Errors:

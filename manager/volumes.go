@@ -156,7 +156,9 @@ func (m *Manager) DeleteVolume(ctx context.Context, name string) error {
 	if ids := used[name]; len(ids) > 0 {
 		return conflict("volume %s is mounted by %s; delete those sandboxes first", name, strings.Join(ids, ", "))
 	}
-	if err := m.cfg.DB.DeleteVolume(ctx, name); err != nil {
+	if err := m.cfg.DB.DeleteVolume(ctx, name); errors.Is(err, metadata.ErrNotFound) {
+		return notFound("volume", name)
+	} else if err != nil {
 		return err
 	}
 	return os.RemoveAll(m.volumeDir(name))

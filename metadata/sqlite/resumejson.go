@@ -1,4 +1,4 @@
-package metadata
+package sqlite
 
 import "github.com/torpor/torpor/sandbox"
 

@@ -1,28 +1,21 @@
-package metadata
+package sqlite
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
 
 // An older database (sandboxes table without the policy columns) is migrated on
 // Open: its rows get the defaults, and new records round-trip every policy field.
 func TestMigrateAddsPolicyColumns(t *testing.T) {
-	path := oldDatabase(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
+	path, db, s := openOld(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, created_at, state_changed_at)
 		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 1, '2024-01-01T00:00:00Z', '2024-01-01T00:00:00Z');`)
-	db, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	ctx := context.Background()
-	s, err := db.GetSandbox(ctx, "sbx-old")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if s.IdleTimeoutS != 15 || s.HibernationMode != "memory" || s.OnTimeout != "hibernate" || s.TimeoutS != 0 {
 		t.Fatalf("old row after migration: %+v", s.Policy)
 	}
@@ -30,8 +23,8 @@ func TestMigrateAddsPolicyColumns(t *testing.T) {
 	s.ID = "sbx-new"
 	s.Policy = sandbox.Policy{IdleTimeoutS: 3, TimeoutS: 60, OnTimeout: "delete", HibernationMode: "filesystem",
 		OnResume: []string{"sh", "-c", "x"}, Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/data"}}}
-	s.Meter = Meter{RunningMS: 1234, TimeoutBaseMS: 1000, SnapshotByteS: 5.5, UsageAt: now}
-	if err := db.PutSandbox(ctx, s); err != nil {
+	s.Meter = metadata.Meter{RunningMS: 1234, TimeoutBaseMS: 1000, SnapshotByteS: 5.5, UsageAt: now}
+	if err := db.CreateSandbox(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.GetSandbox(ctx, "sbx-new")
@@ -48,10 +41,10 @@ func TestMigrateAddsPolicyColumns(t *testing.T) {
 	if db, err = Open(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.CreateVolume(ctx, Volume{Name: "data", CreatedAt: now}); err != nil {
+	if err := db.CreateVolume(ctx, metadata.Volume{Name: "data", CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.CreateVolume(ctx, Volume{Name: "data", CreatedAt: now}); err == nil {
-		t.Fatal("second create of a volume succeeded")
+	if err := db.CreateVolume(ctx, metadata.Volume{Name: "data", CreatedAt: now}); !errors.Is(err, metadata.ErrExists) {
+		t.Fatalf("second create of a volume: %v", err)
 	}
 }
