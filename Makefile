@@ -6,7 +6,7 @@
 #   make bench   the resume benchmark (20 cycles at 64 MiB and 512 MiB)
 
 # runsc has no tagged versions on the Go module proxy; this pseudo-version is pinned
-# and measured (../shared/notes/engine-gvisor.md).
+# and measured (docs/decisions/gvisor-engine.md).
 RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
 TOOLS         := $(CURDIR)/.tools
 RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// State is a sandbox's lifecycle state. Transitions (DESIGN.md):
+// State is a sandbox's lifecycle state. Transitions (docs/lifecycle.md):
 //
 //	creating -> running -> hibernating -> hibernated -> resuming -> running
 //	any -> error (the engine failed; the record says why)

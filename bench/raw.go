@@ -13,11 +13,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 	"github.com/torpor/torpor/workload"
 )
 
@@ -146,7 +146,7 @@ func (r *rawEngine) measure(ctx context.Context, ws, memMiB int, script []byte, 
 	if err := ag.WriteFile(ctx, workload.ScriptPath, bytes.NewReader(script), int64(len(script))); err != nil {
 		return nil, nil, fmt.Errorf("write workload: %w", err)
 	}
-	if _, err := ag.Start(ctx, apiv1.ExecRequest{
+	if _, err := ag.Start(ctx, proto.ExecRequest{
 		Cmd: []string{"python3", workload.ScriptPath, fmt.Sprint(workload.Port), fmt.Sprint(ws)},
 	}); err != nil {
 		return nil, nil, fmt.Errorf("start workload: %w", err)

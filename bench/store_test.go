@@ -24,7 +24,7 @@ import (
 	"github.com/torpor/torpor/workload"
 )
 
-// Targets of the store benchmark (issue 4).
+// Targets of the store benchmark (docs/benchmarks/README.md).
 const (
 	TargetDiffHibernateGiBs = 1.0 // diff hibernate ≥ 1 GiB/s of logical memory
 	TargetWarmResumeRatio   = 1.1 // resume from a warm chunk cache ≤ 1.1 × the plain store's

@@ -198,6 +198,15 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// nonNil is s, or an empty slice for nil, so that a list prints as [] in JSON
+// as the API's answers do, never as null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
 // parseEnv turns K=V strings into a map.
 func parseEnv(kvs []string) (map[string]string, error) {
 	if len(kvs) == 0 {

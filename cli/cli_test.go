@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -291,8 +292,8 @@ func TestCreateLsInspect(t *testing.T) {
 		t.Fatalf("row 2 %q", lines[2])
 	}
 
-	var list []apiv1.Sandbox
-	if err := json.Unmarshal([]byte(f.mustRun("ls", "--json")), &list); err != nil || len(list) != 2 || list[1].Snapshot == nil {
+	var list apiv1.ListSandboxesResponse
+	if err := json.Unmarshal([]byte(f.mustRun("ls", "--json")), &list); err != nil || len(list.Sandboxes) != 2 || list.Sandboxes[1].Snapshot == nil {
 		t.Fatalf("ls --json: %+v %v", list, err)
 	}
 
@@ -517,8 +518,8 @@ func TestImages(t *testing.T) {
 		strings.Join(strings.Fields(lines[1]), " ") != "py sha256:0123456789ab 200.0 MiB mmdebstrap:python3,git 0s" {
 		t.Fatalf("image ls:\n%s", out)
 	}
-	var imgs []apiv1.Image
-	if err := json.Unmarshal([]byte(f.mustRun("image", "ls", "--json")), &imgs); err != nil || len(imgs) != 3 || imgs[1].Bytes != 3 {
+	var imgs apiv1.ListImagesResponse
+	if err := json.Unmarshal([]byte(f.mustRun("image", "ls", "--json")), &imgs); err != nil || len(imgs.Images) != 3 || imgs.Images[1].Bytes != 3 {
 		t.Fatalf("image ls --json: %+v %v", imgs, err)
 	}
 }
@@ -527,7 +528,7 @@ func TestURLFromEnvAndUnreachable(t *testing.T) {
 	f := newFakeServer(t)
 	t.Setenv("TORPOR_URL", f.srv.URL)
 	var out, errb bytes.Buffer
-	if code := Run(context.Background(), []string{"ls", "--json"}, strings.NewReader(""), &out, &errb); code != 0 || strings.TrimSpace(out.String()) != "[]" {
+	if code := Run(context.Background(), []string{"ls", "--json"}, strings.NewReader(""), &out, &errb); code != 0 || !sameJSON(out.String(), `{"sandboxes": []}`) {
 		t.Fatalf("ls via TORPOR_URL: %d %q %q", code, out.String(), errb.String())
 	}
 	dead := httptest.NewServer(http.NotFoundHandler())
@@ -569,4 +570,70 @@ func TestStubsAndParsing(t *testing.T) {
 	if humanAge(90*time.Second) != "1m" || humanAge(3*time.Hour) != "3h" || humanAge(72*time.Hour) != "3d" {
 		t.Error("humanAge")
 	}
+}
+
+// TestJSONIsTheAPIAnswer: every --json of a client command prints the API's
+// answer to the call it makes, in the API's shape (apiv1): a GET's body exactly,
+// and for calls that change something an object of the API's response type with
+// no other field.
+func TestJSONIsTheAPIAnswer(t *testing.T) {
+	f := newFakeServer(t)
+	f.mustRun("create")
+	f.mustRun("create")
+	f.mustRun("hibernate", "sb2")
+	f.mustRun("image", "build", "py", "--packages", "python3")
+	api := func(path string) string {
+		resp, err := http.Get(f.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	for _, c := range []struct {
+		args []string
+		path string
+	}{
+		{[]string{"ls", "--json"}, "/v1/sandboxes"},
+		{[]string{"usage", "--json"}, "/v1/sandboxes"},
+		{[]string{"usage", "--json", "sb1"}, "/v1/sandboxes/sb1"},
+		{[]string{"inspect", "sb2"}, "/v1/sandboxes/sb2"},
+		{[]string{"image", "ls", "--json"}, "/v1/images"},
+	} {
+		if out, want := f.mustRun(c.args...), api(c.path); !sameJSON(out, want) {
+			t.Errorf("torpor %s printed\n%s\nwant GET %s's answer\n%s", strings.Join(c.args, " "), out, c.path, want)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		into any
+		key  string // a field the answer must have
+	}{
+		{[]string{"fork", "--json", "sb1", "--count", "2"}, &apiv1.ForkResponse{}, "sandboxes"},
+		{[]string{"create", "--json"}, &apiv1.Sandbox{}, "id"},
+		{[]string{"hibernate", "--json", "sb1"}, &apiv1.HibernateResponse{}, "snapshot"},
+		{[]string{"resume", "--json", "sb1"}, &apiv1.ResumeResponse{}, "generation"},
+	} {
+		out := f.mustRun(c.args...)
+		dec := json.NewDecoder(strings.NewReader(out))
+		dec.DisallowUnknownFields()
+		var fields map[string]json.RawMessage
+		if err := dec.Decode(c.into); err != nil || json.Unmarshal([]byte(out), &fields) != nil || fields[c.key] == nil {
+			t.Errorf("torpor %s printed %s: not a %T with %q (%v)", strings.Join(c.args, " "), out, c.into, c.key, err)
+		}
+	}
+	var fork apiv1.ForkResponse
+	if err := json.Unmarshal([]byte(f.mustRun("fork", "--json", "sb1")), &fork); err != nil || len(fork.Sandboxes) != 1 || fork.Sandboxes[0].ForkedFrom != "sb1" {
+		t.Errorf("fork --json: %+v %v", fork, err)
+	}
+}
+
+// sameJSON reports whether a and b are JSON documents of equal value.
+func sameJSON(a, b string) bool {
+	var va, vb any
+	if json.Unmarshal([]byte(a), &va) != nil || json.Unmarshal([]byte(b), &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
 }

@@ -7,7 +7,7 @@
 // success, 1 on an error (printed as "torpor: <message>" on stderr), 2 on a usage
 // error, and for `torpor exec` the exit code of the process run in the sandbox.
 //
-// serve, quickstart and bench call packages server, quickstart and bench; each call
-// sits in one file behind a build tag (torpor_server, torpor_quickstart,
-// torpor_bench) with a stub for builds without it, until those packages exist.
+// serve, quickstart and bench resume call packages server, quickstart and bench
+// (serve.go, quickstart.go, bench.go); the snapshot commands' offline mode
+// (--data-dir) opens a data directory's store through package server.
 package cli

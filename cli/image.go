@@ -126,10 +126,7 @@ func (a *app) imageLsCommand() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				if imgs == nil {
-					imgs = []apiv1.Image{}
-				}
-				return printJSON(a.stdout, imgs)
+				return printJSON(a.stdout, apiv1.ListImagesResponse{Images: nonNil(imgs)})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tSOURCE\tAGE")
@@ -140,7 +137,7 @@ func (a *app) imageLsCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the images as a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print GET /v1/images's answer: {"images": [image…]}`)
 	return cmd
 }
 

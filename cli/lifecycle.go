@@ -11,7 +11,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 )
 
-// addLifecycleFlags adds create's policy flags (issue 5) to cmd and returns the
+// addLifecycleFlags adds create's policy flags (docs/lifecycle.md) to cmd and returns the
 // function that puts them into the request.
 func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) error {
 	var (
@@ -181,10 +181,7 @@ func (a *app) volumeCommand() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				if vs == nil {
-					vs = []apiv1.Volume{}
-				}
-				return printJSON(a.stdout, vs)
+				return printJSON(a.stdout, apiv1.ListVolumesResponse{Volumes: nonNil(vs)})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tUSED BY\tCOPIED FROM")
@@ -201,7 +198,7 @@ func (a *app) volumeCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print the volumes as JSON")
+	ls.Flags().BoolVar(&asJSON, "json", false, `print GET /v1/volumes's answer: {"volumes": [volume…]}`)
 	cmd.AddCommand(ls)
 	cmd.AddCommand(&cobra.Command{
 		Use:     "rm NAME...",
@@ -240,24 +237,18 @@ func (a *app) usageCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if asJSON {
+					return printJSON(a.stdout, sb)
+				}
 				sbs = []apiv1.Sandbox{sb}
 			} else {
 				var err error
 				if sbs, err = a.client().ListSandboxes(cmd.Context()); err != nil {
 					return err
 				}
-			}
-			if asJSON {
-				type row struct {
-					ID    string      `json:"id"`
-					State apiv1.State `json:"state"`
-					Usage apiv1.Usage `json:"usage"`
+				if asJSON {
+					return printJSON(a.stdout, apiv1.ListSandboxesResponse{Sandboxes: nonNil(sbs)})
 				}
-				rows := []row{}
-				for _, sb := range sbs {
-					rows = append(rows, row{sb.ID, sb.State, sb.Usage})
-				}
-				return printJSON(a.stdout, rows)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tRUNNING_S\tSNAPSHOT_BYTE_S\tSNAPSHOT_GIB_H")
@@ -274,6 +265,6 @@ func (a *app) usageCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print the API's answer, whose "usage" fields are the metering: with ID the sandbox, else {"sandboxes": [sandbox…]}`)
 	return cmd
 }

@@ -66,6 +66,10 @@ func TestLifecycleFlags(t *testing.T) {
 	if out := run("volume", "ls"); !strings.Contains(out, "data") || !strings.Contains(out, "sbx-1") {
 		t.Fatalf("volume ls: %s", out)
 	}
+	var vols apiv1.ListVolumesResponse
+	if err := json.Unmarshal([]byte(run("volume", "ls", "--json")), &vols); err != nil || len(vols.Volumes) != 1 || vols.Volumes[0].UsedBy[0] != "sbx-1" {
+		t.Fatalf("volume ls --json (want GET /v1/volumes's shape): %+v %v", vols, err)
+	}
 	run("volume", "rm", "data")
 	if _, ok := bodies["DELETE /v1/volumes/data"]; !ok {
 		t.Fatal("volume rm sent no DELETE")

@@ -67,10 +67,7 @@ func (a *app) lsCommand() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				if sbs == nil {
-					sbs = []apiv1.Sandbox{}
-				}
-				return printJSON(a.stdout, sbs)
+				return printJSON(a.stdout, apiv1.ListSandboxesResponse{Sandboxes: nonNil(sbs)})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tIMAGE\tMEM\tGEN\tSNAPSHOT\tAGE")
@@ -90,7 +87,7 @@ func (a *app) lsCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandboxes as a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print GET /v1/sandboxes's answer: {"sandboxes": [sandbox…]}`)
 	return cmd
 }
 
@@ -219,10 +216,7 @@ func (a *app) forkCommand() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				if sbs == nil {
-					sbs = []apiv1.Sandbox{}
-				}
-				return printJSON(a.stdout, sbs)
+				return printJSON(a.stdout, apiv1.ForkResponse{Sandboxes: nonNil(sbs)})
 			}
 			for _, sb := range sbs {
 				if _, err := fmt.Fprintln(a.stdout, sb.ID); err != nil {
@@ -233,7 +227,7 @@ func (a *app) forkCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of clones")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new sandboxes as a JSON array")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print the fork call's answer: {"sandboxes": [sandbox…]}`)
 	return cmd
 }
 

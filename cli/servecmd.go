@@ -19,7 +19,8 @@ type serveConfig struct {
 	AgentPath string
 	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
 	IdleCPUThreshold float64
-	// Snapshot store: plain (default), chunked (filesystem) or s3 (chunked, S3).
+	// Snapshot store: chunked (filesystem; the default for a new data directory),
+	// s3 (chunked, S3) or plain; "" = the kind the data directory records.
 	Store       string
 	S3Endpoint  string
 	S3Bucket    string

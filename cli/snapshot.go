@@ -58,7 +58,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 	pf.StringVar(&sc.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
 	pf.StringVar(&sc.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
 	pf.StringVar(&sc.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket")
-	pf.BoolVar(&asJSON, "json", false, "print JSON (offline ls: the manifests)")
+	pf.BoolVar(&asJSON, "json", false, "print JSON in the API's shapes (offline ls and inspect: the store's manifests, which have no API shape)")
 
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -164,6 +164,9 @@ func (a *app) snapshotCommand() *cobra.Command {
 			}
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, apiv1.VerifySnapshotResponse{OK: true, Files: len(m.Files), Bytes: m.Bytes})
 			}
 			_, err = fmt.Fprintf(a.stdout, "%s ok: %d files, %s verified\n", m.ID, len(m.Files), mib(m.Bytes))
 			return err

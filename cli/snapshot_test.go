@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/snapshot"
+	"github.com/torpor/torpor/snapshot/local"
 )
 
 // torpor snapshot ls|inspect|verify|rm talk to the server by default; --data-dir
@@ -115,6 +117,35 @@ func TestSnapshotCommands(t *testing.T) {
 	}
 	if out := strings.TrimSpace(must("snapshot", "ls", "--json", "--data-dir", empty)); out != "[]" {
 		t.Errorf("offline ls --json of an empty data dir: %q", out)
+	}
+	if code, out, _ := run("snapshot", "verify", "--json", "--data-dir", empty, "snap-none"); code == 0 {
+		t.Errorf("offline verify of a missing snapshot: exit 0, %q", out)
+	}
+	// Offline verify --json answers as POST /v1/snapshots/{id}/verify does.
+	plain := t.TempDir()
+	for name, content := range map[string]string{"torpor.db": "", "store": "plain\n"} {
+		if err := os.WriteFile(filepath.Join(plain, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := local.New(filepath.Join(plain, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := ls.Stage(context.Background(), "snap-p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(staged, "pages.img"), bytes.Repeat([]byte("p"), 5000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Commit(context.Background(), "snap-p", snapshot.Manifest{ID: "snap-p", SandboxID: "sbx-p"}); err != nil {
+		t.Fatal(err)
+	}
+	var vr apiv1.VerifySnapshotResponse
+	out = must("snapshot", "verify", "--json", "--data-dir", plain, "snap-p")
+	if err := json.Unmarshal([]byte(out), &vr); err != nil || vr != (apiv1.VerifySnapshotResponse{OK: true, Files: 1, Bytes: 5000}) {
+		t.Errorf("offline verify --json: %q %v", out, err)
 	}
 	if out := must("snapshot", "usage", "--data-dir", empty); !strings.Contains(out, "chunked") || !strings.Contains(out, "snapshots       0") {
 		t.Errorf("offline usage of an empty data dir: %q", out)

@@ -28,6 +28,11 @@
 //   - restart_test.go: a server restart keeps a hibernated sandbox resumable and
 //     reattaches a running one; a sandbox whose runsc process died while the server
 //     was down is reported "error" and nothing of it is left on the host.
+//   - oldagent_test.go: a snapshot taken with the oldest supported guest agent
+//     (built from this repository's history; see guest/proto) resumes on a server
+//     that installs the current agent: the process continues, exec, files and the
+//     resume contract work through the old agent, which the host speaks at
+//     protocol version 1, while a new sandbox speaks the current version.
 //   - badinput_test.go: unknown ids give 404, malformed or out-of-range input gives
 //     400 invalid_argument with a message, and none of it changes any state.
 //   - exec_test.go: exec through the API: stdout, stderr, exit codes, stdin, env,

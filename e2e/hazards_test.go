@@ -1,6 +1,6 @@
 package e2e
 
-// Hazards of a memory snapshot (../shared/reference/what-survives-a-snapshot.txt),
+// Hazards of a memory snapshot (docs/resume-contract.md, "What survives a resume"),
 // reproduced in real sandboxes, with and without torpor's Python SDK
 // (sdk/python, on sys.path in the default image through /.torpor/python):
 //

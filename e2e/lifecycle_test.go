@@ -1,6 +1,6 @@
 package e2e
 
-// Lifecycle tests (issue 5): idle hibernation, wake on request, hibernation modes,
+// Lifecycle tests (docs/lifecycle.md): idle hibernation, wake on request, hibernation modes,
 // run timeouts, volumes, policies across resumes, metering. Self-contained (lc*
 // helpers); every test starts its own server with the lifecycle loop on.
 

@@ -1,6 +1,6 @@
 package e2e
 
-// Resume contract (issue 3), host and guest agent together, in real sandboxes:
+// Resume contract (docs/resume-contract.md), host and guest agent together, in real sandboxes:
 // generation file, events socket with subscribers and acks, user hooks, clock, and
 // the ordering of user requests after the notification.
 

@@ -18,7 +18,7 @@
 //
 // Both then prepare the tree for gVisor (runsc) and pack it with
 // "mkfs.erofs -E noinline_data" without compression, because gVisor's EROFS
-// reader supports no incompatible features (notes/engine-gvisor.md). Preparing
+// reader supports no incompatible features (docs/decisions/erofs-root.md). Preparing
 // means:
 //
 //   - /.torpor exists, is empty and has mode 0755: the engine bind-mounts the

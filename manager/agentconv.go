@@ -4,28 +4,20 @@ import (
 	"context"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 	"github.com/torpor/torpor/sandbox"
 )
 
-// The guest agent's client speaks the host-guest protocol in apiv1's types.
-// This file is the only place in the manager that sees them: it converts
-// between them and the domain types (package sandbox) at each call.
-
-// guestRun runs cmd in the guest and collects its output (agentclient.Run).
-func guestRun(ctx context.Context, c *agentclient.Client, cmd []string) (stdout, stderr []byte, exitCode int, err error) {
-	return c.Run(ctx, apiv1.ExecRequest{Cmd: cmd})
-}
-
-// guestStart starts cmd detached in the guest and returns its pid (agentclient.Start).
-func guestStart(ctx context.Context, c *agentclient.Client, cmd []string) (int, error) {
-	return c.Start(ctx, apiv1.ExecRequest{Cmd: cmd, Background: true})
-}
+// The guest agent speaks its own protocol (package guest/proto), versioned apart
+// from the manager's types because agents live on in snapshots; this file is the
+// one place that converts between the two. Types whose fields are the same on
+// both sides are converted directly, so a field added to one side only stops the
+// build here.
 
 // guestExec starts req in the guest and returns its event stream (agentclient.Exec).
 func guestExec(ctx context.Context, c *agentclient.Client, req sandbox.ExecRequest) (*agentclient.ExecStream, error) {
-	return c.Exec(ctx, apiv1.ExecRequest(req))
+	return c.Exec(ctx, proto.ExecRequest(req))
 }
 
 // guestNext reads the next event of an exec stream (agentclient.ExecStream.Next).
@@ -36,17 +28,21 @@ func guestNext(st *agentclient.ExecStream) (sandbox.ExecEvent, error) {
 
 // guestResume is the host's half of the resume contract (agentclient.Resume):
 // the guest gets generation gen, whether it is a clone, the snapshot restored,
-// whether this is its first start, the host's time and the deadlines.
+// whether this is its first start, the host's time and the deadlines. The
+// host-measured fields of the report (WindowMS, AgentMS, Error) are left for
+// the caller.
 func guestResume(ctx context.Context, c *agentclient.Client, gen int64, forked, start bool, snapshotID string,
 	hookDeadline, ackDeadline time.Duration) (sandbox.ResumeReport, error) {
-	rep, err := c.Resume(ctx, apiv1.ResumeRequest{
+	rep, err := c.Resume(ctx, proto.ResumeRequest{
 		Generation: gen, Forked: forked, SnapshotID: snapshotID, Start: start, HostTime: time.Now().UTC(),
 		HookDeadlineS: hookDeadline.Seconds(), AckDeadlineS: ackDeadline.Seconds(),
 	})
-	out := sandbox.ResumeReport{Event: rep.Event, Generation: rep.Generation, Forked: rep.Forked,
-		SnapshotID: rep.SnapshotID, OK: rep.OK, WindowMS: rep.WindowMS, AgentMS: rep.AgentMS, Error: rep.Error,
-		Clock: sandbox.ResumeClock(rep.Clock), Subscribers: sandbox.ResumeSubscribers(rep.Subscribers),
+	if err != nil {
+		return sandbox.ResumeReport{}, err
 	}
+	out := sandbox.ResumeReport{Event: rep.Event, Generation: rep.Generation, Forked: rep.Forked,
+		SnapshotID: rep.SnapshotID, OK: rep.OK,
+		Clock: sandbox.ResumeClock(rep.Clock), Subscribers: sandbox.ResumeSubscribers(rep.Subscribers)}
 	if rep.Steps != nil { // nil and empty stay apart: the API shows null or []
 		out.Steps = make([]sandbox.ResumeStep, len(rep.Steps))
 		for i, st := range rep.Steps {
@@ -59,5 +55,18 @@ func guestResume(ctx context.Context, c *agentclient.Client, gen int64, forked, 
 			out.Hooks[i] = sandbox.ResumeHook(h)
 		}
 	}
-	return out, err
+	return out, nil
+}
+
+// AgentProtocolVersion returns the guest agent protocol version (package
+// guest/proto) of running sandbox id's agent, learnt when it became ready: the
+// version of the agent its snapshot was taken with, for a resumed one. Errors:
+// sandbox.ErrConflict when the sandbox has no live agent connection (not
+// running).
+func (m *Manager) AgentProtocolVersion(id string) (int, error) {
+	c := m.liveClient(id)
+	if c == nil {
+		return 0, sandboxConflict(id, "sandbox %s: no guest agent connection", id)
+	}
+	return c.ProtocolVersion(), nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/torpor/torpor/guest/proto"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
@@ -34,8 +35,9 @@ import (
 // Resume: a fresh instance boots from the image (with the current guest agent),
 // the archive is unpacked over the root (tar -xp), and the sandbox's on_resume
 // command is started detached (its output goes to /tmp/torpor-bg-<pid>.log, as
-// for a background exec). This is DESIGN.md's rebuild-from-log path: processes
-// start again and rebuild their state from files.
+// for a background exec). This is the resume contract's rebuild-from-log path
+// (docs/resume-contract.md): processes start again and rebuild their state from
+// files.
 
 const fsLayerFile = "fs.tar"
 const fsTarInSandbox = "/tmp/.torpor-fs.tar"
@@ -100,7 +102,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	since := img.CreatedAt.Unix() - 1
 	script := fmt.Sprintf(`cd / && rm -f %[1]s && find . -xdev -mindepth 1 \( %[2]s \) -prune -o -newerct @%[3]d -print0 2>/dev/null | tar --null --no-recursion -T - -cpf %[1]s`,
 		fsTarInSandbox, prune, since)
-	_, stderr, code, err := guestRun(cctx, c, []string{"sh", "-c", script})
+	_, stderr, code, err := c.Run(cctx, proto.ExecRequest{Cmd: []string{"sh", "-c", script}})
 	// tar exits 1 when a file changed while it was read (a process still writes):
 	// the archive is complete, with that file as it was at some point.
 	if err == nil && code > 1 {
@@ -230,8 +232,8 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return stop(fmt.Errorf("upload writable layer: %w", err))
 	}
-	_, stderr, code, err := guestRun(cctx, c, []string{"sh", "-c",
-		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox})
+	_, stderr, code, err := c.Run(cctx, proto.ExecRequest{Cmd: []string{"sh", "-c",
+		"tar -C / -xpf " + fsTarInSandbox + " && rm -f " + fsTarInSandbox}})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(string(stderr)))
 	}
@@ -242,7 +244,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	// /run/torpor files) and before on_resume.
 	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, launched)
 	if len(s.OnResume) > 0 {
-		if _, err := guestStart(cctx, c, s.OnResume); err != nil {
+		if _, err := c.Start(cctx, proto.ExecRequest{Cmd: s.OnResume, Background: true}); err != nil {
 			// The sandbox is back with its files; a broken on_resume is the user's to fix.
 			m.log.Warn("resume (filesystem): on_resume did not start", "sandbox", s.ID, "cmd", s.OnResume, "err", err)
 		}

@@ -351,6 +351,8 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 		c.CloseIdleConnections()
 		return fmt.Errorf("guest agent of %s did not answer: %w", s.ID, err)
 	}
+	m.log.Debug("guest agent ready", "sandbox", s.ID, "instance", s.Instance,
+		"protocol_version", c.ProtocolVersion(), "agent", c.AgentBuild())
 	m.mu.Lock()
 	m.live[s.ID] = c
 	m.mu.Unlock()

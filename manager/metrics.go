@@ -18,7 +18,7 @@ type Metrics struct {
 }
 
 // Buckets in seconds: 10 ms to ~40 s, for hibernate and resume durations
-// (measured: 0.1–1.5 s on this machine, notes/engine-gvisor.md).
+// (measured: 0.1–1.5 s on this machine, docs/benchmarks/).
 var durationBuckets = prometheus.ExponentialBuckets(0.01, 2, 13)
 
 // NewMetrics makes the metrics and registers them with reg (nil: not registered).

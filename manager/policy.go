@@ -10,8 +10,8 @@ import (
 	"github.com/torpor/torpor/sandbox"
 )
 
-// LifecycleConfig configures the policies of issue 5: the idle trigger, run
-// timeouts, hibernation modes and volumes.
+// LifecycleConfig configures the lifecycle policies of docs/lifecycle.md: the
+// idle trigger, run timeouts, hibernation modes and volumes.
 type LifecycleConfig struct {
 	// IdleCPUThreshold is the CPU use, as a fraction of one core, below which a
 	// sandbox counts as idle (default 0.05 = 5 %).

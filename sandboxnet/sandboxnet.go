@@ -6,7 +6,7 @@
 //
 // The sandboxing engine takes over the guest namespace's eth0 (gVisor's netstack
 // strips the address from the host kernel's view when it starts, see
-// ../shared/notes/engine-gvisor.md). The host side lives in a namespace of its own,
+// docs/decisions/gvisor-engine.md). The host side lives in a namespace of its own,
 // not in the root namespace, so every instance — and every clone of one snapshot,
 // which keeps the guest's address — can use the same addresses without clashing, and
 // no sandbox has a route to another sandbox or to the host's networks. The host

@@ -9,7 +9,7 @@ bin/torpor serve --data-dir "$dir" --listen "127.0.0.1:$port" >"$dir/serve.log" 
 pid=$!
 cleanup() {
   TORPOR_URL="http://127.0.0.1:$port" bin/torpor ls --json 2>/dev/null |
-    python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' 2>/dev/null |
+    python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]' 2>/dev/null |
     while read -r id; do TORPOR_URL="http://127.0.0.1:$port" bin/torpor rm "$id" >/dev/null 2>&1 || true; done
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true

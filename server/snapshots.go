@@ -6,7 +6,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 )
 
-// snapshotRoutes: visibility and explicit delete of snapshots (issue 4).
+// snapshotRoutes: visibility and explicit delete of snapshots (docs/api.md).
 func (s *Server) snapshotRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/snapshots", s.listSnapshots)
 	mux.HandleFunc("GET /v1/snapshots/{id}", s.getSnapshot)

@@ -54,7 +54,7 @@ type StoreConfig struct {
 	// async_upload). Not with the plain store.
 	AsyncUpload bool
 	// UploadRetry is the first delay before a failed background upload is
-	// retried (doubling up to 60 s; default 1 s).
+	// retried (doubling up to 15 s, chunked.maxUploadRetry; default 1 s).
 	UploadRetry time.Duration
 
 	readOnly bool // OpenStore: no background upload

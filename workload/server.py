@@ -48,7 +48,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(http.server.HTTPServer):
     def server_bind(self):
         # HTTPServer.server_bind calls socket.getfqdn(), which waits for DNS;
-        # sandboxes have no reachable nameserver (notes/engine-gvisor.md).
+        # sandboxes have no reachable nameserver (docs/decisions/gvisor-engine.md).
         self.socket.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_REUSEADDR, 1)
         self.socket.bind(self.server_address)
         self.server_name, self.server_port = "sandbox", self.server_address[1]

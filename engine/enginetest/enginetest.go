@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // Instance ids in the suite all have one length: runsc resolves a container id
@@ -45,7 +45,7 @@ func agent(e engine.Engine, id string) *agentclient.Client {
 
 func run(t *testing.T, c *agentclient.Client, cmd ...string) string {
 	t.Helper()
-	out, errb, code, err := c.Run(context.Background(), apiv1.ExecRequest{Cmd: cmd})
+	out, errb, code, err := c.Run(context.Background(), proto.ExecRequest{Cmd: cmd})
 	if err != nil || code != 0 {
 		t.Fatalf("%v: exit %d, err %v, stderr %s", cmd, code, err, errb)
 	}

@@ -11,7 +11,7 @@
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
 // control.go). The
-// measured behaviour this package relies on is in ../shared/notes/engine-gvisor.md:
+// measured behaviour this package relies on is in docs/decisions/gvisor-engine.md:
 // systrap because the KVM platform panics here; absolute image paths; restore
 // needs the guest namespace's address and route put back first (so every restore
 // gets a freshly made pair); the sandbox's stdio must not be pipes we wait on.

@@ -122,7 +122,7 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
 		}, volumeMounts(spec.Mounts)...),
-		// gVisor reads an EROFS root from these annotations (notes/engine-gvisor.md);
+		// gVisor reads an EROFS root from these annotations (docs/decisions/gvisor-engine.md);
 		// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
 		Annotations: map[string]string{
 			rootfsAnnotation:                 spec.RootFS,

@@ -9,15 +9,16 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 const (
 	// Port is the TCP port the agent listens on inside the sandbox.
-	Port = 49983
+	Port = proto.Port
 	// GuestDir is where the host mounts the agent's directory, read-only, in the sandbox.
 	GuestDir = "/.torpor"
 	// BinaryPath is the agent binary's path inside the sandbox.
@@ -145,24 +146,45 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health", "/exec", "/files", "/resume":
-			writeError(w, http.StatusMethodNotAllowed, apiv1.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
+			writeError(w, http.StatusMethodNotAllowed, proto.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
 		default:
-			writeError(w, http.StatusNotFound, apiv1.CodeNotFound, "no such endpoint: "+r.URL.Path)
+			writeError(w, http.StatusNotFound, proto.CodeNotFound, "no such endpoint: "+r.URL.Path)
 		}
 	})
 	return mux
 }
 
-// healthBody is the body of GET /health.
-type healthBody struct {
-	OK        bool   `json:"ok"`
-	Pid       int    `json:"pid"`
-	StartedAt string `json:"started_at"`
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, proto.Health{OK: true, Pid: os.Getpid(), StartedAt: startedAt.UTC(),
+		ProtocolVersion: proto.Version, Agent: build})
 }
 
-func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, healthBody{OK: true, Pid: os.Getpid(), StartedAt: startedAt.UTC().Format(time.RFC3339Nano)})
-}
+// build names this agent binary in the health answer: "torpor-agent", its module
+// version and, when it was built from a git checkout, the commit
+// ("vcs.revision=…", "+dirty" for uncommitted changes).
+var build = func() string {
+	s := "torpor-agent"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return s
+	}
+	s += " " + bi.Main.Version
+	var rev, dirty string
+	for _, kv := range bi.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			rev = kv.Value
+		case "vcs.modified":
+			if kv.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev != "" {
+		s += " vcs.revision=" + rev + dirty
+	}
+	return s
+}()
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, _ := json.Marshal(v)
@@ -173,5 +195,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: code, Message: msg}})
+	writeJSON(w, status, proto.ErrorBody{Error: proto.ErrorDetail{Code: code, Message: msg}})
 }

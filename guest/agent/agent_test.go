@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/agent"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // startAgent serves the agent on 127.0.0.1:0 until the test ends and returns a client.
@@ -100,6 +100,17 @@ func TestHealth(t *testing.T) {
 	if !h.OK || h.Pid != os.Getpid() || h.StartedAt.IsZero() {
 		t.Fatalf("health = %+v", h)
 	}
+	// Since protocol version 2 the agent reports its version and build, and the
+	// client learnt them at WaitReady.
+	if h.ProtocolVersion != proto.Version || !strings.HasPrefix(h.Agent, "torpor-agent ") {
+		t.Fatalf("health = %+v, want protocol_version %d and an agent build", h, proto.Version)
+	}
+	if v := c.ProtocolVersion(); v != proto.Version {
+		t.Fatalf("client ProtocolVersion() = %d, want %d", v, proto.Version)
+	}
+	if b := c.AgentBuild(); b != h.Agent {
+		t.Fatalf("client AgentBuild() = %q, want %q", b, h.Agent)
+	}
 }
 
 func TestExec(t *testing.T) {
@@ -107,25 +118,25 @@ func TestExec(t *testing.T) {
 	tmp := t.TempDir()
 	tests := []struct {
 		name       string
-		req        apiv1.ExecRequest
+		req        proto.ExecRequest
 		stdout     string
 		stderr     string
 		code       int
 		stdoutPart bool // stdout need only contain the expected text
 	}{
-		{name: "stdout", req: apiv1.ExecRequest{Cmd: []string{"echo", "hello", "world"}}, stdout: "hello world\n"},
-		{name: "stderr and exit code", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, stdout: "out\n", stderr: "err\n", code: 3},
-		{name: "stdin", req: apiv1.ExecRequest{Cmd: []string{"cat"}, Stdin: "line1\nline2"}, stdout: "line1\nline2"},
-		{name: "no stdin is /dev/null", req: apiv1.ExecRequest{Cmd: []string{"cat"}}, stdout: ""},
-		{name: "request env", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", `echo "$FOO"`}, Env: map[string]string{"FOO": "bar baz"}}, stdout: "bar baz\n"},
-		{name: "sandbox env", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", `echo "$SANDBOX_VAR"`}}, stdout: "from-sandbox\n"},
-		{name: "request env over sandbox env", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", `echo "$SHARED"`}, Env: map[string]string{"SHARED": "request"}}, stdout: "request\n"},
-		{name: "default env", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", `echo "$HOME $LANG $PATH"`}}, stdout: "/root C.UTF-8 " + agent.DefaultPath + "\n"},
-		{name: "default cwd", req: apiv1.ExecRequest{Cmd: []string{"pwd"}}, stdout: "/\n"},
-		{name: "cwd", req: apiv1.ExecRequest{Cmd: []string{"pwd"}, Cwd: tmp}, stdout: tmp + "\n"},
-		{name: "killed by signal", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 $$"}}, code: 137},
-		{name: "absolute path", req: apiv1.ExecRequest{Cmd: []string{"/bin/sh", "-c", "exit 7"}}, code: 7},
-		{name: "own process group", req: apiv1.ExecRequest{Cmd: []string{"sh", "-c", `[ "$(ps -o pgid= $$ | tr -d ' ')" = "$$" ] && echo leader`}}, stdout: "leader\n"},
+		{name: "stdout", req: proto.ExecRequest{Cmd: []string{"echo", "hello", "world"}}, stdout: "hello world\n"},
+		{name: "stderr and exit code", req: proto.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, stdout: "out\n", stderr: "err\n", code: 3},
+		{name: "stdin", req: proto.ExecRequest{Cmd: []string{"cat"}, Stdin: "line1\nline2"}, stdout: "line1\nline2"},
+		{name: "no stdin is /dev/null", req: proto.ExecRequest{Cmd: []string{"cat"}}, stdout: ""},
+		{name: "request env", req: proto.ExecRequest{Cmd: []string{"sh", "-c", `echo "$FOO"`}, Env: map[string]string{"FOO": "bar baz"}}, stdout: "bar baz\n"},
+		{name: "sandbox env", req: proto.ExecRequest{Cmd: []string{"sh", "-c", `echo "$SANDBOX_VAR"`}}, stdout: "from-sandbox\n"},
+		{name: "request env over sandbox env", req: proto.ExecRequest{Cmd: []string{"sh", "-c", `echo "$SHARED"`}, Env: map[string]string{"SHARED": "request"}}, stdout: "request\n"},
+		{name: "default env", req: proto.ExecRequest{Cmd: []string{"sh", "-c", `echo "$HOME $LANG $PATH"`}}, stdout: "/root C.UTF-8 " + agent.DefaultPath + "\n"},
+		{name: "default cwd", req: proto.ExecRequest{Cmd: []string{"pwd"}}, stdout: "/\n"},
+		{name: "cwd", req: proto.ExecRequest{Cmd: []string{"pwd"}, Cwd: tmp}, stdout: tmp + "\n"},
+		{name: "killed by signal", req: proto.ExecRequest{Cmd: []string{"sh", "-c", "kill -9 $$"}}, code: 137},
+		{name: "absolute path", req: proto.ExecRequest{Cmd: []string{"/bin/sh", "-c", "exit 7"}}, code: 7},
+		{name: "own process group", req: proto.ExecRequest{Cmd: []string{"sh", "-c", `[ "$(ps -o pgid= $$ | tr -d ' ')" = "$$" ] && echo leader`}}, stdout: "leader\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,12 +153,12 @@ func TestExec(t *testing.T) {
 
 func TestExecLargeOutput(t *testing.T) {
 	c := startAgent(t)
-	stdout, _, code, err := c.Run(context.Background(), apiv1.ExecRequest{Cmd: []string{"head", "-c", "3000000", "/dev/zero"}})
+	stdout, _, code, err := c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"head", "-c", "3000000", "/dev/zero"}})
 	if err != nil || code != 0 || len(stdout) != 3000000 {
 		t.Fatalf("len %d code %d err %v", len(stdout), code, err)
 	}
 	big := strings.Repeat("x", 2<<20)
-	stdout, _, code, err = c.Run(context.Background(), apiv1.ExecRequest{Cmd: []string{"wc", "-c"}, Stdin: big})
+	stdout, _, code, err = c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"wc", "-c"}, Stdin: big})
 	if err != nil || code != 0 || strings.TrimSpace(string(stdout)) != strconv.Itoa(len(big)) {
 		t.Fatalf("wc: %q code %d err %v", stdout, code, err)
 	}
@@ -155,7 +166,7 @@ func TestExecLargeOutput(t *testing.T) {
 
 func TestExecStreamsAsItArrives(t *testing.T) {
 	c := startAgent(t)
-	st, err := c.Exec(context.Background(), apiv1.ExecRequest{Cmd: []string{"sh", "-c", "echo first; sleep 1; echo second"}})
+	st, err := c.Exec(context.Background(), proto.ExecRequest{Cmd: []string{"sh", "-c", "echo first; sleep 1; echo second"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +179,7 @@ func TestExecStreamsAsItArrives(t *testing.T) {
 	if d := time.Since(start); d > 700*time.Millisecond {
 		t.Fatalf("first chunk took %v: not streamed", d)
 	}
-	var last apiv1.ExecEvent
+	var last proto.ExecEvent
 	for {
 		ev, err := st.Next()
 		if err == io.EOF {
@@ -188,7 +199,7 @@ func TestExecTimeout(t *testing.T) {
 	c := startAgent(t)
 	start := time.Now()
 	// The grandchild sleep is in the same process group and must die too.
-	stdout, stderr, code, err := c.Run(context.Background(), apiv1.ExecRequest{
+	stdout, stderr, code, err := c.Run(context.Background(), proto.ExecRequest{
 		Cmd: []string{"sh", "-c", "sleep 30 & echo $!; wait"}, TimeoutS: 0.5})
 	elapsed := time.Since(start)
 	if err != nil {
@@ -219,7 +230,7 @@ func TestExecLeavesBackgroundChildrenRunning(t *testing.T) {
 	} {
 		t.Run(script, func(t *testing.T) {
 			start := time.Now()
-			stdout, _, code, err := c.Run(context.Background(), apiv1.ExecRequest{Cmd: []string{"sh", "-c", script}})
+			stdout, _, code, err := c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"sh", "-c", script}})
 			elapsed := time.Since(start)
 			if err != nil {
 				t.Fatal(err)
@@ -251,7 +262,7 @@ func TestExecLeavesBackgroundChildrenRunning(t *testing.T) {
 func TestExecBackgroundFlag(t *testing.T) {
 	c := startAgent(t)
 	start := time.Now()
-	pid, err := c.Start(context.Background(), apiv1.ExecRequest{Cmd: []string{"sh", "-c", "echo hi; echo oops >&2; exec sleep 30"}})
+	pid, err := c.Start(context.Background(), proto.ExecRequest{Cmd: []string{"sh", "-c", "echo hi; echo oops >&2; exec sleep 30"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +306,7 @@ func TestExecBackgroundFlag(t *testing.T) {
 
 func TestExecNotStarted(t *testing.T) {
 	c := startAgent(t)
-	_, _, code, err := c.Run(context.Background(), apiv1.ExecRequest{Cmd: []string{"nosuch-torpor-cmd"}})
+	_, _, code, err := c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"nosuch-torpor-cmd"}})
 	var se *agentclient.StartError
 	if code != 127 || !errors.As(err, &se) {
 		t.Fatalf("code %d err %v", code, err)
@@ -303,11 +314,11 @@ func TestExecNotStarted(t *testing.T) {
 	if want := `exec: "nosuch-torpor-cmd": executable file not found in $PATH`; se.Message != want {
 		t.Fatalf("message %q, want %q", se.Message, want)
 	}
-	_, _, code, err = c.Run(context.Background(), apiv1.ExecRequest{Cmd: []string{"true"}, Cwd: "/nonexistent-dir"})
+	_, _, code, err = c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"true"}, Cwd: "/nonexistent-dir"})
 	if code != 127 || !errors.As(err, &se) || !strings.Contains(se.Message, "chdir") {
 		t.Fatalf("bad cwd: code %d err %v", code, err)
 	}
-	_, err = c.Start(context.Background(), apiv1.ExecRequest{Cmd: []string{"nosuch-torpor-cmd"}})
+	_, err = c.Start(context.Background(), proto.ExecRequest{Cmd: []string{"nosuch-torpor-cmd"}})
 	if !errors.As(err, &se) {
 		t.Fatalf("background start: %v", err)
 	}
@@ -315,10 +326,10 @@ func TestExecNotStarted(t *testing.T) {
 
 func TestExecBadRequest(t *testing.T) {
 	c := startAgent(t)
-	for _, req := range []apiv1.ExecRequest{{}, {Cmd: []string{""}}, {Cmd: []string{"true"}, TimeoutS: -1}} {
+	for _, req := range []proto.ExecRequest{{}, {Cmd: []string{""}}, {Cmd: []string{"true"}, TimeoutS: -1}} {
 		_, err := c.Exec(context.Background(), req)
 		var e *agentclient.Error
-		if !errors.As(err, &e) || e.Status != 400 || e.Code != apiv1.CodeInvalidArgument {
+		if !errors.As(err, &e) || e.Status != 400 || e.Code != proto.CodeInvalidArgument {
 			t.Fatalf("%+v: err %v", req, err)
 		}
 	}
@@ -326,7 +337,7 @@ func TestExecBadRequest(t *testing.T) {
 
 func TestExecClientGoneKillsGroup(t *testing.T) {
 	c := startAgent(t)
-	st, err := c.Exec(context.Background(), apiv1.ExecRequest{Cmd: []string{"sh", "-c", "echo $$; sleep 30"}})
+	st, err := c.Exec(context.Background(), proto.ExecRequest{Cmd: []string{"sh", "-c", "echo $$; sleep 30"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +387,7 @@ func TestFiles(t *testing.T) {
 	if st, _ := os.Stat(p); st.Mode().Perm() != 0o755 {
 		t.Fatalf("mode %v", st.Mode())
 	}
-	if out, _, code, err := c.Run(ctx, apiv1.ExecRequest{Cmd: []string{p}}); err != nil || code != 0 || string(out) != "run\n" {
+	if out, _, code, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{p}}); err != nil || code != 0 || string(out) != "run\n" {
 		t.Fatalf("run written script: %q %d %v", out, code, err)
 	}
 	empty := filepath.Join(dir, "empty")
@@ -400,11 +411,11 @@ func TestFiles(t *testing.T) {
 		status int
 		code   string
 	}{
-		{"read relative", readErr(c, "rel/path"), 400, apiv1.CodeInvalidArgument},
-		{"write relative", c.WriteFile(ctx, "rel/path", strings.NewReader("x"), 1), 400, apiv1.CodeInvalidArgument},
-		{"read missing", readErr(c, filepath.Join(dir, "missing")), 404, apiv1.CodeNotFound},
-		{"read directory", readErr(c, dir), 400, apiv1.CodeInvalidArgument},
-		{"write directory", c.WriteFile(ctx, dir, strings.NewReader("x"), 1), 400, apiv1.CodeInvalidArgument},
+		{"read relative", readErr(c, "rel/path"), 400, proto.CodeInvalidArgument},
+		{"write relative", c.WriteFile(ctx, "rel/path", strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
+		{"read missing", readErr(c, filepath.Join(dir, "missing")), 404, proto.CodeNotFound},
+		{"read directory", readErr(c, dir), 400, proto.CodeInvalidArgument},
+		{"write directory", c.WriteFile(ctx, dir, strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
 	} {
 		if !errors.As(tc.err, &e) || e.Status != tc.status || e.Code != tc.code {
 			t.Errorf("%s: err %v, want %d %s", tc.name, tc.err, tc.status, tc.code)
@@ -431,7 +442,7 @@ func TestConcurrentExec(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, stderr, code, err := c.Run(context.Background(), apiv1.ExecRequest{
+			out, stderr, code, err := c.Run(context.Background(), proto.ExecRequest{
 				Cmd: []string{"sh", "-c", `echo "out $0"; echo "err $0" >&2; exit $(($0 % 5))`, strconv.Itoa(i)}})
 			if err != nil {
 				errs <- err
@@ -452,7 +463,7 @@ func TestConcurrentExec(t *testing.T) {
 func TestExecLatency(t *testing.T) {
 	c, dials := startAgentCounting(t)
 	ctx := context.Background()
-	if _, _, _, err := c.Run(ctx, apiv1.ExecRequest{Cmd: []string{"true"}}); err != nil {
+	if _, _, _, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
 	before := dials.Load()
@@ -461,7 +472,7 @@ func TestExecLatency(t *testing.T) {
 	start := time.Now()
 	for range n {
 		t0 := time.Now()
-		_, _, code, err := c.Run(ctx, apiv1.ExecRequest{Cmd: []string{"true"}})
+		_, _, code, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{"true"}})
 		if err != nil || code != 0 {
 			t.Fatalf("code %d err %v", code, err)
 		}

@@ -1,16 +1,20 @@
 // Package agent is torpor's guest agent: a small static binary that runs as the first
 // process (PID 1) inside every sandbox and answers the host over plain HTTP/1.1 on TCP
 // port 49983 (Port). The host reaches it by dialling the sandbox's IP from inside the
-// sandbox's network namespace; connections are kept alive and reused.
+// sandbox's network namespace; connections are kept alive and reused. The protocol,
+// its types and its versions are package guest/proto; this agent speaks
+// proto.Version.
 //
-// Endpoints (every error answer is an apiv1.ErrorBody,
+// Endpoints (every error answer is a proto.ErrorBody,
 // {"error":{"code":"not_found"|"invalid_argument"|"internal","message":"…"}}):
 //
 //	GET  /health
-//	     200 {"ok":true,"pid":<agent pid>,"started_at":"<RFC3339Nano>"}
+//	     200 proto.Health {"ok":true,"pid":<agent pid>,"started_at":"<RFC3339Nano>",
+//	         "protocol_version":2,"agent":"torpor-agent <version> vcs.revision=…"}
+//	     (protocol_version and agent since protocol version 2)
 //
-//	POST /exec            body: apiv1.ExecRequest
-//	     200 application/x-ndjson, one apiv1.ExecEvent per line, flushed per line:
+//	POST /exec            body: proto.ExecRequest
+//	     200 application/x-ndjson, one proto.ExecEvent per line, flushed per line:
 //	       {"stream":"stdout"|"stderr","data":"<base64>"}   output, as it arrives
 //	       {"exit_code":N}                                  last line
 //	     The command's exit code is N; 128+sig when killed by signal sig; 124 when
@@ -37,12 +41,12 @@
 //	     with mode 0755; mode is octal, default 0644. 204 on success; 400 for a relative
 //	     path or a directory.
 //
-//	POST /resume          body: apiv1.ResumeRequest
+//	POST /resume          body: proto.ResumeRequest
 //	     {"generation":N,"forked":bool,"snapshot_id":"…","host_time":"RFC3339Nano",
 //	      "hook_deadline_s":10,"ack_deadline_s":5[,"start":true]}
 //	     The host calls it after every start, resume and fork, before it forwards any
 //	     user request. The agent runs the resume contract's steps in this fixed order,
-//	     each timed, and answers 200 with an apiv1.ResumeReport:
+//	     each timed, and answers 200 with a proto.ResumeReport:
 //	       1 generation  /run/torpor/generation ("N\n") and /run/torpor/resume.json
 //	                     (the event below) are replaced atomically (temp + rename)
 //	                     before any event is sent;

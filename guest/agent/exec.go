@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // maxExecBody bounds the exec request body (it carries Stdin).
@@ -43,7 +43,7 @@ func newNDJSON(w http.ResponseWriter) *ndjson {
 	return &ndjson{w: w, f: f}
 }
 
-func (o *ndjson) write(ev apiv1.ExecEvent) {
+func (o *ndjson) write(ev proto.ExecEvent) {
 	if o.err != nil {
 		return
 	}
@@ -101,17 +101,17 @@ func lookPath(name, path string) (string, error) {
 }
 
 func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
-	var req apiv1.ExecRequest
+	var req proto.ExecRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxExecBody)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "bad exec request: "+err.Error())
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "bad exec request: "+err.Error())
 		return
 	}
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "cmd is empty")
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "cmd is empty")
 		return
 	}
 	if req.TimeoutS < 0 {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "timeout_s must be >= 0")
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "timeout_s must be >= 0")
 		return
 	}
 	if req.Cwd == "" {
@@ -121,7 +121,7 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 	out := newNDJSON(w)
 	argv0, err := lookPath(req.Cmd[0], path)
 	if err != nil {
-		out.write(apiv1.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
+		out.write(proto.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
 		return
 	}
 	if req.Background {
@@ -137,12 +137,12 @@ func startError(out *ndjson, argv0, cwd string, err error) {
 	if st, serr := os.Stat(cwd); serr != nil || !st.IsDir() {
 		msg = fmt.Sprintf("chdir %s: %v", cwd, err)
 	}
-	out.write(apiv1.ExecEvent{Error: msg, ExitCode: intPtr(exitNotStarted)})
+	out.write(proto.ExecEvent{Error: msg, ExitCode: intPtr(exitNotStarted)})
 }
 
-func (s *server) execBackground(out *ndjson, argv0 string, req apiv1.ExecRequest, env []string) {
+func (s *server) execBackground(out *ndjson, argv0 string, req proto.ExecRequest, env []string) {
 	fail := func(err error) {
-		out.write(apiv1.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
+		out.write(proto.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
 	}
 	os.MkdirAll("/tmp", 0o1777)
 	logf, err := os.CreateTemp("/tmp", "torpor-bg-start-*.log")
@@ -175,10 +175,10 @@ func (s *server) execBackground(out *ndjson, argv0 string, req apiv1.ExecRequest
 		s.log.Printf("background pid %d: naming its log: %v", pid, err)
 	}
 	s.log.Printf("background pid %d: %q", pid, req.Cmd)
-	out.write(apiv1.ExecEvent{Pid: pid})
+	out.write(proto.ExecEvent{Pid: pid})
 }
 
-func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req apiv1.ExecRequest, env []string) {
+func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req proto.ExecRequest, env []string) {
 	var toClose []*os.File
 	closeAll := func() {
 		for _, f := range toClose {
@@ -188,7 +188,7 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	}
 	fail := func(err error) {
 		closeAll()
-		out.write(apiv1.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
+		out.write(proto.ExecEvent{Error: err.Error(), ExitCode: intPtr(exitNotStarted)})
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -248,7 +248,7 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	}
 	defer closeStdin()
 
-	events := make(chan apiv1.ExecEvent, 16)
+	events := make(chan proto.ExecEvent, 16)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go pump("stdout", outR, events, &wg)
@@ -301,9 +301,9 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	if timedOut {
 		code = exitTimeout
 		msg := "torpor: timeout after " + strconv.FormatFloat(req.TimeoutS, 'g', -1, 64) + "s\n"
-		out.write(apiv1.ExecEvent{Stream: "stderr", Data: []byte(msg)})
+		out.write(proto.ExecEvent{Stream: "stderr", Data: []byte(msg)})
 	}
-	out.write(apiv1.ExecEvent{ExitCode: intPtr(code)})
+	out.write(proto.ExecEvent{ExitCode: intPtr(code)})
 }
 
 // exitCode maps a wait status to a shell-style exit code (128+sig when signalled).
@@ -319,13 +319,13 @@ func exitCode(ws syscall.WaitStatus) int {
 }
 
 // pump sends what it reads from f as events until EOF, an error or the read deadline.
-func pump(stream string, f *os.File, events chan<- apiv1.ExecEvent, wg *sync.WaitGroup) {
+func pump(stream string, f *os.File, events chan<- proto.ExecEvent, wg *sync.WaitGroup) {
 	defer wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
-			events <- apiv1.ExecEvent{Stream: stream, Data: append([]byte(nil), buf[:n]...)}
+			events <- proto.ExecEvent{Stream: stream, Data: append([]byte(nil), buf[:n]...)}
 		}
 		if err != nil {
 			return

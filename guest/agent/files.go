@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // maxUnsizedRead bounds files whose stat size is 0 (procfs and the like), read whole.
@@ -20,7 +20,7 @@ const maxUnsizedRead = 64 << 20
 func filePath(w http.ResponseWriter, r *http.Request) string {
 	p := r.URL.Query().Get("path")
 	if p == "" || !filepath.IsAbs(p) {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "path must be absolute: "+strconv.Quote(p))
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "path must be absolute: "+strconv.Quote(p))
 		return ""
 	}
 	return filepath.Clean(p)
@@ -43,7 +43,7 @@ func (s *server) handleGetFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if st.IsDir() {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, p+" is a directory")
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, p+" is a directory")
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -72,7 +72,7 @@ func (s *server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 	if m := r.URL.Query().Get("mode"); m != "" {
 		v, err := strconv.ParseUint(m, 8, 32)
 		if err != nil || v > 0o7777 {
-			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "mode must be octal, e.g. 0644: "+strconv.Quote(m))
+			writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "mode must be octal, e.g. 0644: "+strconv.Quote(m))
 			return
 		}
 		mode = os.FileMode(v & 0o777)
@@ -87,7 +87,7 @@ func (s *server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if st, err := os.Stat(p); err == nil && st.IsDir() {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, p+" is a directory")
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, p+" is a directory")
 		return
 	}
 	if err := writeFileAtomic(p, r.Body, mode); err != nil {
@@ -143,11 +143,11 @@ func fileError(w http.ResponseWriter, err error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, err.Error())
+		writeError(w, http.StatusNotFound, proto.CodeNotFound, err.Error())
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, fs.ErrInvalid), errors.Is(err, syscall.ENOTDIR),
 		errors.Is(err, syscall.EISDIR), errors.As(err, &mbe):
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, err.Error())
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, err.Error())
 	default:
-		writeError(w, http.StatusInternalServerError, apiv1.CodeInternal, err.Error())
+		writeError(w, http.StatusInternalServerError, proto.CodeInternal, err.Error())
 	}
 }

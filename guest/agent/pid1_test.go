@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/agent"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // pid1Env makes the test binary act as the agent, serving on its fd 3 (see TestMain).
@@ -96,7 +96,7 @@ func TestPID1Reaper(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, _, code, err := c.Run(ctx, apiv1.ExecRequest{
+			out, _, code, err := c.Run(ctx, proto.ExecRequest{
 				Cmd: []string{"sh", "-c", "(sleep 0.1 &); echo $0; exit $(($0 % 7))", fmt.Sprint(i)}})
 			if err != nil || code != i%7 || string(out) != fmt.Sprintf("%d\n", i) {
 				errs <- fmt.Errorf("exec %d: out %q code %d err %v", i, out, code, err)
@@ -111,7 +111,7 @@ func TestPID1Reaper(t *testing.T) {
 
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		out, _, _, err := c.Run(ctx, apiv1.ExecRequest{Cmd: []string{"sh", "-c",
+		out, _, _, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{"sh", "-c",
 			`for f in /proc/[0-9]*/stat; do read -r l < "$f" && echo "$l"; done 2>/dev/null`}})
 		if err != nil {
 			t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // Paths of the resume contract inside a sandbox (Run uses them; Serve takes
@@ -253,17 +253,17 @@ func (r *resumer) writeAtomic(path string, data []byte, mode os.FileMode) error 
 
 func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 	received := time.Now()
-	var rq apiv1.ResumeRequest
+	var rq proto.ResumeRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxResumeBody)).Decode(&rq); err != nil {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "bad resume request: "+err.Error())
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "bad resume request: "+err.Error())
 		return
 	}
 	if rq.HookDeadlineS < 0 || rq.AckDeadlineS < 0 {
-		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "deadlines must be >= 0")
+		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "deadlines must be >= 0")
 		return
 	}
 	if s.resume == nil {
-		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, "resume contract not enabled (no run dir)")
+		writeError(w, http.StatusNotFound, proto.CodeNotFound, "resume contract not enabled (no run dir)")
 		return
 	}
 	writeJSON(w, http.StatusOK, s.resume.resume(rq, received))
@@ -272,7 +272,7 @@ func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 // resume runs the contract's steps in their fixed order and returns the report.
 // received is when the request arrived: the clock step compares the host's time
 // with the sandbox's at that moment, so the skew does not count the steps before it.
-func (r *resumer) resume(rq apiv1.ResumeRequest, received time.Time) apiv1.ResumeReport {
+func (r *resumer) resume(rq proto.ResumeRequest, received time.Time) proto.ResumeReport {
 	r.run.Lock()
 	defer r.run.Unlock()
 	hookDeadline := time.Duration(rq.HookDeadlineS * float64(time.Second))
@@ -287,13 +287,13 @@ func (r *resumer) resume(rq apiv1.ResumeRequest, received time.Time) apiv1.Resum
 	if rq.Start {
 		evName = "start"
 	}
-	rep := apiv1.ResumeReport{Event: evName, Generation: rq.Generation, Forked: rq.Forked,
-		SnapshotID: rq.SnapshotID, Hooks: []apiv1.ResumeHook{}, OK: true,
-		Subscribers: apiv1.ResumeSubscribers{TimedOut: []string{}}}
+	rep := proto.ResumeReport{Event: evName, Generation: rq.Generation, Forked: rq.Forked,
+		SnapshotID: rq.SnapshotID, Hooks: []proto.ResumeHook{}, OK: true,
+		Subscribers: proto.ResumeSubscribers{TimedOut: []string{}}}
 	step := func(name string, f func() (string, error)) {
 		t0 := time.Now()
 		detail, err := f()
-		st := apiv1.ResumeStep{Name: name, MS: ms(time.Since(t0)), OK: err == nil, Detail: detail}
+		st := proto.ResumeStep{Name: name, MS: ms(time.Since(t0)), OK: err == nil, Detail: detail}
 		if err != nil {
 			if st.Detail != "" {
 				st.Detail += ": "
@@ -405,7 +405,7 @@ func (r *resumer) resume(rq apiv1.ResumeRequest, received time.Time) apiv1.Resum
 
 // notify sends ev to every client and waits until every subscriber acknowledged
 // ev.Seq or the deadline passed. At start nobody is waited for.
-func (r *resumer) notify(ev Event, deadline time.Duration, start bool, sub *apiv1.ResumeSubscribers) (string, error) {
+func (r *resumer) notify(ev Event, deadline time.Duration, start bool, sub *proto.ResumeSubscribers) (string, error) {
 	r.mu.Lock()
 	clients := make([]*eventClient, 0, len(r.clients))
 	for c := range r.clients {
@@ -468,8 +468,8 @@ func (r *resumer) notify(ev Event, deadline time.Duration, start bool, sub *apiv
 
 // runHooks runs every executable regular file of the hooks directory in lexical
 // order, each bounded by deadline.
-func (r *resumer) runHooks(rq apiv1.ResumeRequest, deadline time.Duration) ([]apiv1.ResumeHook, error) {
-	out := []apiv1.ResumeHook{}
+func (r *resumer) runHooks(rq proto.ResumeRequest, deadline time.Duration) ([]proto.ResumeHook, error) {
+	out := []proto.ResumeHook{}
 	ents, err := os.ReadDir(r.hooksDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return out, nil
@@ -502,10 +502,10 @@ func (r *resumer) runHooks(rq apiv1.ResumeRequest, deadline time.Duration) ([]ap
 	return out, nil
 }
 
-func (r *resumer) runHook(name, path string, env []string, deadline time.Duration) apiv1.ResumeHook {
+func (r *resumer) runHook(name, path string, env []string, deadline time.Duration) proto.ResumeHook {
 	t0 := time.Now()
-	h := apiv1.ResumeHook{Name: name}
-	done := func() apiv1.ResumeHook { h.MS = ms(time.Since(t0)); return h }
+	h := proto.ResumeHook{Name: name}
+	done := func() proto.ResumeHook { h.MS = ms(time.Since(t0)); return h }
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		h.ExitCode, h.Output = exitNotStarted, err.Error()

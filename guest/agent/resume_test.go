@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/agent"
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // startResumeAgent serves the agent with the resume contract enabled in fresh run
@@ -86,7 +86,7 @@ func (e *eventConn) send(s string) {
 	}
 }
 
-func resumeCall(t *testing.T, c *agentclient.Client, req apiv1.ResumeRequest) apiv1.ResumeReport {
+func resumeCall(t *testing.T, c *agentclient.Client, req proto.ResumeRequest) proto.ResumeReport {
 	t.Helper()
 	if req.HostTime.IsZero() {
 		req.HostTime = time.Now()
@@ -98,7 +98,7 @@ func resumeCall(t *testing.T, c *agentclient.Client, req apiv1.ResumeRequest) ap
 	return rep
 }
 
-func stepNames(rep apiv1.ResumeReport) string {
+func stepNames(rep proto.ResumeReport) string {
 	var n []string
 	for _, s := range rep.Steps {
 		n = append(n, s.Name)
@@ -110,7 +110,7 @@ func TestResumeContract(t *testing.T) {
 	c, runDir, _ := startResumeAgent(t)
 
 	// First start: generation file and a start event; no hooks.
-	rep := resumeCall(t, c, apiv1.ResumeRequest{Generation: 7, Start: true})
+	rep := resumeCall(t, c, proto.ResumeRequest{Generation: 7, Start: true})
 	if !rep.OK || rep.Event != "start" || stepNames(rep) != "generation,reseed,clock,notify,hooks" {
 		t.Fatalf("start report %+v", rep)
 	}
@@ -140,7 +140,7 @@ func TestResumeContract(t *testing.T) {
 		}
 	}()
 	host := time.Now().Add(-2 * time.Second) // a host clock 2 s behind
-	rep = resumeCall(t, c, apiv1.ResumeRequest{Generation: 9, Forked: true, SnapshotID: "snap-x", HostTime: host, AckDeadlineS: 5})
+	rep = resumeCall(t, c, proto.ResumeRequest{Generation: 9, Forked: true, SnapshotID: "snap-x", HostTime: host, AckDeadlineS: 5})
 	if f := <-gotFile; f != "9\n" {
 		t.Errorf("subscriber saw generation file %q at the event, want 9", f)
 	}
@@ -184,7 +184,7 @@ func TestResumeContract(t *testing.T) {
 		}
 	}()
 	t0 := time.Now()
-	rep = resumeCall(t, c, apiv1.ResumeRequest{Generation: 10, AckDeadlineS: 0.3})
+	rep = resumeCall(t, c, proto.ResumeRequest{Generation: 10, AckDeadlineS: 0.3})
 	if d := time.Since(t0); d < 250*time.Millisecond || d > 3*time.Second {
 		t.Errorf("resume with a mute subscriber took %v, want about the 0.3 s deadline", d)
 	}
@@ -214,7 +214,7 @@ func TestResumeHooks(t *testing.T) {
 	hook("50-big", "head -c 100000 /dev/zero | tr '\\0' x", 0o755)
 
 	t0 := time.Now()
-	rep := resumeCall(t, c, apiv1.ResumeRequest{Generation: 3, Forked: true, SnapshotID: "snap-h", HookDeadlineS: 0.5})
+	rep := resumeCall(t, c, proto.ResumeRequest{Generation: 3, Forked: true, SnapshotID: "snap-h", HookDeadlineS: 0.5})
 	if d := time.Since(t0); d > 5*time.Second {
 		t.Errorf("resume took %v", d)
 	}
@@ -243,7 +243,7 @@ func TestResumeHooks(t *testing.T) {
 	}
 
 	// At start no hook runs.
-	rep = resumeCall(t, c, apiv1.ResumeRequest{Generation: 4, Start: true})
+	rep = resumeCall(t, c, proto.ResumeRequest{Generation: 4, Start: true})
 	if len(rep.Hooks) != 0 || !rep.OK {
 		t.Errorf("start: %+v", rep)
 	}

@@ -1,6 +1,16 @@
 // Package agentclient is the host side of the guest agent protocol (package
-// github.com/torpor/torpor/guest/agent): a Go client that reaches one sandbox's agent
-// through a caller-supplied dial function and keeps its connections alive.
+// guest/proto, served by package guest/agent): a Go client that reaches one
+// sandbox's agent through a caller-supplied dial function and keeps its
+// connections alive.
+//
+// The agent of a resumed sandbox is the one its snapshot was taken with, so it
+// may speak an older protocol version than this package's proto.Version. The
+// client learns the version once, in WaitReady (from the health answer; no
+// extra round trip per call), exposes it as ProtocolVersion, refuses a version
+// outside proto.MinVersion..proto.Version (ErrUnsupportedVersion), and serves
+// each call on the path the agent's version has. Every call of this package is
+// served by every supported version: protocol version 2 added only the version
+// report itself.
 package agentclient
 
 import (
@@ -15,9 +25,10 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
 )
 
 // baseURL is the URL prefix of every request; the host name is never resolved, the
@@ -28,6 +39,9 @@ const baseURL = "http://torpor-agent"
 type Client struct {
 	tr *http.Transport
 	hc *http.Client
+	// version is the agent's protocol version, learnt by WaitReady (0 before).
+	version atomic.Int32
+	agent   atomic.Pointer[string]
 }
 
 // New returns a client whose connections are made by dial (for a sandbox: a TCP
@@ -59,7 +73,29 @@ func TCPDialer(addr string) func(ctx context.Context) (net.Conn, error) {
 // is hibernated). Later calls dial again.
 func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
 
-// Error is an error answer of the agent: HTTP status, apiv1 error code ("not_found",
+// ErrUnsupportedVersion is the error (via errors.Is) of an agent whose protocol
+// version this host does not speak: below proto.MinVersion or above proto.Version.
+var ErrUnsupportedVersion = errors.New("unsupported guest agent protocol version")
+
+// VersionError says which version an agent reported and which this host speaks.
+// It matches ErrUnsupportedVersion.
+type VersionError struct {
+	Version  int    // the agent's protocol version
+	Agent    string // the agent's build, as it reported it ("" before version 2)
+	Min, Max int    // proto.MinVersion, proto.Version
+}
+
+func (e *VersionError) Error() string {
+	s := fmt.Sprintf("torpor agent speaks protocol version %d", e.Version)
+	if e.Agent != "" {
+		s += " (" + e.Agent + ")"
+	}
+	return s + fmt.Sprintf("; this host speaks versions %d to %d: %v", e.Min, e.Max, ErrUnsupportedVersion)
+}
+
+func (e *VersionError) Is(target error) bool { return target == ErrUnsupportedVersion }
+
+// Error is an error answer of the agent: HTTP status, proto error code ("not_found",
 // "invalid_argument", "internal", …) and message.
 type Error struct {
 	Status  int
@@ -74,7 +110,7 @@ func (e *Error) Error() string {
 // IsNotFound reports whether err is an agent answer with code "not_found".
 func IsNotFound(err error) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Code == apiv1.CodeNotFound
+	return errors.As(err, &e) && e.Code == proto.CodeNotFound
 }
 
 // StartError says the agent could not start a command (not found, bad cwd, …); the
@@ -89,16 +125,16 @@ func (e *StartError) Error() string { return "torpor agent: cannot start command
 func errorFrom(resp *http.Response) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var eb apiv1.ErrorBody
+	var eb proto.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
 		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 	}
-	code := apiv1.CodeInternal
+	code := proto.CodeInternal
 	switch resp.StatusCode {
 	case http.StatusNotFound:
-		code = apiv1.CodeNotFound
+		code = proto.CodeNotFound
 	case http.StatusBadRequest:
-		code = apiv1.CodeInvalidArgument
+		code = proto.CodeInvalidArgument
 	}
 	msg := strings.TrimSpace(string(b))
 	if msg == "" {
@@ -130,16 +166,14 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, si
 }
 
 // HealthInfo is the body of GET /health.
-type HealthInfo struct {
-	OK        bool      `json:"ok"`
-	Pid       int       `json:"pid"`
-	StartedAt time.Time `json:"started_at"`
-}
+type HealthInfo = proto.Health
 
-// Info returns the agent's health answer: its pid (1 in a sandbox) and start time.
+// Info returns the agent's health answer: its pid (1 in a sandbox), start time
+// and (since protocol version 2) its protocol version and build; proto.VersionOf
+// reads the version of an answer that has none.
 func (c *Client) Info(ctx context.Context) (HealthInfo, error) {
 	var h HealthInfo
-	resp, err := c.do(ctx, http.MethodGet, "/health", nil, 0, "")
+	resp, err := c.do(ctx, http.MethodGet, proto.PathHealth, nil, 0, "")
 	if err != nil {
 		return h, err
 	}
@@ -160,18 +194,26 @@ func (c *Client) Health(ctx context.Context) error {
 	return err
 }
 
-// WaitReady polls Health until it succeeds, ctx is done or timeout passes; it polls
+// WaitReady polls Info until it succeeds, ctx is done or timeout passes; it polls
 // every 5 ms at first, backing off to every 50 ms. Each attempt is bounded by 1 s.
-// On failure it returns the last Health error.
+// On failure it returns the last Info error. The answer's protocol version (1 when
+// absent) becomes ProtocolVersion; a version outside proto.MinVersion..proto.Version
+// is a *VersionError (ErrUnsupportedVersion) at once, without further polling.
 func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	delay := 5 * time.Millisecond
 	for {
 		actx, acancel := context.WithTimeout(ctx, time.Second)
-		err := c.Health(actx)
+		h, err := c.Info(actx)
 		acancel()
 		if err == nil {
+			v := proto.VersionOf(h)
+			if v < proto.MinVersion || v > proto.Version {
+				return &VersionError{Version: v, Agent: h.Agent, Min: proto.MinVersion, Max: proto.Version}
+			}
+			c.agent.Store(&h.Agent)
+			c.version.Store(int32(v))
 			return nil
 		}
 		t := time.NewTimer(delay)
@@ -187,6 +229,20 @@ func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// ProtocolVersion returns the protocol version of the agent, as learnt by the last
+// successful WaitReady: between proto.MinVersion and proto.Version; 0 before.
+func (c *Client) ProtocolVersion() int { return int(c.version.Load()) }
+
+// AgentBuild returns the build the agent reported at WaitReady (e.g.
+// "torpor-agent (devel) vcs.revision=…"); "" before, or for a version 1 agent,
+// which reports none.
+func (c *Client) AgentBuild() string {
+	if p := c.agent.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // ExecStream is a running exec's answer, read event by event. Close it when done;
 // closing it before the last event drops the connection, which makes the agent kill
 // the command's process group.
@@ -200,12 +256,12 @@ type ExecStream struct {
 // Exec starts req in the sandbox and returns its event stream. An agent error answer
 // (e.g. empty cmd: 400 invalid_argument) is an *Error. A command that cannot be
 // started is not an error here: the stream's only event carries Error and exit code 127.
-func (c *Client) Exec(ctx context.Context, req apiv1.ExecRequest) (*ExecStream, error) {
+func (c *Client) Exec(ctx context.Context, req proto.ExecRequest) (*ExecStream, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/exec", bytes.NewReader(b), int64(len(b)), "application/json")
+	resp, err := c.do(ctx, http.MethodPost, proto.PathExec, bytes.NewReader(b), int64(len(b)), proto.ContentTypeJSON)
 	if err != nil {
 		return nil, err
 	}
@@ -216,8 +272,8 @@ func (c *Client) Exec(ctx context.Context, req apiv1.ExecRequest) (*ExecStream, 
 // ExitCode (foreground), Pid (background start) or Error (not started). After the last
 // event it returns io.EOF; if the stream breaks before it, io.ErrUnexpectedEOF or the
 // read error.
-func (s *ExecStream) Next() (apiv1.ExecEvent, error) {
-	var ev apiv1.ExecEvent
+func (s *ExecStream) Next() (proto.ExecEvent, error) {
+	var ev proto.ExecEvent
 	if s.done {
 		return ev, io.EOF
 	}
@@ -229,9 +285,9 @@ func (s *ExecStream) Next() (apiv1.ExecEvent, error) {
 			err = io.ErrUnexpectedEOF
 		}
 		s.err = err
-		return apiv1.ExecEvent{}, err
+		return proto.ExecEvent{}, err
 	}
-	if ev.ExitCode != nil || ev.Pid != 0 || ev.Error != "" {
+	if ev.Last() {
 		s.done = true
 		// Read to the end so the connection goes back to the idle pool.
 		io.Copy(io.Discard, io.LimitReader(s.body, 4096))
@@ -245,7 +301,7 @@ func (s *ExecStream) Close() error { return s.body.Close() }
 // Run executes req and collects its output. exitCode is the command's exit code (124
 // on timeout, 128+sig when killed by a signal). If the command could not be started,
 // err is a *StartError and exitCode 127. For a background start use Start.
-func (c *Client) Run(ctx context.Context, req apiv1.ExecRequest) (stdout, stderr []byte, exitCode int, err error) {
+func (c *Client) Run(ctx context.Context, req proto.ExecRequest) (stdout, stderr []byte, exitCode int, err error) {
 	st, err := c.Exec(ctx, req)
 	if err != nil {
 		return nil, nil, -1, err
@@ -281,7 +337,7 @@ func (c *Client) Run(ctx context.Context, req apiv1.ExecRequest) (stdout, stderr
 
 // Start runs req in the background (it sets req.Background) and returns the pid of
 // the detached process; its output goes to /tmp/torpor-bg-<pid>.log in the sandbox.
-func (c *Client) Start(ctx context.Context, req apiv1.ExecRequest) (int, error) {
+func (c *Client) Start(ctx context.Context, req proto.ExecRequest) (int, error) {
 	req.Background = true
 	st, err := c.Exec(ctx, req)
 	if err != nil {
@@ -305,7 +361,7 @@ func (c *Client) Start(ctx context.Context, req apiv1.ExecRequest) (int, error) 
 // in bytes. The caller must close the reader. Missing: *Error with code "not_found";
 // relative path or directory: "invalid_argument".
 func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
-	resp, err := c.do(ctx, http.MethodGet, "/files?path="+url.QueryEscape(path), nil, 0, "")
+	resp, err := c.do(ctx, http.MethodGet, filesURL(path, ""), nil, 0, "")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -324,8 +380,7 @@ func (c *Client) WriteFileMode(ctx context.Context, path string, r io.Reader, si
 	if r == nil {
 		r = http.NoBody
 	}
-	q := "/files?path=" + url.QueryEscape(path) + "&mode=" + strconv.FormatUint(uint64(mode&0o7777), 8)
-	resp, err := c.do(ctx, http.MethodPut, q, r, size, "application/octet-stream")
+	resp, err := c.do(ctx, http.MethodPut, filesURL(path, strconv.FormatUint(uint64(mode&0o7777), 8)), r, size, proto.ContentTypeFile)
 	if err != nil {
 		return err
 	}
@@ -334,19 +389,28 @@ func (c *Client) WriteFileMode(ctx context.Context, path string, r io.Reader, si
 	return nil
 }
 
+// filesURL is the path and query of the file endpoint for the sandbox file path,
+// with the octal mode when not "".
+func filesURL(path, mode string) string {
+	q := url.Values{proto.QueryPath: {path}}
+	if mode != "" {
+		q.Set(proto.QueryMode, mode)
+	}
+	return proto.PathFiles + "?" + q.Encode()
+}
+
 // Resume runs the resume contract in the sandbox (POST /resume): the agent writes
 // the generation, reseeds, checks the clock, notifies the sandbox's processes and
 // waits for its subscribers, runs the user hooks, and answers the report. The call
 // lasts as long as the subscribers and hooks take; bound it with ctx. An agent
-// without the endpoint (an older one, from an older snapshot) gives an *Error with
-// code "not_found".
-func (c *Client) Resume(ctx context.Context, req apiv1.ResumeRequest) (apiv1.ResumeReport, error) {
-	var rep apiv1.ResumeReport
+// without the resume contract enabled gives an *Error with code "not_found".
+func (c *Client) Resume(ctx context.Context, req proto.ResumeRequest) (proto.ResumeReport, error) {
+	var rep proto.ResumeReport
 	b, err := json.Marshal(req)
 	if err != nil {
 		return rep, err
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/resume", bytes.NewReader(b), int64(len(b)), "application/json")
+	resp, err := c.do(ctx, http.MethodPost, proto.PathResume, bytes.NewReader(b), int64(len(b)), proto.ContentTypeJSON)
 	if err != nil {
 		return rep, err
 	}

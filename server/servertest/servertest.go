@@ -7,6 +7,8 @@ package servertest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,10 +56,14 @@ type Options struct {
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
 	// Store selects the snapshot store (passed to server.Config.Store); the zero
-	// value is the default plain-file store.
+	// value is the default for a new data directory, the chunked store on local
+	// disk (server.ResolveStoreKind).
 	Store server.StoreConfig
 	// Logger receives the server's log (nil = warnings and errors to the test's log).
 	Logger *slog.Logger
+	// AgentPath is the guest agent binary the server installs ("" = AgentBinary,
+	// built from this checkout).
+	AgentPath string
 }
 
 var (
@@ -73,9 +79,11 @@ func Root() string {
 }
 
 // AgentBinary builds the guest agent once per test process and returns its
-// path: .tools/build/test-agent/torpor-agent in the checkout (ignored by git),
-// one file that every test process replaces by rename (a process reading the
-// previous one keeps it), so test runs leave nothing behind in /tmp.
+// path: .tools/build/test-agent/torpor-agent-<sha256 prefix> in the checkout
+// (ignored by git), named by its content, so test processes building other
+// sources at once (worktrees sharing .tools) never replace each other's agent,
+// and test runs leave nothing behind in /tmp. Agents of other builds not
+// refreshed for a day are removed.
 func AgentBinary(t testing.TB) string {
 	agentOnce.Do(func() {
 		dir := filepath.Join(Root(), ".tools", "build", "test-agent")
@@ -89,15 +97,30 @@ func AgentBinary(t testing.TB) string {
 			return
 		}
 		defer os.RemoveAll(tmp)
-		cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, "torpor-agent"), "./cmd/torpor-agent")
+		bin := filepath.Join(tmp, "torpor-agent")
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/torpor-agent")
 		cmd.Dir = Root()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			agentErr = fmt.Errorf("build agent: %v: %s", err, out)
 			return
 		}
-		agentPath = filepath.Join(dir, "torpor-agent")
-		agentErr = os.Rename(filepath.Join(tmp, "torpor-agent"), agentPath)
+		b, err := os.ReadFile(bin)
+		if err != nil {
+			agentErr = err
+			return
+		}
+		sum := sha256.Sum256(b)
+		agentPath = filepath.Join(dir, "torpor-agent-"+hex.EncodeToString(sum[:6]))
+		if agentErr = os.Rename(bin, agentPath); agentErr != nil {
+			return
+		}
+		old, _ := filepath.Glob(filepath.Join(dir, "torpor-agent*"))
+		for _, p := range old {
+			if fi, err := os.Stat(p); err == nil && p != agentPath && time.Since(fi.ModTime()) > 24*time.Hour {
+				os.Remove(p)
+			}
+		}
 	})
 	if agentErr != nil {
 		t.Fatal(agentErr)
@@ -127,8 +150,12 @@ func Start(t testing.TB, opts Options) *Server {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	agent := opts.AgentPath
+	if agent == "" {
+		agent = AgentBinary(t)
+	}
 	cfg := server.Config{
-		DataDir: dir, RunscPath: Runsc(t), AgentPath: AgentBinary(t),
+		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TestResumeDelay:    opts.TestResumeDelay,
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,

@@ -21,9 +21,9 @@ import (
 // backend. See the package comment for the contract.
 
 // maxUploadRetry caps the backoff between failed upload attempts: once S3 is
-// back, a pending snapshot becomes durable within this long (it was 60 s; a
-// reviewer waited 32 s after the outage), and an attempt while S3 is down
-// costs one failed request.
+// back, a pending snapshot becomes durable within this long (a 60 s cap once
+// kept a reviewer waiting 32 s after an outage), and an attempt while S3 is
+// down costs one failed request.
 const maxUploadRetry = 15 * time.Second
 
 var _ snapshot.AsyncStore = (*Store)(nil)

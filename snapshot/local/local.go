@@ -1,4 +1,6 @@
-// Package local is the snapshot store on a local directory: the embedded default.
+// Package local is the plain snapshot store on a local directory (`torpor serve
+// --store plain`): each snapshot kept as the engine's files. The default for a
+// new data directory is the chunked store (package snapshot/chunked).
 //
 // Layout under the store's directory:
 //

@@ -1,6 +1,6 @@
 // Package resume is torpor's Go SDK for the resume contract: code running inside
 // a torpor sandbox uses it to come back correctly after a hibernation, a resume
-// or a fork (see "The resume contract" in DESIGN.md).
+// or a fork (see docs/resume-contract.md).
 //
 // A memory snapshot restores a process exactly as it was: the same random
 // generator state, the same cached times and tokens, pooled connections whose

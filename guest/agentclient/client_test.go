@@ -1,0 +1,204 @@
+package agentclient_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/guest/proto"
+)
+
+// fakeAgent imitates an agent's HTTP answers with the literal bodies given, and
+// counts the requests per "METHOD /path".
+type fakeAgent struct {
+	health string // body of GET /health
+	mu     sync.Mutex
+	calls  map[string]int
+	files  map[string]string // path -> content; PUT stores "mode:content"
+	lastRQ proto.ResumeRequest
+}
+
+func (f *fakeAgent) count(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[key]
+}
+
+func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.calls[r.Method+" "+r.URL.Path]++
+	f.mu.Unlock()
+	switch r.Method + " " + r.URL.Path {
+	case "GET /health":
+		io.WriteString(w, f.health)
+	case "POST /exec":
+		var req map[string]any
+		json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		if req["background"] == true {
+			io.WriteString(w, `{"pid":42}`+"\n")
+			return
+		}
+		// "hi\n" on stdout, "oops" on stderr, exit 3: what the version 1 agent sends.
+		io.WriteString(w, `{"stream":"stdout","data":"aGkK"}`+"\n"+`{"stream":"stderr","data":"b29wcw=="}`+"\n"+`{"exit_code":3}`+"\n")
+	case "GET /files":
+		p := r.URL.Query().Get("path")
+		f.mu.Lock()
+		c, ok := f.files[p]
+		f.mu.Unlock()
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"error":{"code":"not_found","message":"open `+p+`: no such file or directory"}}`+"\n")
+			return
+		}
+		io.WriteString(w, c)
+	case "PUT /files":
+		b, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.files[r.URL.Query().Get("path")] = r.URL.Query().Get("mode") + ":" + string(b)
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	case "POST /resume":
+		f.mu.Lock()
+		json.NewDecoder(r.Body).Decode(&f.lastRQ)
+		f.mu.Unlock()
+		io.WriteString(w, `{"event":"resume","generation":7,"forked":true,"snapshot_id":"snp_1",`+
+			`"steps":[{"name":"generation","ms":0.1,"ok":true,"detail":"generation 7 written"},{"name":"reseed","ms":0.2,"ok":true}],`+
+			`"clock":{"skew_ms":-1.5,"corrected":"none"},"subscribers":{"total":1,"acked":1,"timed_out":[]},`+
+			`"hooks":[{"name":"10-x","exit_code":0,"ms":3,"timed_out":false,"output":"ok\n"}],"ok":true}`+"\n")
+	default:
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"error":{"code":"not_found","message":"no such endpoint: `+r.URL.Path+`"}}`+"\n")
+	}
+}
+
+func startFake(t *testing.T, health string) (*agentclient.Client, *fakeAgent) {
+	t.Helper()
+	f := &fakeAgent{health: health, calls: map[string]int{}, files: map[string]string{"/etc/hostname": "sbx\n"}}
+	hs := httptest.NewServer(f)
+	t.Cleanup(hs.Close)
+	c := agentclient.New(agentclient.TCPDialer(strings.TrimPrefix(hs.URL, "http://")))
+	t.Cleanup(c.CloseIdleConnections)
+	return c, f
+}
+
+// The health answer of the agent at protocol version 1: no protocol_version, no agent.
+const v1Health = `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05.123456789Z"}` + "\n"
+
+// TestVersion1Agent drives an imitation of a version 1 agent (no version in its
+// health answer) through every call the host makes.
+func TestVersion1Agent(t *testing.T) {
+	c, f := startFake(t, v1Health)
+	ctx := context.Background()
+	if v := c.ProtocolVersion(); v != 0 {
+		t.Fatalf("ProtocolVersion() before WaitReady = %d, want 0", v)
+	}
+	if err := c.WaitReady(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if v, b := c.ProtocolVersion(), c.AgentBuild(); v != proto.Version1 || b != "" {
+		t.Fatalf("ProtocolVersion() = %d, AgentBuild() = %q; want 1 and \"\" for an agent that reports no version", v, b)
+	}
+	h, err := c.Info(ctx)
+	if err != nil || h.Pid != 1 || !h.StartedAt.Equal(time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC)) {
+		t.Fatalf("Info = %+v, %v", h, err)
+	}
+
+	const n = 5
+	for range n {
+		out, errb, code, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{"sh", "-c", "x"}})
+		if err != nil || string(out) != "hi\n" || string(errb) != "oops" || code != 3 {
+			t.Fatalf("Run = %q %q %d %v", out, errb, code, err)
+		}
+	}
+	if pid, err := c.Start(ctx, proto.ExecRequest{Cmd: []string{"sleep", "1"}}); err != nil || pid != 42 {
+		t.Fatalf("Start = %d, %v", pid, err)
+	}
+	// The version was learnt once: execs are one request each, no health check.
+	if hc, ec := f.count("GET /health"), f.count("POST /exec"); hc != 2 || ec != n+1 {
+		t.Fatalf("requests: %d GET /health (want 2: WaitReady and Info), %d POST /exec (want %d)", hc, ec, n+1)
+	}
+
+	rc, size, err := c.ReadFile(ctx, "/etc/hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "sbx\n" || size != 4 {
+		t.Fatalf("ReadFile = %q (%d bytes)", b, size)
+	}
+	if _, _, err := c.ReadFile(ctx, "/nope"); !agentclient.IsNotFound(err) {
+		t.Fatalf("ReadFile of a missing file: %v, want not_found", err)
+	}
+	if err := c.WriteFileMode(ctx, "/tmp/a b", bytes.NewReader([]byte("data")), 4, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	got := f.files["/tmp/a b"]
+	f.mu.Unlock()
+	if got != "755:data" {
+		t.Fatalf("agent got PUT /files %q, want mode 755 and the bytes", got)
+	}
+
+	at := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
+	rep, err := c.Resume(ctx, proto.ResumeRequest{Generation: 7, Forked: true, SnapshotID: "snp_1", HostTime: at, HookDeadlineS: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.lastRQ.Generation != 7 || !f.lastRQ.Forked || f.lastRQ.SnapshotID != "snp_1" || !f.lastRQ.HostTime.Equal(at) || f.lastRQ.HookDeadlineS != 2 {
+		t.Fatalf("agent got resume request %+v", f.lastRQ)
+	}
+	if !rep.OK || rep.Event != "resume" || rep.Generation != 7 || len(rep.Steps) != 2 || rep.Steps[0].Detail != "generation 7 written" ||
+		rep.Clock.SkewMS != -1.5 || rep.Subscribers.Acked != 1 || len(rep.Hooks) != 1 || rep.Hooks[0].Output != "ok\n" {
+		t.Fatalf("resume report = %+v", rep)
+	}
+}
+
+func TestVersions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		health  string
+		want    int  // ProtocolVersion after WaitReady
+		refused bool // WaitReady fails with ErrUnsupportedVersion
+	}{
+		{"version 1 (absent)", v1Health, 1, false},
+		{"version 2", `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05Z","protocol_version":2,"agent":"torpor-agent x"}`, 2, false},
+		{"newer than this host", `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05Z","protocol_version":99,"agent":"torpor-agent future"}`, 0, true},
+		{"below the minimum", `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05Z","protocol_version":-1}`, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, f := startFake(t, tc.health)
+			t0 := time.Now()
+			err := c.WaitReady(context.Background(), 5*time.Second)
+			if tc.refused {
+				var ve *agentclient.VersionError
+				if !errors.Is(err, agentclient.ErrUnsupportedVersion) || !errors.As(err, &ve) {
+					t.Fatalf("WaitReady = %v, want ErrUnsupportedVersion", err)
+				}
+				if ve.Min != proto.MinVersion || ve.Max != proto.Version || ve.Version == proto.Version {
+					t.Fatalf("VersionError = %+v", ve)
+				}
+				// Refused at the first answer, not retried until the timeout.
+				if d := time.Since(t0); d > 2*time.Second || f.count("GET /health") != 1 {
+					t.Fatalf("refusal took %v and %d health checks", d, f.count("GET /health"))
+				}
+				t.Logf("refused: %v", err)
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if v := c.ProtocolVersion(); v != tc.want {
+				t.Fatalf("ProtocolVersion() = %d, want %d", v, tc.want)
+			}
+		})
+	}
+}
