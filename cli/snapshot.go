@@ -254,7 +254,8 @@ func offlineUsage(ctx context.Context, st snapshot.Store) (apiv1.StoreUsage, err
 			logical += m.Bytes
 		}
 	}
-	return manager.UsageOf(ctx, st, len(ids), logical)
+	u, err := manager.UsageOf(ctx, st, len(ids), logical)
+	return server.WireStoreUsage(u), err
 }
 
 // snapshotLs lists the server's snapshots.

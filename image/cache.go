@@ -3,13 +3,14 @@ package image
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/torpor/torpor/metadata/sqlite"
 )
 
 // prepareVersion changes whenever prepareTree or mkfsArgs change what a build
@@ -117,7 +118,7 @@ func WarmBuildCache(ctx context.Context, cacheDir string, progress io.Writer) er
 		return err
 	}
 	defer removeTree(work)
-	db, err := sql.Open("sqlite", filepath.Join(work, "images.db"))
+	db, err := sqlite.Open(filepath.Join(work, "images.db"))
 	if err != nil {
 		return err
 	}
