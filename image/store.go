@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -238,7 +239,7 @@ func (s *Store) store(ctx context.Context, name, source, tmpPath string, progres
 		if err := os.Rename(tmpPath, final); err != nil {
 			return sandbox.Image{}, fmt.Errorf("image %q: store %s: %w", name, digest, err)
 		}
-		if err := syncDir(filepath.Dir(final)); err != nil {
+		if err := atomicfile.SyncDir(filepath.Dir(final)); err != nil {
 			return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 		}
 	}
@@ -274,18 +275,6 @@ func hashAndSync(path string) (digest string, size int64, err error) {
 		return "", 0, fmt.Errorf("hash %s: %w", path, err)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // invalidError is an error that wraps ErrInvalid without repeating its text.

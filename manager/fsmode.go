@@ -3,13 +3,13 @@ package manager
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/torpor/torpor/guest/proto"
+	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
@@ -117,7 +117,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: read writable layer: %w", s.ID, err))
 	}
-	err = writeSynced(filepath.Join(dir, fsLayerFile), rc)
+	err = atomicfile.WriteFrom(filepath.Join(dir, fsLayerFile), rc, 0o600)
 	rc.Close()
 	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: store writable layer: %w", s.ID, err))
@@ -144,38 +144,8 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
 		return err
 	}
-	elapsed := time.Since(start)
-	m.accrue(ctx, s, time.Now())
-	s.SnapshotID = snapID
-	s.PendingSnapshot = ""
-	s.State = sandbox.StateHibernated
-	s.Instance = ""
-	s.LastHibernateAt = &now
-	s.StateChangedAt = now
-	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
-	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
-		return err
-	}
-	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
-	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
-	m.collectSnapshots(ctx)
-	return nil
-}
-
-func writeSynced(path string, r io.Reader) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	_, err = m.recordSnapshot(ctx, s, man, start, now, false)
+	return err
 }
 
 // resumeFilesystemLocked resumes a sandbox whose snapshot is a writable layer:

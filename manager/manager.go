@@ -471,13 +471,8 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if req.CPUs < MinCPUs || req.CPUs > MaxCPUs {
 		return sandbox.Sandbox{}, invalid("cpus %g: must be between %g and %d", req.CPUs, MinCPUs, MaxCPUs)
 	}
-	for k, v := range req.Env {
-		if !envKeyRE.MatchString(k) {
-			return sandbox.Sandbox{}, invalid("env key %q: must match %s", k, envKeyRE)
-		}
-		if len(v) > MaxEnvValueBytes {
-			return sandbox.Sandbox{}, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
-		}
+	if err := checkEnv(req.Env); err != nil {
+		return sandbox.Sandbox{}, err
 	}
 	pol, err := m.createPolicy(ctx, req)
 	if err != nil {
@@ -781,9 +776,29 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
 		return "", err
 	}
+	snapRec, err := m.recordSnapshot(ctx, s, man, start, now, leaveRunning)
+	if err != nil {
+		return "", err
+	}
+	m.log.Info("snapshot committed", "sandbox", s.ID, "snapshot", snapID, "total_ms", time.Since(start).Milliseconds(),
+		"checkpoint_ms", checkpointDur.Milliseconds(), "commit_ms", commitDur.Milliseconds(),
+		"bytes", man.Bytes, "new_bytes", snapRec.NewBytes, "leave_running", leaveRunning)
+	return snapID, nil
+}
+
+// recordSnapshot ends a hibernate (or, with leaveRunning, a fork source's
+// snapshot) whose snapshot man the store has committed: it accrues the
+// sandbox's usage, makes man the snapshot the sandbox resumes from, and writes
+// the snapshot's record and the sandbox's in one transaction
+// (metadata.CommitHibernate); without leaveRunning the sandbox is then
+// hibernated. start is when the hibernate began (its duration is recorded in
+// ms) and now its commit time. Afterwards it observes the hibernate metrics and
+// collects snapshots no longer needed. Errors are the database's; nothing but
+// the in-memory record s has changed then.
+func (m *Manager) recordSnapshot(ctx context.Context, s *metadata.Sandbox, man snapshot.Manifest, start, now time.Time, leaveRunning bool) (*metadata.Snapshot, error) {
 	elapsed := time.Since(start)
 	m.accrue(ctx, s, time.Now())
-	s.SnapshotID = snapID
+	s.SnapshotID = man.ID
 	s.PendingSnapshot = ""
 	if !leaveRunning {
 		s.State = sandbox.StateHibernated
@@ -791,17 +806,14 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		s.LastHibernateAt = &now
 	}
 	s.StateChangedAt = now
-	snapRec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
-	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
-		return "", err
+	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
+	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
+		return rec, err
 	}
-	m.log.Info("snapshot committed", "sandbox", s.ID, "snapshot", snapID, "total_ms", time.Since(start).Milliseconds(),
-		"checkpoint_ms", checkpointDur.Milliseconds(), "commit_ms", commitDur.Milliseconds(),
-		"bytes", man.Bytes, "new_bytes", snapRec.NewBytes, "leave_running", leaveRunning)
 	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)
-	return snapID, nil
+	return rec, nil
 }
 
 // removeExited removes instance inst of sandbox sandboxID after its
@@ -1181,6 +1193,21 @@ func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, 
 	return c, unlock, nil
 }
 
+// checkEnv checks environment variables for a sandbox or a command: each key
+// matches envKeyRE and each value is at most MaxEnvValueBytes bytes. The error
+// is InvalidArgument naming the first bad key.
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return invalid("env key %q: must match %s", k, envKeyRE)
+		}
+		if len(v) > MaxEnvValueBytes {
+			return invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
+		}
+	}
+	return nil
+}
+
 // Exec starts a command in the sandbox (waking it if hibernated) and returns the
 // guest agent's event stream. The caller must Close it.
 func (m *Manager) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (*ExecStream, error) {
@@ -1190,13 +1217,8 @@ func (m *Manager) Exec(ctx context.Context, id string, req sandbox.ExecRequest) 
 	if req.TimeoutS < 0 || req.TimeoutS > MaxExecTimeoutS {
 		return nil, invalid("timeout_s %g: must be between 0 and %d", req.TimeoutS, MaxExecTimeoutS)
 	}
-	for k, v := range req.Env {
-		if !envKeyRE.MatchString(k) {
-			return nil, invalid("env key %q: must match %s", k, envKeyRE)
-		}
-		if len(v) > MaxEnvValueBytes {
-			return nil, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
-		}
+	if err := checkEnv(req.Env); err != nil {
+		return nil, err
 	}
 	if req.Background && req.Stdin != "" {
 		return nil, invalid("stdin: a background process gets no stdin")
