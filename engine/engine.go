@@ -28,7 +28,7 @@
 // on its default, and a snapshot is restored only by the engine its manifest
 // names, at a Version that engine accepts (Registry.CheckRestore,
 // CompatibilityChecker). What only some engines can do is an optional interface
-// the caller type-asserts: ExitCheckpointer, CPUMeter, HostScoper, io.Closer
+// the caller type-asserts: ExitCheckpointer, CPUMeter, MemoryMeter, HostScoper, io.Closer
 // (host resources to release once no instance runs).
 //
 // # Names

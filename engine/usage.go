@@ -19,3 +19,12 @@ type Mount struct {
 type CPUMeter interface {
 	CPUTime(id string) (time.Duration, error)
 }
+
+// MemoryMeter is implemented by engines that can report the memory an instance
+// holds: used is what its cgroup charges now (guest memory, the engine's own
+// in-sandbox kernel and page cache included), in bytes; limit its memory limit
+// in bytes (0 when it has none). The sandbox manager reports them as a
+// sandbox's metrics.
+type MemoryMeter interface {
+	Memory(id string) (used, limit int64, err error)
+}

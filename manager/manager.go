@@ -320,6 +320,7 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) sandbox.Sandbox
 		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt,
 		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
 		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS, LastResume: s.LastResume,
+		Metadata: s.Metadata,
 	}
 	m.viewPolicy(ctx, s, &v)
 	if s.SnapshotID != "" {
@@ -474,6 +475,9 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := checkEnv(req.Env); err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	if err := checkMetadata(req.Metadata); err != nil {
+		return sandbox.Sandbox{}, err
+	}
 	pol, err := m.createPolicy(ctx, req)
 	if err != nil {
 		return sandbox.Sandbox{}, err
@@ -496,7 +500,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	s := &metadata.Sandbox{
 		ID: newID("sbx-"), State: sandbox.StateCreating, Image: req.Image, ImageDigest: img.Digest,
 		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
-		CreatedAt: now, StateChangedAt: now,
+		Metadata: req.Metadata, CreatedAt: now, StateChangedAt: now,
 	}
 	s.Policy = pol
 	unlock, err := m.lock(ctx, s.ID)
@@ -1091,7 +1095,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			ID: newID("sbx-"), State: sandbox.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
 			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env,
 			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
-			CreatedAt: now, StateChangedAt: now,
+			Metadata: src.Metadata, CreatedAt: now, StateChangedAt: now,
 		}
 		if err := m.forkPolicy(ctx, src, c, opts); err != nil {
 			return nil, err
@@ -1112,26 +1116,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			unlockC, _ := m.lock(ctx, c.ID)
-			defer unlockC()
-			eng := m.on(e, c)
-			if err := eng.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
-				_ = eng.Stop(ctx, c.Instance)
-				m.fail(ctx, c, err)
-				errs[i] = err
-				return
-			}
-			launched := time.Now()
-			if err := m.waitAgent(ctx, c); err != nil {
-				_ = eng.Stop(ctx, c.Instance)
-				m.fail(ctx, c, err)
-				errs[i] = err
-				return
-			}
-			c.LastResume = m.runContract(ctx, c, c.Generation, true, false, src.SnapshotID, launched)
-			t := time.Now().UTC()
-			c.LastResumeAt = &t
-			errs[i] = m.setState(ctx, c, sandbox.StateRunning)
+			errs[i] = m.startClone(ctx, e, c, rootfs, dir)
 		}()
 	}
 	wg.Wait()
@@ -1146,8 +1131,34 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	return out, nil
 }
 
+// startClone restores clone c (recorded in state creating, its SnapshotID the
+// snapshot opened in dir) on engine e from image file rootfs, waits for its
+// guest agent, runs the resume contract as a fork and records it running. On
+// failure c is left in state error and the error returned.
+func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.Sandbox, rootfs, dir string) error {
+	unlock, _ := m.lock(ctx, c.ID)
+	defer unlock()
+	eng := m.on(e, c)
+	if err := eng.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
+		_ = eng.Stop(ctx, c.Instance)
+		m.fail(ctx, c, err)
+		return err
+	}
+	launched := time.Now()
+	if err := m.waitAgent(ctx, c); err != nil {
+		_ = eng.Stop(ctx, c.Instance)
+		m.fail(ctx, c, err)
+		return err
+	}
+	c.LastResume = m.runContract(ctx, c, c.Generation, true, false, c.SnapshotID, launched)
+	t := time.Now().UTC()
+	c.LastResumeAt = &t
+	return m.setState(ctx, c, sandbox.StateRunning)
+}
+
 // lockRunning takes sandbox id's lock and returns it running, resuming it
-// first if it is hibernated; the caller starts its request and then calls
+// first if it is hibernated (unless its policy says it does not resume on
+// request: sandbox.ErrConflict); the caller starts its request and then calls
 // unlock, so no hibernate, resume or delete comes between the choice of
 // instance and the request reaching it. A call that arrives while the sandbox
 // is hibernating or resuming waits for that to finish. Errors: sandbox.ErrNotFound;
@@ -1162,6 +1173,11 @@ func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox
 		switch s.State {
 		case sandbox.StateRunning:
 		case sandbox.StateHibernated:
+			if !s.ResumeOnRequest {
+				err = sandboxConflict(id, "sandbox %s is hibernated and does not resume on request", id).
+					WithHint("resume it first")
+				break
+			}
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
 		case sandbox.StateError:
 			err = sandboxConflict(id, "sandbox %s is in state error: %s", id, s.Error).

@@ -73,6 +73,30 @@ func checkTimeouts(idle, timeout int, onTimeout string) error {
 	return nil
 }
 
+// Limits of a sandbox's metadata (sandbox.Spec.Metadata).
+const (
+	MaxMetadataPairs     = 64
+	MaxMetadataPairBytes = 4 << 10
+)
+
+// checkMetadata checks a sandbox's metadata: at most MaxMetadataPairs pairs,
+// each key non-empty, key and value together at most MaxMetadataPairBytes
+// bytes. The error is InvalidArgument naming the first bad key.
+func checkMetadata(md map[string]string) error {
+	if len(md) > MaxMetadataPairs {
+		return invalid("metadata: %d pairs, at most %d", len(md), MaxMetadataPairs)
+	}
+	for k, v := range md {
+		if k == "" {
+			return invalid("metadata: an empty key")
+		}
+		if len(k)+len(v) > MaxMetadataPairBytes {
+			return invalid("metadata %q: %d bytes with its value, at most %d", k, len(k)+len(v), MaxMetadataPairBytes)
+		}
+	}
+	return nil
+}
+
 func checkOnResume(cmd []string) error {
 	if len(cmd) > 0 && cmd[0] == "" {
 		return invalid("on_resume: must name a program")
@@ -84,7 +108,8 @@ func checkOnResume(cmd []string) error {
 // record's Policy.
 func (m *Manager) createPolicy(ctx context.Context, req sandbox.Spec) (sandbox.Policy, error) {
 	p := sandbox.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
-		HibernationMode: req.HibernationMode, OnResume: req.OnResume, ExpiresAt: utcp(req.ExpiresAt)}
+		HibernationMode: req.HibernationMode, OnResume: req.OnResume, ExpiresAt: utcp(req.ExpiresAt),
+		ResumeOnRequest: req.ResumeOnRequest == nil || *req.ResumeOnRequest}
 	if err := checkExpiry(req.ExpiresAt); err != nil {
 		return p, err
 	}
@@ -185,8 +210,12 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *sandbo
 	v.OnResume = s.OnResume
 	v.Volumes = s.Volumes
 	v.ExpiresAt = s.ExpiresAt
+	v.ResumeOnRequest = s.ResumeOnRequest
 	run, byteS := m.usageAt(ctx, s, time.Now())
 	v.Usage = sandbox.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
+	if s.TimeoutS > 0 {
+		v.TimeoutLeftS = max(0, float64(int64(s.TimeoutS)*1000-(run-s.TimeoutBaseMS))/1000)
+	}
 }
 
 // utcp copies a time in UTC (nil stays nil).

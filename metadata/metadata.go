@@ -117,6 +117,14 @@ type Snapshots interface {
 	UnreferencedSnapshots(ctx context.Context) ([]string, error)
 	// DeleteSnapshot removes the record of id. ErrNotFound if there is none.
 	DeleteSnapshot(ctx context.Context, id string) error
+	// SetSnapshotKept marks the record of id kept (with name, "" for none) or,
+	// with kept false, no longer kept (its name is cleared). A kept record is
+	// never in UnreferencedSnapshots. ErrNotFound if there is no such record;
+	// ErrExists if another record has the name.
+	SetSnapshotKept(ctx context.Context, id string, kept bool, name string) error
+	// SnapshotByName returns the kept record named name. ErrNotFound if there
+	// is none.
+	SnapshotByName(ctx context.Context, name string) (*Snapshot, error)
 }
 
 // Volumes are the named volumes' records (their data is a host directory).
@@ -187,6 +195,8 @@ type Sandbox struct {
 	LastHibernateAt *time.Time
 	LastResumeAt    *time.Time
 	ResumeMS        int64
+	// Metadata is the caller's key-value pairs (sandbox.Spec.Metadata); nil = none.
+	Metadata map[string]string
 	// Policy is the sandbox's lifecycle policies; Meter its metered usage.
 	sandbox.Policy
 	Meter
@@ -220,6 +230,9 @@ type Snapshot struct {
 	LogicalBytes int64
 	StoredBytes  int64
 	NewBytes     int64
+	// Kept and Name: see sandbox.Snapshot (SetSnapshotKept sets them).
+	Kept bool
+	Name string
 }
 
 // Volume is a named volume's record.

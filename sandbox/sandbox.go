@@ -56,6 +56,10 @@ type Policy struct {
 	// ExpiresAt (retention): once passed, a hibernated sandbox is deleted with
 	// its snapshots. nil = never (perpetual standby).
 	ExpiresAt *time.Time
+	// ResumeOnRequest: a request that uses a hibernated sandbox (exec, files, a
+	// proxied connection) resumes it first. When false such a request is
+	// refused (sandbox.ErrConflict) and only an explicit resume wakes it.
+	ResumeOnRequest bool
 }
 
 // Spec is what a new sandbox is asked to be (the manager's Create). Zero
@@ -79,6 +83,11 @@ type Spec struct {
 	OnResume        []string
 	Volumes         []VolumeMount
 	ExpiresAt       *time.Time
+	// ResumeOnRequest: nil = true. See Policy.
+	ResumeOnRequest *bool
+	// Metadata is the caller's key-value pairs, kept with the sandbox and
+	// returned as given (E2B's sandbox metadata); nil = none.
+	Metadata map[string]string
 }
 
 // PolicyUpdate changes a sandbox's policies: nil fields (and an ExpiresAt
@@ -168,6 +177,24 @@ type Sandbox struct {
 	// the last start, resume or fork.
 	LastResume *ResumeReport
 	ExpiresAt  *time.Time
+	// ResumeOnRequest: see Policy.
+	ResumeOnRequest bool
+	// TimeoutLeftS is the running time, in seconds, left before the run
+	// timeout (TimeoutS) fires; 0 when TimeoutS is 0 or it has run out.
+	TimeoutLeftS float64
+	// Metadata: see Spec.
+	Metadata map[string]string
+}
+
+// ResourceSample is what a running sandbox's instance uses at one moment, as
+// its engine meters it (engine.CPUMeter, engine.MemoryMeter): CPUTime is the
+// CPU time used since the instance started; MemoryBytes the memory it holds
+// now and MemoryLimitBytes its limit (0 when the engine cannot say).
+type ResourceSample struct {
+	At               time.Time
+	CPUTime          time.Duration
+	MemoryBytes      int64
+	MemoryLimitBytes int64
 }
 
 // Image is a stored, read-only, content-addressed image.

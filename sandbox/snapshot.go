@@ -33,6 +33,15 @@ type Snapshot struct {
 	UsedBy []string
 }
 
+// KeptSnapshot is a snapshot taken to be kept: a sandbox's saved state that
+// new sandboxes start from (E2B's snapshots). It stays until it is deleted as
+// such, whether or not a sandbox still resumes from it or its sandbox still
+// exists. Name is its optional name, unique among kept snapshots ("" = none).
+type KeptSnapshot struct {
+	Snapshot
+	Name string
+}
+
 // StoreUsage is the snapshot store's footprint, in bytes.
 type StoreUsage struct {
 	// Kind is the store: "chunked", "s3" or "plain" (filled in by whoever knows

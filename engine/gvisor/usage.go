@@ -11,7 +11,10 @@ import (
 	"github.com/torpor/torpor/engine"
 )
 
-var _ engine.CPUMeter = (*Engine)(nil)
+var (
+	_ engine.CPUMeter    = (*Engine)(nil)
+	_ engine.MemoryMeter = (*Engine)(nil)
+)
 
 // CPUTime implements engine.CPUMeter from the instance's cgroup: cpuacct.usage
 // (cgroup v1, ns) or cpu.stat usage_usec (cgroup v2). The cgroup holds the runsc
@@ -40,4 +43,41 @@ func (e *Engine) CPUTime(id string) (time.Duration, error) {
 		}
 	}
 	return 0, fmt.Errorf("gvisor: %s: no usage_usec in cpu.stat", id)
+}
+
+// Memory implements engine.MemoryMeter from the instance's cgroup:
+// memory.usage_in_bytes and memory.limit_in_bytes (cgroup v1) or
+// memory.current and memory.max (cgroup v2). A limit of "max" (v2) or above
+// 2^62 (v1's "none") is reported as 0.
+func (e *Engine) Memory(id string) (used, limit int64, err error) {
+	rel := e.cgroupPath(id)
+	read := func(path string) (int64, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0, err
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 0, nil
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("gvisor: %s: %s: %w", id, filepath.Base(path), err)
+		}
+		if n > 1<<62 {
+			n = 0
+		}
+		return n, nil
+	}
+	v1 := filepath.Join("/sys/fs/cgroup/memory", rel)
+	if used, err = read(filepath.Join(v1, "memory.usage_in_bytes")); err == nil {
+		limit, err = read(filepath.Join(v1, "memory.limit_in_bytes"))
+		return used, limit, err
+	}
+	v2 := filepath.Join("/sys/fs/cgroup", rel)
+	if used, err = read(filepath.Join(v2, "memory.current")); err != nil {
+		return 0, 0, fmt.Errorf("gvisor: %s: memory usage: %w", id, err)
+	}
+	limit, err = read(filepath.Join(v2, "memory.max"))
+	return used, limit, err
 }

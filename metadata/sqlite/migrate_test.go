@@ -140,7 +140,8 @@ func TestOpenMainDatabase(t *testing.T) {
 			LastHibernateAt: &changed, LastResumeAt: &resumed, ResumeMS: 321,
 			Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: "delete", HibernationMode: "filesystem",
 				OnResume: []string{"sh", "-c", "serve"}, Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/data"}},
-				ExpiresAt: &expires},
+				// Every sandbox from before migration 0004 resumes on request.
+				ExpiresAt: &expires, ResumeOnRequest: true},
 			Meter: metadata.Meter{RunningMS: 90000, TimeoutBaseMS: 1000, SnapshotByteS: 123.5, UsageAt: changed},
 			LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 40, Forked: true, SnapshotID: "snap-0",
 				Steps:       []sandbox.ResumeStep{{Name: "reseed", MS: 0.25, OK: true}},

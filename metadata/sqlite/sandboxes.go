@@ -19,7 +19,7 @@ var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
 	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "version"}
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "version"}
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`
@@ -71,23 +71,28 @@ func sandboxValues(s *metadata.Sandbox) []any {
 	if p.ExpiresAt != nil {
 		expires = ts(*p.ExpiresAt)
 	}
+	md := ""
+	if len(s.Metadata) > 0 {
+		b, _ := json.Marshal(s.Metadata)
+		md = string(b)
+	}
 	return []any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
 		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
 		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume,
 		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, s.Version}
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	var s metadata.Sandbox
-	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt string
+	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt, md string
 	var lastH, lastR sql.NullString
 	p, mt := &s.Policy, &s.Meter
 	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
 		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
 		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &s.Version)
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -121,6 +126,9 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	}
 	if usageAt != "" {
 		mt.UsageAt = parseTS(usageAt)
+	}
+	if md != "" {
+		_ = json.Unmarshal([]byte(md), &s.Metadata)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, expiresAt); err == nil {
 		p.ExpiresAt = &t
@@ -231,9 +239,9 @@ func (d *DB) BeginRestore(ctx context.Context, s *metadata.Sandbox) (int64, erro
 // CommitHibernate implements metadata.Sandboxes.
 func (d *DB) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *metadata.Sandbox) error {
 	err := d.inTx(ctx, "commit hibernate "+s.ID, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
+		res, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
 			snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, ts(snap.CreatedAt),
-			snap.LogicalBytes, snap.StoredBytes, snap.NewBytes)
+			snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap))
 		if err != nil {
 			return fmt.Errorf("metadata: put snapshot %s: %w", snap.ID, err)
 		}
@@ -257,13 +265,13 @@ func (d *DB) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
 
 // snapshots
 
-const snapshotCols = `id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at, logical_bytes, stored_bytes, new_bytes`
+const snapshotCols = `id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at, logical_bytes, stored_bytes, new_bytes, kept, name`
 
 func scanSnapshot(r scanner) (*metadata.Snapshot, error) {
 	var s metadata.Snapshot
 	var created string
 	if err := r.Scan(&s.ID, &s.SandboxID, &s.Parent, &s.Bytes, &s.HibernateMS, &s.Engine, &created,
-		&s.LogicalBytes, &s.StoredBytes, &s.NewBytes); err != nil {
+		&s.LogicalBytes, &s.StoredBytes, &s.NewBytes, &s.Kept, &s.Name); err != nil {
 		return nil, err
 	}
 	s.CreatedAt = parseTS(created)
@@ -302,7 +310,45 @@ func (d *DB) SetSnapshotSizes(ctx context.Context, id string, logical, stored, n
 // UnreferencedSnapshots implements metadata.Snapshots.
 func (d *DB) UnreferencedSnapshots(ctx context.Context) ([]string, error) {
 	return queryList(ctx, d, "unreferenced snapshots", `SELECT id FROM snapshots WHERE id NOT IN
-		(SELECT snapshot_id FROM sandboxes UNION SELECT pending_snapshot FROM sandboxes) ORDER BY id`, scanString)
+		(SELECT snapshot_id FROM sandboxes UNION SELECT pending_snapshot FROM sandboxes) AND NOT kept ORDER BY id`, scanString)
+}
+
+// snapName is the name a snapshot record is stored with: only a kept one has one.
+func snapName(s *metadata.Snapshot) string {
+	if !s.Kept {
+		return ""
+	}
+	return s.Name
+}
+
+// SetSnapshotKept implements metadata.Snapshots.
+func (d *DB) SetSnapshotKept(ctx context.Context, id string, kept bool, name string) error {
+	if !kept {
+		name = ""
+	}
+	res, err := d.sql.ExecContext(ctx, `UPDATE snapshots SET kept = ?, name = ? WHERE id = ?`, kept, name, id)
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE") {
+			return fmt.Errorf("snapshot name %q: %w", name, metadata.ErrExists)
+		}
+		return fmt.Errorf("metadata: keep snapshot %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("snapshot %s: %w", id, metadata.ErrNotFound)
+	}
+	return nil
+}
+
+// SnapshotByName implements metadata.Snapshots.
+func (d *DB) SnapshotByName(ctx context.Context, name string) (*metadata.Snapshot, error) {
+	if name == "" {
+		return nil, fmt.Errorf("snapshot name %q: %w", name, metadata.ErrNotFound)
+	}
+	s, err := scanSnapshot(d.sql.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE name = ? AND kept`, name))
+	if err != nil {
+		return nil, notFound(err, "snapshot named", name)
+	}
+	return s, nil
 }
 
 // DeleteSnapshot implements metadata.Snapshots.

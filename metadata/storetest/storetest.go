@@ -40,6 +40,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"StaleTransactions", testStaleTransactions},
 		{"Generation", testGeneration},
 		{"Snapshots", testSnapshots},
+		{"KeptSnapshots", testKeptSnapshots},
 		{"Volumes", testVolumes},
 		{"Images", testImages},
 		{"ConcurrentUpdates", testConcurrentUpdates},
@@ -79,7 +80,8 @@ func fullSandbox(id string) *metadata.Sandbox {
 		Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: sandbox.OnTimeoutDelete,
 			HibernationMode: sandbox.ModeFilesystem, OnResume: []string{"sh", "-c", "serve"},
 			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
-			ExpiresAt: tp(at(100))},
+			ExpiresAt: tp(at(100)), ResumeOnRequest: true},
+		Metadata: map[string]string{"user": "abc", "my key": "a&b=c"},
 		Meter: metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
 		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",
 			Steps:       []sandbox.ResumeStep{{Name: "reseed", MS: 0.25, OK: true, Detail: "d"}},
@@ -473,6 +475,64 @@ func testSnapshots(t *testing.T, st metadata.Store) {
 	}
 	if err := st.DeleteSnapshot(ctx, "snap-2"); !errors.Is(err, metadata.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
+	}
+}
+
+// testKeptSnapshots: a kept snapshot is never unreferenced, its name is
+// unique and finds it, and unkeeping it clears the name and makes it
+// collectable again.
+func testKeptSnapshots(t *testing.T, st metadata.Store) {
+	a := minimalSandbox("sbx-a", at(1))
+	if err := st.CreateSandbox(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"snap-1", "snap-2"} {
+		a.SnapshotID = id
+		if err := st.CommitHibernate(ctx, &metadata.Snapshot{ID: id, SandboxID: "sbx-a", Bytes: 1, Engine: "e", CreatedAt: at(2 + i)}, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := st.UnreferencedSnapshots(ctx); !reflect.DeepEqual(got, []string{"snap-1"}) {
+		t.Fatalf("unreferenced %v, want [snap-1]", got)
+	}
+	if err := st.SetSnapshotKept(ctx, "snap-1", true, "saved"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.UnreferencedSnapshots(ctx); err != nil || len(got) != 0 {
+		t.Errorf("unreferenced with snap-1 kept: %v %v, want none", got, err)
+	}
+	if got, err := st.GetSnapshot(ctx, "snap-1"); err != nil || !got.Kept || got.Name != "saved" {
+		t.Errorf("kept record: %+v %v", got, err)
+	}
+	if got, err := st.SnapshotByName(ctx, "saved"); err != nil || got.ID != "snap-1" {
+		t.Errorf("by name: %+v %v", got, err)
+	}
+	if err := st.SetSnapshotKept(ctx, "snap-2", true, "saved"); !errors.Is(err, metadata.ErrExists) {
+		t.Errorf("a second snapshot named saved: %v, want ErrExists", err)
+	}
+	if got, _ := st.GetSnapshot(ctx, "snap-2"); got.Kept || got.Name != "" {
+		t.Errorf("a refused keep changed the record: %+v", got)
+	}
+	if err := st.SetSnapshotKept(ctx, "snap-2", true, ""); err != nil {
+		t.Errorf("keep without a name: %v", err)
+	}
+	if err := st.SetSnapshotKept(ctx, "snap-none", true, ""); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("keep of a missing snapshot: %v", err)
+	}
+	if _, err := st.SnapshotByName(ctx, "nothing"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("unknown name: %v", err)
+	}
+	if err := st.SetSnapshotKept(ctx, "snap-1", false, "ignored"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetSnapshot(ctx, "snap-1"); got.Kept || got.Name != "" {
+		t.Errorf("unkept record: %+v", got)
+	}
+	if _, err := st.SnapshotByName(ctx, "saved"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("name of an unkept snapshot still finds it: %v", err)
+	}
+	if got, _ := st.UnreferencedSnapshots(ctx); !reflect.DeepEqual(got, []string{"snap-1"}) {
+		t.Errorf("unreferenced after unkeep %v, want [snap-1]", got)
 	}
 }
 
