@@ -28,6 +28,8 @@ type serveConfig struct {
 	CacheBytes  int64
 	OpenBytes   int64
 	AsyncUpload bool
+	// E2BDomain routes E2B in-sandbox requests by host name (docs/e2b.md).
+	E2BDomain string
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -68,6 +70,7 @@ func (a *app) serveCommand() *cobra.Command {
 	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
+	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of E2B's in-sandbox host names, <port>-<sandbox id>.DOMAIN (sandbox.getHost; needs wildcard DNS to this server), sent to E2B's SDKs as the sandboxes' domain; empty: in-sandbox requests are routed by the E2b-Sandbox-Id/-Port headers only (E2B_SANDBOX_URL)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
@@ -63,6 +63,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/images", s.listImages)
 	mux.HandleFunc("POST /v1/images/build", s.buildImage)
 	mux.HandleFunc("POST /v1/images/import", s.importImage)
+	s.e2b.Register(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := allowedMethods(mux, r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -72,7 +73,7 @@ func (s *Server) routes() http.Handler {
 		}
 		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return s.e2b.Front(mux)
 }
 
 // allowedMethods returns the methods for which mux has a route (other than the
@@ -431,43 +432,17 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, apiv1.Image(img))
 }
 
-type proxyKey struct{}
-
-type proxyTarget struct {
-	id   string
-	port int
-}
-
 // proxy forwards /v1/sandboxes/{id}/ports/{port}/{path...} to port inside the
-// sandbox. The dial goes through the manager, which resumes a hibernated sandbox
-// and waits out a hibernate or resume in progress, so such a request is answered
-// once the sandbox runs. Connections are not pooled: a pooled connection would not
-// survive a hibernate.
+// sandbox (package ingress). The dial goes through the manager, which resumes a
+// hibernated sandbox and waits out a hibernate or resume in progress, so such a
+// request is answered once the sandbox runs.
 func (s *Server) proxy() http.Handler {
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "sandbox"
-			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
-			pr.Out.URL.RawPath = ""
-			pr.Out.Host = pr.In.Host
-			pr.SetXForwarded()
-		},
-		Transport: &http.Transport{
-			DisableKeepAlives: true,
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				t := ctx.Value(proxyKey{}).(proxyTarget)
-				return s.Manager.DialPort(ctx, t.id, t.port)
-			},
-		},
-		FlushInterval: -1,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			status, code := classify(err)
-			if status == http.StatusInternalServerError && isDialError(err) {
-				status, code = http.StatusBadGateway, apiv1.CodeBadGateway
-			}
-			writeError(w, status, code, err.Error())
-		},
+	fail := func(w http.ResponseWriter, r *http.Request, err error) {
+		status, code := classify(err)
+		if status == http.StatusInternalServerError && isDialError(err) {
+			status, code = http.StatusBadGateway, apiv1.CodeBadGateway
+		}
+		writeError(w, status, code, err.Error())
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		port, err := strconv.Atoi(r.PathValue("port"))
@@ -475,12 +450,16 @@ func (s *Server) proxy() http.Handler {
 			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, fmt.Sprintf("port %q: must be a number between 1 and 65535", r.PathValue("port")))
 			return
 		}
-		if _, err := s.Manager.Get(r.Context(), r.PathValue("id")); err != nil {
+		id := r.PathValue("id")
+		if _, err := s.Manager.Get(r.Context(), id); err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		ctx := context.WithValue(r.Context(), proxyKey{}, proxyTarget{id: r.PathValue("id"), port: port})
-		rp.ServeHTTP(w, r.WithContext(ctx))
+		s.ingress.Serve(w, r, ingress.Target{
+			Dial: func(ctx context.Context) (net.Conn, error) { return s.Manager.DialPort(ctx, id, port) },
+			Path: "/" + r.PathValue("path"),
+			Fail: fail,
+		})
 	})
 }
 

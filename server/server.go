@@ -12,6 +12,7 @@
 //	snapshots/       plain-file snapshots (--store plain), one directory each
 //	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
 //	gvisor/          runsc state, bundles and logs
+//	e2b-secret       the key of the E2B envdAccessTokens' HMAC (api/e2b.LoadSecret)
 package server
 
 import (
@@ -33,9 +34,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata/sqlite"
 )
@@ -70,6 +73,17 @@ type Config struct {
 	// wait for in-sandbox subscribers (see manager.Config; defaults 10 s and 5 s).
 	ResumeHookDeadline time.Duration
 	ResumeAckDeadline  time.Duration
+	// E2B configures the E2B-compatible API served beside API v1 (api/e2b).
+	E2B E2BConfig
+}
+
+// E2BConfig configures the E2B-compatible API (docs/e2b.md).
+type E2BConfig struct {
+	// Domain routes in-sandbox requests by host name ("<port>-<sandboxID>.<Domain>")
+	// and is the create answer's domain; "" = header routing only.
+	Domain string
+	// Keys checks the API keys of control-plane calls; nil refuses every call.
+	Keys e2b.KeyStore
 }
 
 // Server is a torpor server with its parts opened.
@@ -89,6 +103,8 @@ type Server struct {
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
 	handler    http.Handler
+	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
+	e2b        *e2b.Service
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -171,7 +187,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, ingress: ingress.New()}
+	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
+	if err != nil {
+		return fail(err)
+	}
+	if s.e2b, err = e2b.New(e2b.Config{Manager: mgr, Images: images, Keys: cfg.E2B.Keys, Secret: secret,
+		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger}); err != nil {
+		return fail(err)
+	}
 	s.handler = s.routes()
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil

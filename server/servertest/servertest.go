@@ -70,6 +70,8 @@ type Options struct {
 	// AgentPath is the guest agent binary the server installs ("" = AgentBinary,
 	// built from this checkout).
 	AgentPath string
+	// E2B configures the E2B API (passed to server.Config.E2B).
+	E2B server.E2BConfig
 }
 
 var (
@@ -164,7 +166,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store,
+		Store: opts.Store, E2B: opts.E2B,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger

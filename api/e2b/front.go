@@ -1,0 +1,66 @@
+package e2b
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/torpor/torpor/internal/ingress"
+)
+
+// Front routes in-sandbox requests and passes every other request to next
+// (torpor's REST API and E2B's control plane). A request is in-sandbox when
+// RouteOf finds a sandbox in it (E2b-Sandbox-Id and E2b-Sandbox-Port headers,
+// or a Host "<port>-<sandboxID>.<Domain>"):
+//
+//   - port EnvdPort goes to the sandbox's envd (torpor's guest agent), and
+//     must carry the sandbox's X-Access-Token (else 401);
+//   - any other port reaches that port inside the sandbox, as torpor's port
+//     proxy does.
+//
+// Both wake a paused sandbox that resumes on request (autoResume) and wait
+// out a pause or resume in progress; a paused sandbox without autoResume is
+// refused (409) until connect resumes it. Answers are streamed frame by frame
+// (Connect's server streams). Errors are E2B's {"code", "message"}: 400 for a
+// malformed route, 404 for an unknown sandbox, 502 when nothing listens on
+// the port.
+func (s *Service) Front(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		route, ok, err := RouteOf(r.Header, r.Host, s.cfg.Domain)
+		if err != nil {
+			replyError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s.inSandbox(w, r, route)
+	})
+}
+
+func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route) {
+	id := route.SandboxID
+	if route.Port == EnvdPort && !s.tokenOK(id, r.Header.Get(HeaderAccessToken)) {
+		replyError(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
+		return
+	}
+	if _, err := s.get(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	// The routing headers and the token stay on this side.
+	r.Header.Del(HeaderSandboxID)
+	r.Header.Del(HeaderSandboxPort)
+	r.Header.Del(HeaderAccessToken)
+	t := ingress.Target{Path: r.URL.Path, Fail: func(w http.ResponseWriter, r *http.Request, err error) { s.fail(w, r, err) }}
+	if route.Port == EnvdPort {
+		t.Dial = func(ctx context.Context) (net.Conn, error) { return s.dialEnvd(ctx, id) }
+		t.Path = envdPath(r.URL.Path)
+	} else {
+		port := route.Port
+		t.Dial = func(ctx context.Context) (net.Conn, error) { return s.cfg.Manager.DialPort(ctx, id, port) }
+	}
+	s.cfg.Ingress.Serve(w, r, t)
+}

@@ -1,0 +1,184 @@
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+
+	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/internal/atomicfile"
+	"github.com/torpor/torpor/internal/ingress"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// KeyStore checks the API key of a control-plane call (the X-API-KEY header).
+type KeyStore interface {
+	// CheckKey returns nil when key is a valid API key, else an error saying
+	// why not (the call is answered 401 with it).
+	CheckKey(ctx context.Context, key string) error
+}
+
+// Config wires a Service to the server's parts.
+type Config struct {
+	// Manager is the sandbox manager every call goes to.
+	Manager *manager.Manager
+	// Images resolves templateIDs that name an image.
+	Images *image.Store
+	// Keys checks API keys; nil refuses every control-plane call (401).
+	Keys KeyStore
+	// Secret is the key of the HMAC that derives each sandbox's
+	// envdAccessToken (see AccessToken); at least 32 bytes (LoadSecret).
+	Secret []byte
+	// Domain is the domain of host-routed in-sandbox requests
+	// ("<port>-<sandboxID>.<Domain>", see RouteOf) and the create answer's
+	// domain; "" = only header routing.
+	Domain string
+	// BaseImage is the image template "base" names ("" = torpor's base).
+	BaseImage string
+	// Ingress forwards in-sandbox requests (shared with torpor's port proxy).
+	Ingress *ingress.Proxy
+	Logger  *slog.Logger
+}
+
+// Service serves E2B's control plane and routes in-sandbox requests (envd
+// and every other port) to the sandboxes, over the same manager as torpor's
+// REST API v1. docs/e2b.md says what maps to what.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Service. Errors: a Secret shorter than 32 bytes, no Manager.
+func New(cfg Config) (*Service, error) {
+	if cfg.Manager == nil || cfg.Images == nil {
+		return nil, errors.New("e2b: no manager or image store")
+	}
+	if len(cfg.Secret) < 32 {
+		return nil, fmt.Errorf("e2b: secret of %d bytes, want at least 32", len(cfg.Secret))
+	}
+	if cfg.BaseImage == "" {
+		cfg.BaseImage = image.BaseName
+	}
+	if cfg.Ingress == nil {
+		cfg.Ingress = ingress.New()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// LoadSecret returns the secret kept in the file at path (32 random bytes,
+// hex), making the file (mode 0600) on first use. Errors: the file cannot be
+// read or written, or holds something else.
+func LoadSecret(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		raw := make([]byte, 32)
+		rand.Read(raw)
+		if err := atomicfile.WriteFile(path, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("e2b secret %s: %w", path, err)
+		}
+		return raw, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("e2b secret %s: %w", path, err)
+	}
+	raw, err := hex.DecodeString(string(trimSpace(b)))
+	if err != nil || len(raw) < 32 {
+		return nil, fmt.Errorf("e2b secret %s: want 64 hex digits", path)
+	}
+	return raw, nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// AccessToken is sandbox id's envdAccessToken: the hex HMAC-SHA256 of
+// "envd-access-token:" and the id under the server's secret. It is derived,
+// not stored: the same for every create, connect and info answer of the
+// sandbox, different for every sandbox (a clone has its own), and known to
+// no one without the secret.
+func (s *Service) AccessToken(id string) string {
+	mac := hmac.New(sha256.New, s.cfg.Secret)
+	mac.Write([]byte("envd-access-token:" + id))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+func (s *Service) tokenOK(id, token string) bool {
+	return token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.AccessToken(id))) == 1
+}
+
+// reply answers v as JSON with status.
+func reply(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// replyError answers E2B's error body {"code": status, "message": msg}.
+func replyError(w http.ResponseWriter, status int, msg string) {
+	reply(w, status, Error{Code: status, Message: msg})
+}
+
+// StatusOf is the HTTP status of an error of the manager (or of this
+// package) in E2B's form: a sandbox.Error by its Kind (NotFound 404,
+// InvalidArgument 400, Conflict 409, SnapshotCorrupt 422, Unavailable 503);
+// an ended context 503; a refused dial into a sandbox 502; anything else 500.
+func StatusOf(err error) int {
+	var se *sandbox.Error
+	switch {
+	case errors.As(err, &se) && se.Kind != sandbox.Internal:
+		switch se.Kind {
+		case sandbox.NotFound:
+			return http.StatusNotFound
+		case sandbox.InvalidArgument:
+			return http.StatusBadRequest
+		case sandbox.Conflict:
+			return http.StatusConflict
+		case sandbox.SnapshotCorrupt:
+			return http.StatusUnprocessableEntity
+		case sandbox.Unavailable:
+			return http.StatusServiceUnavailable
+		}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable
+	case isDialError(err):
+		return http.StatusBadGateway
+	}
+	return http.StatusInternalServerError
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// fail answers err in E2B's form, logging internal errors.
+func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := StatusOf(err)
+	if status >= 500 && status != http.StatusBadGateway && status != http.StatusServiceUnavailable {
+		s.log.Error("e2b request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	replyError(w, status, err.Error())
+}
+
+func invalid(format string, a ...any) error {
+	return sandbox.Errorf(sandbox.InvalidArgument, format, a...)
+}

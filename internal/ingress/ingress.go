@@ -1,0 +1,66 @@
+// Package ingress forwards HTTP requests to servers inside sandboxes: the one
+// reverse proxy behind torpor's port proxy (/v1/sandboxes/{id}/ports/…) and
+// E2B's in-sandbox requests (api/e2b). The caller chooses, per request, how to
+// reach the sandbox (a dial through the sandbox manager, which wakes a
+// hibernated sandbox first), the path inside it and how a failure is
+// answered.
+package ingress
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httputil"
+)
+
+// Target is where one request goes: Dial connects to the server in the
+// sandbox (called once per request: connections are not pooled, since a
+// pooled one would not survive a hibernate and would count as a request in
+// flight, holding a hibernate's drain), Path is the request's path there (the
+// query string is forwarded as it is), and Fail answers the client when the
+// dial or the exchange fails before an answer started.
+type Target struct {
+	Dial func(ctx context.Context) (net.Conn, error)
+	Path string
+	Fail func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+type targetKey struct{}
+
+// Proxy is a reverse proxy to Targets. Every answer is flushed as it comes
+// (FlushInterval -1: server-sent events and Connect streams pass frame by
+// frame); the Host header is the client's; X-Forwarded-For, -Host and -Proto
+// are set. Upgrades (WebSocket) pass through.
+type Proxy struct {
+	rp *httputil.ReverseProxy
+}
+
+// New returns a Proxy.
+func New() *Proxy {
+	return &Proxy{rp: &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(Target)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "sandbox"
+			pr.Out.URL.Path = t.Path
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return ctx.Value(targetKey{}).(Target).Dial(ctx)
+			},
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			r.Context().Value(targetKey{}).(Target).Fail(w, r, err)
+		},
+	}}
+}
+
+// Serve forwards r to t and copies the answer to w.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, t Target) {
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
