@@ -1,0 +1,120 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/sandbox"
+)
+
+// TestPaginate: pages in either order cover every entry once, and an entry
+// made between two pages shifts nothing of what follows.
+func TestPaginate(t *testing.T) {
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var items []cursor
+	for i := 0; i < 7; i++ {
+		// Two entries share each time: the id orders them.
+		items = append(items, cursor{At: base.Add(time.Duration(i/2) * time.Second), ID: fmt.Sprintf("sbx-%d", i)})
+	}
+	pos := func(c cursor) cursor { return c }
+	for _, desc := range []bool{false, true} {
+		in := append([]cursor(nil), items...)
+		if desc {
+			for i, j := 0, len(in)-1; i < j; i, j = i+1, j-1 {
+				in[i], in[j] = in[j], in[i]
+			}
+		}
+		var got []cursor
+		tok := ""
+		for pages := 0; ; pages++ {
+			page, next, err := paginate(in, pos, desc, 3, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pages > 3 {
+				t.Fatal("too many pages")
+			}
+			got = append(got, page...)
+			if next == "" {
+				if pages != 2 {
+					t.Errorf("desc %v: %d pages, want 3", desc, pages+1)
+				}
+				break
+			}
+			tok = next
+			if pages == 0 {
+				// A new entry before the cursor's position (on a page already
+				// read) moves nothing of what follows.
+				extra := cursor{At: base.Add(-time.Hour), ID: "sbx-new"}
+				if desc {
+					extra.At = base.Add(time.Hour)
+				}
+				in = append([]cursor{extra}, in...)
+			}
+		}
+		if want := in[1:]; !reflect.DeepEqual(got, want) {
+			t.Errorf("desc %v: pages %v, want %v", desc, got, want)
+		}
+	}
+	if _, _, err := paginate(items, pos, false, 3, "not-a-token"); !errors.Is(err, sandbox.ErrInvalidArgument) {
+		t.Errorf("a bad token: %v, want invalid argument", err)
+	}
+}
+
+func TestAccessToken(t *testing.T) {
+	s := &Service{cfg: Config{Secret: make([]byte, 32)}}
+	other := &Service{cfg: Config{Secret: append(make([]byte, 31), 1)}}
+	a, b := s.AccessToken("sbx-a"), s.AccessToken("sbx-b")
+	if a == b || a == other.AccessToken("sbx-a") || a != s.AccessToken("sbx-a") || len(a) != 64 {
+		t.Errorf("tokens %q %q %q: want stable, per sandbox and per secret", a, b, other.AccessToken("sbx-a"))
+	}
+	if !s.tokenOK("sbx-a", a) || s.tokenOK("sbx-a", b) || s.tokenOK("sbx-a", "") {
+		t.Error("tokenOK accepts a wrong token or refuses the right one")
+	}
+}
+
+func TestLoadSecret(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "e2b-secret")
+	a, err := LoadSecret(p)
+	if err != nil || len(a) != 32 {
+		t.Fatalf("first load: %d bytes, %v", len(a), err)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", fi.Mode().Perm())
+	}
+	if b, err := LoadSecret(p); err != nil || !reflect.DeepEqual(a, b) {
+		t.Errorf("second load %x %v, want %x", b, err, a)
+	}
+	os.WriteFile(p, []byte("short\n"), 0o600)
+	if _, err := LoadSecret(p); err == nil {
+		t.Error("a malformed secret file was accepted")
+	}
+}
+
+func TestStatusOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{sandbox.Errorf(sandbox.NotFound, "x"), http.StatusNotFound},
+		{fmt.Errorf("wrapped: %w", sandbox.Errorf(sandbox.Conflict, "x")), http.StatusConflict},
+		{sandbox.Errorf(sandbox.InvalidArgument, "x"), http.StatusBadRequest},
+		{sandbox.Errorf(sandbox.SnapshotCorrupt, "x"), http.StatusUnprocessableEntity},
+		{sandbox.Errorf(sandbox.Unavailable, "x"), http.StatusServiceUnavailable},
+		{context.Canceled, http.StatusServiceUnavailable},
+		{&net.OpError{Op: "dial", Err: errors.New("refused")}, http.StatusBadGateway},
+		{errors.New("boom"), http.StatusInternalServerError},
+	} {
+		if got := StatusOf(c.err); got != c.want {
+			t.Errorf("StatusOf(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}
