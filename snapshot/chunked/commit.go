@@ -108,23 +108,23 @@ func (s *Store) reuse(ctx context.Context, st *commitState, pw *packWriter, asyn
 	}
 	var slow []parentMatch
 	ids := make([]string, 0, len(matched))
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	for _, m := range matched {
 		ref := &sg.refs[m.i]
-		if _, ok := s.deleting[ref.ID]; ok {
+		if _, ok := s.idx.deleting[ref.ID]; ok {
 			slow = append(slow, m)
 			continue
 		}
-		s.pins[ref.ID]++
+		s.idx.pins[ref.ID]++
 		ids = append(ids, ref.ID)
-		l, ok := s.storedLocked(ref.ID, async)
+		l, ok := s.idx.storedLocked(ref.ID, async)
 		if !ok {
 			slow = append(slow, m)
 			continue
 		}
 		ref.Stored = l.Len
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	st.mu.Lock()
 	st.pinned = append(st.pinned, ids...)
 	st.mu.Unlock()
@@ -190,7 +190,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	st := &commitState{}
 	kick := false
 	defer func() {
-		s.unpin(st.pinned)
+		s.idx.unpin(st.pinned)
 		if kick { // after unpinning: the upload drops what no snapshot needs
 			s.kickUpload()
 		}
@@ -198,9 +198,9 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]chunkSum, len(names))}
 	par := s.openParent(m.Parent)
 	var target Backend = s.b
-	set := s.known
+	set := s.idx.known
 	if async {
-		target, set = s.outbox, s.outKnown
+		target, set = s.outbox, s.idx.outKnown
 	}
 	pw := s.newPackWriter(target, set)
 	ctx, cancel := context.WithCancel(ctx)
@@ -278,16 +278,12 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if async {
 		// Chunks found in the backend may sit in packs a concurrent
 		// synchronous commit has not synced yet.
-		if sy, ok := s.b.(Syncer); ok {
-			if err := sy.Sync(ctx); err != nil {
-				return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
-			}
-		}
-	}
-	if sy, ok := target.(Syncer); ok {
-		if err := sy.Sync(ctx); err != nil {
+		if err := syncTier(ctx, s.b); err != nil {
 			return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
 		}
+	}
+	if err := syncTier(ctx, target); err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: sync: %w", id, err)
 	}
 	tSynced := time.Now()
 	m.Files, m.Bytes = nil, 0
@@ -319,11 +315,11 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if async {
 		// Before the unpin: an outbox clean-up that listed the pending
 		// manifests before this one must not act on that list.
-		s.mu.Lock()
-		s.outGen++
-		s.mu.Unlock()
+		s.idx.mu.Lock()
+		s.idx.outGen++
+		s.idx.mu.Unlock()
 	}
-	s.rememberDoc(id, d)
+	s.docs.put(id, d)
 	kick = async
 	s.log.Debug("snapshot commit", "snapshot", id, "async", async, "chunk_ms", tHashed.Sub(tStart).Milliseconds(),
 		"sync_ms", tSynced.Sub(tHashed).Milliseconds(), "manifest_ms", time.Since(tSynced).Milliseconds(),
@@ -351,13 +347,13 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 		}
 		ref.ID = sha256Hex(data)
 	}
-	s.pin(ref.ID)
+	s.idx.pin(ref.ID)
 	st.mu.Lock()
 	st.pinned = append(st.pinned, ref.ID)
 	st.mu.Unlock()
-	s.mu.Lock()
-	l, ok := s.storedLocked(ref.ID, async)
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	l, ok := s.idx.storedLocked(ref.ID, async)
+	s.idx.mu.Unlock()
 	if ok {
 		ref.Stored = l.Len
 		return ref, nil

@@ -59,4 +59,68 @@
 // collection runs stay protected until it ends, and a Commit that needs a chunk
 // Collect is deleting waits for the deletion and uploads it again. Several hosts
 // sharing one bucket would need a lease on top of this (not built).
+//
+// # Backends
+//
+// A Backend stores immutable objects under keys (backend.go). What a backend
+// can do beyond that the store learns from optional interfaces, never from
+// its concrete type: Syncer (Put is durable only after Sync: FS), Remote
+// (reached over a network, possibly out of reach for a while: S3; more
+// requests in flight, outages ridden out at start-up), TempCleaner (a
+// crashed writer leaves temporary files: FS). A new backend implements
+// Backend and those of them that apply. FS (backend.go) and S3 (s3.go) are
+// the two there are; the outbox is an FS.
+//
+// # Files
+//
+//	store.go     Config, Store (its fields grouped by job), New, Close, Recover, Usage
+//	manifest.go  the manifest object (doc), its checks, Manifest, List, the parsed-manifest cache
+//	commit.go    Stage, Abort, Commit, CommitAsync: first and diff commits
+//	parent.go    a diff commit's match of unchanged chunks against the parent's keys
+//	chunker.go   where chunks are cut, and their keys
+//	pack.go      packs and their index objects; packSet, packWriter
+//	index.go     the Store's index of both tiers' chunks, and the commit pins
+//	open.go      Open, Verify: check the opened copy, or assemble it from the cache or backend
+//	opened.go    the bound on the opened copies
+//	cache.go     the chunk cache
+//	gc.go        Delete, Collect, repack, the automatic collection
+//	upload.go    the outbox: Durable, Pending, the background upload
+//	backend.go   Backend and its optional interfaces; the filesystem backend
+//	s3.go        the S3 backend
+//
+// # Locks
+//
+// A Store's locks, in the order they may be taken: a goroutine holding one
+// takes only locks further down the list (any lock may be taken alone).
+//
+//  1. gc.mu (collector, gc.go): one Collect at a time; held for the whole
+//     collection, across requests to the backend.
+//  2. a snapshot's lock in opening (snapshotLocks, open.go): held by Open
+//     while it verifies or rebuilds open/<id>, and by trimOpened while it
+//     removes that copy. No goroutine holds two snapshots' locks, nor one
+//     with gc.mu.
+//  3. up.mu (uploader, upload.go): an upload's manifest step against
+//     Delete's; held across the requests that write and remove the two
+//     manifests.
+//  4. idx.loadMu (index.go): loadKnown is single-flight; held across the
+//     listing of the backend, then idx.mu is taken to merge the listing in.
+//  5. idx.mu (index.go): the index (known and outKnown with their packSets,
+//     loaded, outGen, suspects) and the commit–Collect coordination (pins,
+//     deleting, gcActive, protected). Never held across a request to the
+//     durable backend nor while waiting (pin waits for a deletion with it
+//     released); the outbox's clean-up removes local files under it.
+//
+// Leaf locks, taken with any of the above held or alone, and never held
+// while taking another:
+//
+//   - opening.mu: the map of snapshot locks and their user counts; held only
+//     to update it, never while waiting for a snapshot's lock.
+//   - docs.mu (docCache, manifest.go): the parsed manifests.
+//   - openCopies.mu (openedSet, opened.go): the opened copies' sizes and uses.
+//   - a commit's commitState.mu and packWriter.mu (commit.go, pack.go): its
+//     pinned ids and new bytes, its pack in progress. packWriter releases
+//     its mu before it writes a pack (which takes idx.mu).
+//   - the components' own: Cache.mu, cacheFiller.mu (cache.go); FS.syncMu,
+//     then FS.mu (backend.go); S3.claimMu (s3.go). They never call back into
+//     the Store.
 package chunked

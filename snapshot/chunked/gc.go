@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/torpor/torpor/snapshot"
@@ -18,40 +19,38 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	s.forgetDoc(id)
+	s.docs.forget(id)
 	s.dropOpened(id)
-	// uploadMu: an upload in flight must not write the manifest back afterwards.
+	// up.mu: an upload in flight must not write the manifest back afterwards.
 	// The backend's manifest goes first: while the backend cannot be reached
 	// the snapshot stays whole (one waiting for its upload keeps its outbox
 	// manifest, so it is still listed and reported not durable) and the
 	// caller can try again; removing the outbox's first left a snapshot that
 	// was nowhere yet reported durable.
-	s.uploadMu.Lock()
+	s.up.mu.Lock()
 	pd, perr := s.readOutboxDoc(ctx, id)
 	err := s.b.Delete(ctx, manifestKey(id))
 	if err == nil {
 		err = s.outbox.Delete(ctx, manifestKey(id))
 	}
-	s.uploadMu.Unlock()
+	s.up.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
 	}
-	s.forgetDoc(id) // again: an Open meanwhile may have read it back
+	s.docs.forget(id) // again: an Open meanwhile may have read it back
 	if perr == nil {
 		s.dropOutboxChunks(ctx, pd)
 	}
-	if sy, ok := s.b.(Syncer); ok {
-		_ = sy.Sync(ctx)
-	}
+	_ = syncTier(ctx, s.b)
 	if err := os.RemoveAll(s.opened(id)); err != nil {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
 	}
 	if err := os.RemoveAll(s.staged(id)); err != nil {
 		return err
 	}
-	if s.gcKick != nil {
+	if s.gc.kick != nil {
 		select {
-		case s.gcKick <- struct{}{}:
+		case s.gc.kick <- struct{}{}:
 		default:
 		}
 	}
@@ -62,15 +61,15 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 // every committed snapshot). A snapshot committed while Collect runs keeps its
 // chunks (see the package comment). It returns the number of chunks deleted.
 func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
-	s.mu.Lock()
-	s.gcActive, s.protected = true, map[string]bool{}
-	s.mu.Unlock()
+	s.gc.mu.Lock()
+	defer s.gc.mu.Unlock()
+	s.idx.mu.Lock()
+	s.idx.gcActive, s.idx.protected = true, map[string]bool{}
+	s.idx.mu.Unlock()
 	defer func() {
-		s.mu.Lock()
-		s.gcActive, s.protected = false, nil
-		s.mu.Unlock()
+		s.idx.mu.Lock()
+		s.idx.gcActive, s.idx.protected = false, nil
+		s.idx.mu.Unlock()
 	}()
 	if live == nil {
 		var err error
@@ -83,7 +82,7 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 	}
 	ref := map[string]bool{}
 	for _, id := range live {
-		d, ok := s.cachedDoc(id) // a listed snapshot's manifest never changes
+		d, ok := s.docs.get(id) // a listed snapshot's manifest never changes
 		var err error
 		if !ok {
 			d, err = s.readDoc(ctx, id)
@@ -113,26 +112,26 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		if ref[id] {
 			continue
 		}
-		s.mu.Lock()
-		if s.pins[id] > 0 || s.protected[id] {
-			s.mu.Unlock()
+		s.idx.mu.Lock()
+		if s.idx.pins[id] > 0 || s.idx.protected[id] {
+			s.idx.mu.Unlock()
 			continue
 		}
 		ch := make(chan struct{})
-		s.deleting[id] = ch
-		l, had := s.known.locs[id]
+		s.idx.deleting[id] = ch
+		l, had := s.idx.known.locs[id]
 		if had && l.Pack == "" {
-			delete(s.known.locs, id)
+			delete(s.idx.known.locs, id)
 		}
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 		err := s.b.Delete(ctx, o.Key)
-		s.mu.Lock()
-		delete(s.deleting, id)
+		s.idx.mu.Lock()
+		delete(s.idx.deleting, id)
 		close(ch)
 		if err != nil && had && l.Pack == "" {
-			s.known.locs[id] = l // unsure: still there
+			s.idx.known.locs[id] = l // unsure: still there
 		}
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 		if err != nil {
 			return n, fmt.Errorf("collect: %w", err)
 		}
@@ -142,25 +141,25 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		n++
 	}
 	// Packs none of whose chunks is referenced, pinned or protected.
-	s.mu.Lock()
-	pids := make([]string, 0, len(s.known.packs))
-	for pid := range s.known.packs {
+	s.idx.mu.Lock()
+	pids := make([]string, 0, len(s.idx.known.packs))
+	for pid := range s.idx.known.packs {
 		pids = append(pids, pid)
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	sort.Strings(pids)
 	for _, pid := range pids {
-		s.mu.Lock()
-		entries, ok := s.known.packs[pid]
+		s.idx.mu.Lock()
+		entries, ok := s.idx.known.packs[pid]
 		dead := ok
 		for _, e := range entries {
-			if s.usedIn(e.ID, pid, ref) {
+			if s.idx.usedIn(e.ID, pid, ref) {
 				dead = false
 				break
 			}
 		}
 		if !dead {
-			s.mu.Unlock()
+			s.idx.mu.Unlock()
 			if ok {
 				k, err := s.repack(ctx, pid, ref)
 				if err != nil {
@@ -172,29 +171,29 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		ch := make(chan struct{})
 		for _, e := range entries {
-			if l, ok := s.known.locs[e.ID]; !ok || l.Pack == pid {
-				s.deleting[e.ID] = ch // a copy kept elsewhere stays readable
+			if l, ok := s.idx.known.locs[e.ID]; !ok || l.Pack == pid {
+				s.idx.deleting[e.ID] = ch // a copy kept elsewhere stays readable
 			}
 		}
-		dropped := s.known.dropPack(pid)
-		s.mu.Unlock()
+		dropped := s.idx.known.dropPack(pid)
+		s.idx.mu.Unlock()
 		indexGone, err := deletePack(ctx, s.b, pid)
-		s.mu.Lock()
+		s.idx.mu.Lock()
 		for _, e := range entries {
-			if s.deleting[e.ID] == ch {
-				delete(s.deleting, e.ID)
+			if s.idx.deleting[e.ID] == ch {
+				delete(s.idx.deleting, e.ID)
 			}
 		}
 		close(ch)
 		if err != nil && !indexGone { // unsure: still there
-			s.known.packs[pid] = entries
+			s.idx.known.packs[pid] = entries
 			for _, e := range entries {
-				if _, ok := s.known.locs[e.ID]; !ok {
-					s.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
+				if _, ok := s.idx.known.locs[e.ID]; !ok {
+					s.idx.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
 				}
 			}
 		}
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 		if err != nil {
 			return n, fmt.Errorf("collect: pack %s: %w", pid, err)
 		}
@@ -209,23 +208,23 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 	// or with an index that is unreadable, in which case a live snapshot may
 	// need what is in them: they are deleted only when every chunk a live
 	// manifest references has a known location.
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	unlocated := ""
 	for id := range ref {
-		if _, ok := s.known.locs[id]; !ok {
-			if _, ok := s.outKnown.locs[id]; !ok {
+		if _, ok := s.idx.known.locs[id]; !ok {
+			if _, ok := s.idx.outKnown.locs[id]; !ok {
 				unlocated = id
 				break
 			}
 		}
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	if unlocated != "" {
 		s.log.Warn("snapshot store: a live snapshot references a chunk in no known pack; packs without a readable index are kept",
 			"chunk", unlocated)
 		return n, nil
 	}
-	orphans, err := s.orphanPacks(ctx, s.b, s.known)
+	orphans, err := s.orphanPacks(ctx, s.b, s.idx.known)
 	if err != nil {
 		return n, fmt.Errorf("collect: %w", err)
 	}
@@ -243,44 +242,44 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 // new-user trial: 80 cycles of one sandbox, 2.4× the live bytes stored).
 const repackBelow = 0.5
 
+// usedIn says whether pack pid's copy of chunk id must stay: the chunk is
+// pinned or protected, or a live snapshot references it (ref) and this copy is
+// the one reads use (its location) or the chunk is suspect (a damaged copy
+// somewhere: every copy is kept until a commit stores it again). A second copy
+// of a referenced chunk — written by a commit that could not see the first,
+// e.g. after a restart while S3 was down — is garbage. The caller holds x.mu.
+func (x *index) usedIn(id, pid string, ref map[string]bool) bool {
+	if x.pins[id] > 0 || x.protected[id] {
+		return true
+	}
+	if !ref[id] {
+		return false
+	}
+	if _, suspect := x.suspects[id]; suspect {
+		return true
+	}
+	l, ok := x.known.locs[id]
+	return !ok || l.Pack == pid
+}
+
 // repack rewrites pack pid with only its chunks that ref references or a
 // commit has pinned (or had pinned while this collection runs), if those are
 // less than repackBelow of it, and deletes the old pack. It returns how many
-// chunks it dropped. The caller holds gcMu.
+// chunks it dropped. The caller holds gc.mu.
 //
 // The chunks to drop are marked deleting and lose their location before
 // anything is read, so a commit that needs one meanwhile waits and stores it
 // again; the kept ones get their new location before the old pack goes, and a
 // resume that located one in the old pack falls back to the new copy
 // (fromAlternative).
-// usedIn says whether pack pid's copy of chunk id must stay: the chunk is
-// pinned or protected, or a live snapshot references it (ref) and this copy is
-// the one reads use (its location) or the chunk is suspect (a damaged copy
-// somewhere: every copy is kept until a commit stores it again). A second copy
-// of a referenced chunk — written by a commit that could not see the first,
-// e.g. after a restart while S3 was down — is garbage. The caller holds mu.
-func (s *Store) usedIn(id, pid string, ref map[string]bool) bool {
-	if s.pins[id] > 0 || s.protected[id] {
-		return true
-	}
-	if !ref[id] {
-		return false
-	}
-	if _, suspect := s.suspects[id]; suspect {
-		return true
-	}
-	l, ok := s.known.locs[id]
-	return !ok || l.Pack == pid
-}
-
 func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (int, error) {
-	s.mu.Lock()
-	entries := s.known.packs[pid]
+	s.idx.mu.Lock()
+	entries := s.idx.known.packs[pid]
 	var keep, drop []indexEntry
 	var total, live int64
 	for _, e := range entries {
 		total += e.Len
-		if s.usedIn(e.ID, pid, ref) {
+		if s.idx.usedIn(e.ID, pid, ref) {
 			keep = append(keep, e)
 			live += e.Len
 		} else {
@@ -288,28 +287,28 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		}
 	}
 	if len(keep) == 0 || len(drop) == 0 || float64(live) >= repackBelow*float64(total) {
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 		return 0, nil
 	}
 	ch := make(chan struct{})
 	for _, e := range drop {
-		if l, ok := s.known.locs[e.ID]; ok && l.Pack == pid {
-			s.deleting[e.ID] = ch
-			delete(s.known.locs, e.ID)
+		if l, ok := s.idx.known.locs[e.ID]; ok && l.Pack == pid {
+			s.idx.deleting[e.ID] = ch
+			delete(s.idx.known.locs, e.ID)
 		} else if !ok {
-			s.deleting[e.ID] = ch
+			s.idx.deleting[e.ID] = ch
 		}
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	release := func(restore bool) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		s.idx.mu.Lock()
+		defer s.idx.mu.Unlock()
 		for _, e := range drop {
-			if s.deleting[e.ID] == ch {
-				delete(s.deleting, e.ID)
+			if s.idx.deleting[e.ID] == ch {
+				delete(s.idx.deleting, e.ID)
 			}
-			if _, ok := s.known.locs[e.ID]; restore && !ok {
-				s.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
+			if _, ok := s.idx.known.locs[e.ID]; restore && !ok {
+				s.idx.known.locs[e.ID] = chunkLoc{Pack: pid, Off: e.Off, Len: e.Len}
 			}
 		}
 		close(ch)
@@ -335,30 +334,28 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		moved = append(moved, indexEntry{ID: e.ID, Off: int64(len(data)), Len: e.Len})
 		data = append(data, comp...)
 	}
-	if err := s.writePack(ctx, s.b, s.known, newPackID(), data, moved); err != nil {
+	if err := s.writePack(ctx, s.b, s.idx.known, newPackID(), data, moved); err != nil {
 		release(true)
 		return 0, err
 	}
-	if sy, ok := s.b.(Syncer); ok {
-		if err := sy.Sync(ctx); err != nil {
-			release(true)
-			return 0, err
-		}
+	if err := syncTier(ctx, s.b); err != nil {
+		release(true)
+		return 0, err
 	}
 	indexGone, err := deletePack(ctx, s.b, pid)
 	if err != nil && !indexGone {
 		release(true)
 		return 0, err
 	}
-	s.mu.Lock()
-	s.known.dropPack(pid)
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	s.idx.known.dropPack(pid)
+	s.idx.mu.Unlock()
 	release(false)
 	if s.cache != nil {
 		for _, e := range drop {
-			s.mu.Lock()
-			_, elsewhere := s.known.locs[e.ID]
-			s.mu.Unlock()
+			s.idx.mu.Lock()
+			_, elsewhere := s.idx.known.locs[e.ID]
+			s.idx.mu.Unlock()
 			if !elsewhere {
 				s.cache.Remove(e.ID)
 			}
@@ -369,28 +366,40 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	return len(drop), err
 }
 
+// collector is the garbage collection's state (Store.gc).
+type collector struct {
+	// mu makes Collect one at a time. Taken before idx.loadMu and idx.mu.
+	mu sync.Mutex
+	// With Config.AutoGC: kick wakes gcLoop (Delete), which collects once no
+	// kick came for quiet; done is closed when gcLoop has stopped. kick is
+	// nil without AutoGC.
+	quiet time.Duration
+	kick  chan struct{}
+	done  chan struct{}
+}
+
 // gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).
 var gcMaxWait = time.Minute
 
 func (s *Store) gcLoop() {
-	defer close(s.gcDone)
+	defer close(s.gc.done)
 	for {
 		select {
 		case <-s.closed:
 			return
-		case <-s.gcKick:
+		case <-s.gc.kick:
 		}
 		// Wait for a quiet period: deletes come in bursts, next to resumes.
 		// But not for ever: every hibernate deletes its predecessor, so a
 		// server hibernating every few seconds would never be quiet and its
 		// store would only grow; after gcMaxWait it collects anyway.
-		deadline := time.After(max(gcMaxWait, s.gcQuiet))
+		deadline := time.After(max(gcMaxWait, s.gc.quiet))
 		for quiet := false; !quiet; {
 			select {
 			case <-s.closed:
 				return
-			case <-s.gcKick:
-			case <-time.After(s.gcQuiet):
+			case <-s.gc.kick:
+			case <-time.After(s.gc.quiet):
 				quiet = true
 			case <-deadline:
 				quiet = true

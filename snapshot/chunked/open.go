@@ -13,36 +13,68 @@ import (
 	"github.com/torpor/torpor/snapshot"
 )
 
-func (s *Store) openLock(id string) func() {
-	s.mu.Lock()
-	l, ok := s.opening[id]
+// snapshotLocks holds one lock per snapshot id, taken by an Open of the
+// snapshot while it verifies or rebuilds the opened copy, and by trimOpened
+// before it removes that copy. An entry lives while someone holds or waits
+// for its lock: the map holds only the snapshots being opened (or trimmed)
+// this moment. mu guards locks and every entry's users; it is held only for
+// the map update, never while waiting for an entry's lock.
+type snapshotLocks struct {
+	mu    sync.Mutex
+	locks map[string]*snapshotLock
+}
+
+type snapshotLock struct {
+	sync.Mutex
+	users int // holders and waiters (snapshotLocks.mu)
+}
+
+// lock takes snapshot id's lock; the returned func releases it, once.
+func (l *snapshotLocks) lock(id string) (unlock func()) {
+	l.mu.Lock()
+	e, ok := l.locks[id]
 	if !ok {
-		l = &sync.Mutex{}
-		s.opening[id] = l
+		e = &snapshotLock{}
+		l.locks[id] = e
 	}
-	s.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	e.users++
+	l.mu.Unlock()
+	e.Lock()
+	return func() {
+		e.Unlock()
+		l.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(l.locks, id)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// len is the number of snapshots whose lock is held or waited for (tests).
+func (l *snapshotLocks) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.locks)
 }
 
 // Open implements snapshot.Store.
 func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest, error) {
-	d, ok := s.cachedDoc(id)
+	d, ok := s.docs.get(id)
 	if !ok {
 		var err error
 		if d, err = s.readDoc(ctx, id); err != nil {
 			return "", d.Manifest, err
 		}
-		s.rememberDoc(id, d)
+		s.docs.put(id, d)
 	}
-	unlock := s.openLock(id)
+	unlock := s.opening.lock(id)
 	defer unlock()
 	dir := s.opened(id)
 	if _, err := os.Stat(dir); err == nil {
 		if keys, err := s.verifyDir(ctx, id, dir, d); err == nil {
 			if d.keys == nil {
 				d.keys = keys
-				s.rememberDoc(id, d)
+				s.docs.put(id, d)
 			}
 			s.useOpened(id)
 			return dir, d.Manifest, nil
@@ -74,7 +106,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 	// from the bytes it wrote: the next commit may match against them.
 	if d.keys == nil {
 		d.keys = keys
-		s.rememberDoc(id, d)
+		s.docs.put(id, d)
 	}
 	s.useOpened(id)
 	return dir, d.Manifest, nil
@@ -357,12 +389,12 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 // alternative, or its current location if it moved since it was looked up)
 // and verifies it; that copy becomes the chunk's location.
 func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (data, comp []byte, ok bool) {
-	s.mu.Lock()
-	alts := append([]chunkLoc(nil), s.known.alt[r.ID]...)
-	if cur, ok := s.known.locs[r.ID]; ok && cur != bad {
+	s.idx.mu.Lock()
+	alts := append([]chunkLoc(nil), s.idx.known.alt[r.ID]...)
+	if cur, ok := s.idx.known.locs[r.ID]; ok && cur != bad {
 		alts = append(alts, cur) // moved meanwhile (repack)
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	for _, a := range alts {
 		if a == bad {
 			continue
@@ -375,18 +407,18 @@ func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (
 		if err != nil {
 			continue
 		}
-		s.mu.Lock()
-		if cur, ok := s.known.locs[r.ID]; ok && cur == bad {
-			s.known.locs[r.ID] = a
-			kept := s.known.alt[r.ID][:0]
-			for _, x := range s.known.alt[r.ID] {
+		s.idx.mu.Lock()
+		if cur, ok := s.idx.known.locs[r.ID]; ok && cur == bad {
+			s.idx.known.locs[r.ID] = a
+			kept := s.idx.known.alt[r.ID][:0]
+			for _, x := range s.idx.known.alt[r.ID] {
 				if x != a {
 					kept = append(kept, x)
 				}
 			}
-			s.known.alt[r.ID] = append(kept, bad)
+			s.idx.known.alt[r.ID] = append(kept, bad)
 		}
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 		return d, c, true
 	}
 	return nil, nil, false
@@ -394,9 +426,9 @@ func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (
 
 // fromBackend reads a chunk's stored bytes from the backend (not the outbox).
 func (s *Store) fromBackend(ctx context.Context, cid string) ([]byte, error) {
-	s.mu.Lock()
-	l, ok := s.known.locs[cid]
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	l, ok := s.idx.known.locs[cid]
+	s.idx.mu.Unlock()
 	if !ok {
 		return nil, fs.ErrNotExist
 	}

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,8 +27,8 @@ type Config struct {
 	// CacheBytes bounds the local chunk cache; 0 = no cache (right for the
 	// filesystem backend, which is local already).
 	CacheBytes int64
-	// Workers is the number of parallel chunk uploads/fetches (default 4 for the
-	// filesystem backend, 16 for others).
+	// Workers is the number of parallel chunk uploads/fetches (default 4 for a
+	// local backend, 16 for a Remote one such as S3).
 	Workers int
 	// AutoGC runs Collect in the background after Delete, once no Delete came
 	// for GCQuiet (default 5 s), so a collection does not compete for the CPU
@@ -50,69 +49,47 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
-// Store implements snapshot.Store on chunks.
+// Store implements snapshot.Store on chunks. Its fields are grouped by the
+// job that owns them; doc.go lists every lock, what it guards and the order
+// in which locks may be taken.
 type Store struct {
+	// Set by New, read-only afterwards.
 	dir     string
 	b       Backend
-	cache   *Cache
-	fill    *cacheFiller // fills cache in the background (nil without a cache)
+	outbox  *FS // asynchronously committed snapshots until uploaded (upload.go)
 	workers int
 	enc     *zstd.Encoder
 	dec     *zstd.Decoder
 	log     *slog.Logger
+	closed  chan struct{} // closed by Close: the background loops stop
 
-	mu sync.Mutex
-	// known: the backend's chunks and packs (loaded from its indexes).
-	known *packSet
-	// knownLoaded: known holds a full listing of the backend (New could reach it).
-	knownLoaded bool
-	pins        map[string]int
-	deleting    map[string]chan struct{}
-	gcActive    bool
-	protected   map[string]bool
-	opening     map[string]*sync.Mutex
+	// idx is what the store knows of the chunks in the backend and the
+	// outbox, and the pins by which commits and Collect stay out of each
+	// other's way (index.go).
+	idx index
 
-	gcMu    sync.Mutex
-	gcQuiet time.Duration
-	gcKick  chan struct{}
-	gcDone  chan struct{}
-	closed  chan struct{}
+	// Open's state (open.go): a lock per snapshot being opened, the opened
+	// copies (opened.go) and the chunk cache in front of the backend.
+	opening    snapshotLocks
+	openCopies *openedSet
+	cache      *Cache
+	fill       *cacheFiller // fills cache in the background (nil without a cache)
+	// docs holds the parsed manifests of the snapshots last committed or
+	// opened, with their chunks' keys: what a diff commit matches against
+	// (parent.go) and a warm Open checks with (manifest.go).
+	docs docCache
 
-	// outbox holds asynchronously committed snapshots until they are uploaded;
-	// outKnown (under mu) lists its chunks and packs. uploadMu orders an
-	// upload's manifest step against Delete.
-	outbox   *FS
-	outKnown *packSet
-	// suspects (under mu): backend copies of chunks found damaged or missing
-	// (Store.suspect).
-	suspects map[string]chunkLoc
-	// outGen (under mu) counts manifests written to the outbox.
-	outGen uint64
-	// loadMu makes loadKnown single-flight: a Collect never runs beside a
-	// load that could merge back a pack it deleted.
-	loadMu   sync.Mutex
-	uploadMu sync.Mutex
-	upKick   chan struct{}
-	upDone   chan struct{}
-	// docs caches the parsed manifests of the last docCacheLen snapshots this
-	// process committed or opened (immutable once committed): parsing the
-	// manifest of a 512 MiB snapshot (33 k chunks, 3 MB of JSON) is part of
-	// every warm Open otherwise.
-	docMu    sync.Mutex
-	docs     map[string]doc
-	docOrder []string
+	// up is the background upload's state (upload.go).
+	up uploader
+	// gc is the garbage collection's state (gc.go).
+	gc collector
+
 	// lastReused is the number of chunks the last commit named by their key
 	// match with a parent chunk (tests).
 	lastReused atomic.Int64
-
-	// upRetry is the first delay before retrying a failed upload (Config.UploadRetry).
-	upRetry time.Duration
-	// openCopies tracks the opened copies for Config.OpenBytes (opened.go).
-	openCopies *openedSet
 }
 
 var _ snapshot.Store = (*Store)(nil)
-
 var _ snapshot.Verifier = (*Store)(nil)
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
@@ -135,17 +112,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("snapshot store %s: %w", abs, err)
 		}
 	}
-	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger,
-		known: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}, opening: map[string]*sync.Mutex{},
-		closed: make(chan struct{}), outKnown: newPackSet(),
-		upKick: make(chan struct{}, 1), upDone: make(chan struct{}), upRetry: cfg.UploadRetry}
+	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger, closed: make(chan struct{}),
+		idx:     newIndex(),
+		opening: snapshotLocks{locks: map[string]*snapshotLock{}},
+		up:      uploader{kick: make(chan struct{}, 1), done: make(chan struct{}), retry: cfg.UploadRetry}}
 	openLimit := cfg.OpenBytes
 	if cfg.ReadOnly {
 		openLimit = 0 // the server owning the store trims its copies
 	}
 	s.scanOpened(openLimit)
-	if s.upRetry <= 0 {
-		s.upRetry = time.Second
+	if s.up.retry <= 0 {
+		s.up.retry = time.Second
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -159,7 +136,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		// Local disk saturates the CPUs with a few; an object store is latency
 		// bound (one request per chunk) and needs more requests in flight.
 		s.workers = 4
-		if _, local := s.b.(*FS); !local {
+		if _, remote := s.b.(Remote); remote {
 			s.workers = 16
 		}
 	}
@@ -177,10 +154,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.loadOutbox(ctx); err != nil {
 		return nil, err
 	}
-	if s3b, ok := s.b.(*S3); ok && s3b.unreachable {
+	remote, isRemote := s.b.(Remote)
+	if isRemote && remote.UnreachableAtOpen() {
 		s.log.Warn("snapshot store: backend unreachable at start; it is listed before the next upload or synchronous commit")
 	} else if err := s.loadKnown(ctx); err != nil {
-		if _, local := s.b.(*FS); local {
+		if !isRemote {
 			return nil, err
 		}
 		// Start anyway: snapshots open from local copies and commit
@@ -191,15 +169,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if !cfg.ReadOnly {
 		go s.uploadLoop()
 	} else {
-		close(s.upDone)
+		close(s.up.done)
 	}
 	if cfg.AutoGC {
-		s.gcKick = make(chan struct{}, 1)
-		s.gcQuiet = cfg.GCQuiet
-		if s.gcQuiet <= 0 {
-			s.gcQuiet = 5 * time.Second
+		s.gc.kick = make(chan struct{}, 1)
+		s.gc.quiet = cfg.GCQuiet
+		if s.gc.quiet <= 0 {
+			s.gc.quiet = 5 * time.Second
 		}
-		s.gcDone = make(chan struct{})
+		s.gc.done = make(chan struct{})
 		go s.gcLoop()
 	}
 	return s, nil
@@ -211,7 +189,8 @@ func (s *Store) Backend() Backend { return s.b }
 // Cache returns the chunk cache (nil without one).
 func (s *Store) Cache() *Cache { return s.cache }
 
-// Close stops the background GC. The store is not usable afterwards.
+// Close stops the background collection, upload and cache filling. The store is
+// not usable afterwards.
 func (s *Store) Close() error {
 	select {
 	case <-s.closed:
@@ -219,10 +198,10 @@ func (s *Store) Close() error {
 	default:
 	}
 	close(s.closed)
-	if s.gcDone != nil {
-		<-s.gcDone
+	if s.gc.done != nil {
+		<-s.gc.done
 	}
-	<-s.upDone
+	<-s.up.done
 	if s.fill != nil {
 		s.fill.close()
 	}
@@ -244,8 +223,8 @@ func (s *Store) Recover(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "staging"), 0o700); err != nil {
 		return err
 	}
-	if fsb, ok := s.b.(*FS); ok {
-		fsb.CleanTemp()
+	if tc, ok := s.b.(TempCleaner); ok {
+		tc.CleanTemp()
 	}
 	s.outbox.CleanTemp()
 	if err := s.cleanOutbox(ctx); err != nil {
@@ -253,7 +232,7 @@ func (s *Store) Recover(ctx context.Context) error {
 	}
 	ids, err := s.List(ctx)
 	if err != nil {
-		if _, local := s.b.(*FS); local {
+		if _, remote := s.b.(Remote); !remote {
 			return err
 		}
 		// Keep every opened copy: without the backend's list, which are dead is
@@ -287,11 +266,11 @@ func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
 	if err != nil {
 		return u, fmt.Errorf("durable tier not listed yet (figures unknown): %w", err)
 	}
-	s.mu.Lock()
-	u.Chunks, u.ChunkBytes = s.known.storedBytes()
-	u.Packs = len(s.known.packs)
-	u.StoredBytes = s.known.tierBytes()
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	u.Chunks, u.ChunkBytes = s.idx.known.storedBytes()
+	u.Packs = len(s.idx.known.packs)
+	u.StoredBytes = s.idx.known.tierBytes()
+	s.idx.mu.Unlock()
 	if u.PendingUploadBytes, err = snapshot.DirBytes(filepath.Join(s.dir, "outbox")); err != nil {
 		return u, err
 	}
