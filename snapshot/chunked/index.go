@@ -11,7 +11,7 @@ import (
 // up to date by commits, uploads and Collect; and the state by which commits
 // and Collect stay out of each other's way (pins, deleting, protected; see
 // the package comment's Garbage collection). mu guards every field but
-// loadMu. The commit path takes mu once per chunk it stores and once per
+// loadMu. The commit path takes mu for every chunk it stores and once per
 // segment it reuses from a parent: keep what it does under mu short.
 type index struct {
 	// loadMu makes loadKnown single-flight: a Collect never runs beside a

@@ -24,16 +24,16 @@ import (
 // one 3.7 s, and a diff commit spent most of its time creating ~170 files; on
 // S3 every chunk was a request (~2,000 requests/s). Chunks keep their sha256
 // ids and manifests list ids only: where a chunk lives is the indexes'
-// business, loaded at start-up (the store's index, index.go), so packs can be rewritten
-// without touching a manifest.
+// business, loaded at start-up into the store's index (index.go), so packs
+// can be rewritten without touching a manifest.
 //
 //	packs/<pack[:2]>/<pack>   concatenated zstd frames
 //	index/<pack>.json         {"chunks":[{"id":…,"off":…,"len":…}…]}, written after the pack
 //
 // A pack whose index is missing (a crash between the two) is garbage; Collect
 // deletes it unless a commit is writing it. A pack is deleted when none of its
-// chunks is referenced by a live manifest (or pinned by a commit); packs that
-// are partly garbage are kept whole (repacking them is not built).
+// chunks is referenced by a live manifest (or pinned by a commit); one that is
+// mostly garbage is rewritten with only its live chunks (repack, gc.go).
 const packTarget = 8 << 20
 
 // chunkLoc is where a chunk's stored bytes are: bytes [Off, Off+Len) of pack
