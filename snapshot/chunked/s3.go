@@ -89,6 +89,10 @@ type S3 struct {
 }
 
 var _ Backend = (*S3)(nil)
+var _ Remote = (*S3)(nil)
+
+// UnreachableAtOpen implements Remote: NewS3 got no answer from the server.
+func (b *S3) UnreachableAtOpen() bool { return b.unreachable }
 
 // reachErr marks err with snapshot.ErrUnavailable when the server gave no HTTP
 // answer (refused, down, hung past the request's deadline).
