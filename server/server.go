@@ -106,16 +106,16 @@ type Server struct {
 // manager.Reconcile) and returns a server ready to serve. Errors name the part
 // that failed (database, runsc, agent binary).
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	authRequired, err := ResolveAuth(cfg.Auth, cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
 	tuneGC()
 	if cfg.DataDir == "" {
 		cfg.DataDir = "/var/lib/torpor"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	authRequired, err := ResolveAuth(cfg.Auth, cfg.Listen)
-	if err != nil {
-		return nil, err
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
