@@ -63,8 +63,9 @@ func New(baseURL string) *Client {
 	}
 }
 
-// authorize adds the API key to req.
-func (c *Client) authorize(req *http.Request) {
+// Authorize adds c's API key to req (a request the caller makes itself with
+// c.HTTP, e.g. to a PortURL); every method of Client does it already.
+func (c *Client) Authorize(req *http.Request) {
 	if c.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	}
@@ -106,7 +107,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, he
 	if err != nil {
 		return nil, err
 	}
-	c.authorize(req)
+	c.Authorize(req)
 	for k, vs := range header {
 		for _, v := range vs {
 			req.Header.Add(k, v)
@@ -176,7 +177,7 @@ func (c *Client) send(ctx context.Context, method, path string, in any, contentT
 		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json, application/x-ndjson")
-	c.authorize(req)
+	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -448,7 +449,7 @@ func (c *Client) importImage(ctx context.Context, name string, r io.Reader, size
 		req.Body = http.NoBody
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
-	c.authorize(req)
+	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
