@@ -21,7 +21,7 @@
 // finding a key from its SHA-256 is a preimage search of 2^160 (2^128 with the
 // prefix known), out of reach at any cost per guess. A fast hash loses nothing
 // here, and it lets every request be checked with one hash and one indexed
-// lookup instead of ~100 ms of deliberate work per request.
+// lookup instead of the work a slow hash spends per check by design.
 //
 // # Checking a request
 //
@@ -57,6 +57,21 @@
 // looked at (a good key from that address waits too), and is not logged again
 // until it may try again. The buckets are bounded (Config.MaxAddresses): full
 // buckets, which are the same as none, are dropped first.
+//
+// # Using it from an API
+//
+// A server has one Verifier (server.Server.Verifier), so every API on it
+// shares one cache and one set of failure limits. An API wraps its handlers
+// when keys are required:
+//
+//	h = v.Require(h, apikey.FromXAPIKey, func(w http.ResponseWriter, r *http.Request, err error) {
+//		status, retryAfter, msg := apikey.Deny(err) // 401, 429 or 503; msg safe to show
+//		// set Retry-After for a 429, write status and msg in the API's own error shape
+//	})
+//
+// REST v1 reads Authorization: Bearer (FromBearer), the E2B API X-API-KEY
+// (FromXAPIKey); the admitted key's record is in the request's context
+// (FromContext).
 //
 // The client address is the connection's peer (http.Request.RemoteAddr); a
 // server behind a reverse proxy sees the proxy's address (X-Forwarded-For is

@@ -232,3 +232,22 @@ func (v *Verifier) Require(next http.Handler, from func(*http.Request) string, d
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), contextKey{}, rec)))
 	})
 }
+
+// Deny says how to answer a request Check refused with err: status 401
+// (ErrMissing, ErrInvalid), 429 with retryAfter (ErrLimited) or 503 (the
+// store failed: the key may be good; the caller logs err), and a message
+// that is safe to show the client (it says only that the key is missing or
+// wrong, or when to retry). Each API writes them in its own error shape and
+// adds its own headers (REST v1: WWW-Authenticate; both: Retry-After).
+func Deny(err error) (status int, retryAfter time.Duration, message string) {
+	var le *LimitedError
+	switch {
+	case errors.As(err, &le):
+		return http.StatusTooManyRequests, le.RetryAfter, le.Error()
+	case errors.Is(err, ErrMissing):
+		return http.StatusUnauthorized, 0, ErrMissing.Error()
+	case errors.Is(err, ErrInvalid):
+		return http.StatusUnauthorized, 0, ErrInvalid.Error()
+	}
+	return http.StatusServiceUnavailable, 0, "cannot check the API key now; retry"
+}

@@ -88,23 +88,25 @@ func (s *Server) requireKeys(h http.Handler) http.Handler {
 	})
 }
 
-// denyKey answers a request apikey refused: 401 unauthenticated (missing or
-// wrong key; nothing else is said), 429 rate_limited with Retry-After, or 503
-// when the key store failed.
+// denyKey answers a request apikey refused (apikey.Deny): 401
+// unauthenticated (missing or wrong key; nothing else is said) with
+// WWW-Authenticate, 429 rate_limited with Retry-After, or 503 when the key
+// store failed.
 func (s *Server) denyKey(w http.ResponseWriter, r *http.Request, err error) {
-	var le *apikey.LimitedError
+	status, retryAfter, msg := apikey.Deny(err)
+	code := apiv1.CodeUnauthenticated
 	switch {
-	case errors.As(err, &le):
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(le.RetryAfter.Seconds()))))
-		writeError(w, http.StatusTooManyRequests, apiv1.CodeRateLimited, err.Error())
+	case status == http.StatusTooManyRequests:
+		code = apiv1.CodeRateLimited
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
 	case errors.Is(err, apikey.ErrMissing):
 		w.Header().Set("WWW-Authenticate", `Bearer realm="torpor"`)
-		writeError(w, http.StatusUnauthorized, apiv1.CodeUnauthenticated, "missing API key: send Authorization: Bearer <key>")
-	case errors.Is(err, apikey.ErrInvalid):
+		msg += ": send Authorization: Bearer <key>"
+	case status == http.StatusUnauthorized:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="torpor", error="invalid_token"`)
-		writeError(w, http.StatusUnauthorized, apiv1.CodeUnauthenticated, "invalid API key")
 	default:
+		code = apiv1.CodeUnavailable
 		s.log.Error("api key check failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusServiceUnavailable, apiv1.CodeUnavailable, "cannot check the API key now; retry")
 	}
+	writeError(w, status, code, msg)
 }

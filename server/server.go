@@ -89,17 +89,18 @@ type Server struct {
 	Engines *engine.Registry
 	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
-	StoreKind string
-	// AuthRequired says whether requests need an API key (Config.Auth resolved).
-	AuthRequired bool
-	keys         *apikey.Verifier
-	db           *sqlite.DB
+	StoreKind  string
+	db         *sqlite.DB
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
 	handler    http.Handler
+
+	// AuthRequired says whether requests need an API key (Config.Auth resolved).
+	AuthRequired bool
+	keys         *apikey.Verifier
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -229,6 +230,11 @@ func (s *Server) CloseIdleEngines(ctx context.Context) {
 // callers that make keys in process (tests; `torpor key` opens the database
 // itself).
 func (s *Server) Keys() metadata.Keys { return s.db }
+
+// Verifier returns the server's key verifier (one cache and one set of
+// failure limits for every API on the server): another surface on the same
+// server wraps its handlers with Verifier().Require when AuthRequired.
+func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 
 // Handler returns the HTTP handler of the API.
 func (s *Server) Handler() http.Handler { return s.handler }

@@ -35,14 +35,15 @@ type Server struct {
 	URL     string
 	Client  *client.Client
 	DataDir string
-	// APIKey is a key made at start when the server requires keys
-	// (Options.Auth); Client sends it.
-	APIKey string
 	cfg     server.Config
 	// resumeDelay: Options.ResumeDelay.
 	resumeDelay time.Duration
 	hs          *http.Server
 	ln          net.Listener
+
+	// APIKey is a key made at start when the server requires keys
+	// (Options.Auth); Client sends it.
+	APIKey string
 }
 
 // Options tune a test server.
