@@ -16,6 +16,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		AgentPath:        cfg.AgentPath,
 		IdleCPUThreshold: cfg.IdleCPUThreshold,
 		Store:            store,
+		Auth:             server.AuthMode(cfg.Auth),
 	})
 }
 

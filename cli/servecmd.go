@@ -28,6 +28,8 @@ type serveConfig struct {
 	CacheBytes  int64
 	OpenBytes   int64
 	AsyncUpload bool
+	// Auth: required, none or auto (server.ResolveAuth).
+	Auth string
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -53,6 +55,11 @@ func (a *app) serveCommand() *cobra.Command {
 			default:
 				return usagef("--store %q: want plain, chunked or s3", cfg.Store.Kind)
 			}
+			switch server.AuthMode(cfg.Auth) {
+			case server.AuthAuto, server.AuthRequired, server.AuthNone:
+			default:
+				return usagef("--auth %q: want required, none or auto", cfg.Auth)
+			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
@@ -68,6 +75,7 @@ func (a *app) serveCommand() *cobra.Command {
 	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
+	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with `torpor key create`), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }

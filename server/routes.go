@@ -451,6 +451,10 @@ func (s *Server) proxy() http.Handler {
 			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
 			pr.Out.URL.RawPath = ""
 			pr.Out.Host = pr.In.Host
+			if s.AuthRequired {
+				// It carried torpor's API key, which is not the sandbox's.
+				pr.Out.Header.Del("Authorization")
+			}
 			pr.SetXForwarded()
 		},
 		Transport: &http.Transport{

@@ -1,5 +1,6 @@
 // Package server is torpor's HTTP server: REST API v1 (apiv1), the port proxy that
-// wakes hibernated sandboxes, /healthz and Prometheus /metrics. It wires the
+// wakes hibernated sandboxes, /healthz and Prometheus /metrics, with API keys
+// required or not (Config.Auth, auth.go; the keys are package apikey's). It wires the
 // embedded defaults — SQLite metadata, the local snapshot store, the image store,
 // the gVisor engine — into a sandbox manager and serves it.
 //
@@ -33,10 +34,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 )
 
@@ -44,8 +47,13 @@ import (
 type Config struct {
 	// DataDir holds everything the server keeps (default /var/lib/torpor).
 	DataDir string
-	// Listen is the API address (default 127.0.0.1:7070).
+	// Listen is the API address (default 127.0.0.1:7070). New reads it only
+	// to resolve Auth; Run listens on it.
 	Listen string
+	// Auth says whether REST v1, the port proxy and /metrics require an API
+	// key (default AuthAuto: required unless Listen is a loopback address;
+	// see ResolveAuth).
+	Auth AuthMode
 	// RunscPath is the runsc binary; AgentPath the static guest agent binary.
 	RunscPath string
 	AgentPath string
@@ -89,12 +97,20 @@ type Server struct {
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
 	handler    http.Handler
+
+	// AuthRequired says whether requests need an API key (Config.Auth resolved).
+	AuthRequired bool
+	keys         *apikey.Verifier
 }
 
 // New opens the data directory, reconciles the host with the database (see
 // manager.Reconcile) and returns a server ready to serve. Errors name the part
 // that failed (database, runsc, agent binary).
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	authRequired, err := ResolveAuth(cfg.Auth, cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
 	tuneGC()
 	if cfg.DataDir == "" {
 		cfg.DataDir = "/var/lib/torpor"
@@ -171,8 +187,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock}
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
 	s.handler = s.routes()
+	if authRequired {
+		s.handler = s.requireKeys(s.handler)
+		if keys, err := db.ListAPIKeys(ctx); err == nil && len(keys) == 0 {
+			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create --data-dir " + dir + "`")
+		}
+	}
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
 }
@@ -202,6 +225,16 @@ func (s *Server) CloseIdleEngines(ctx context.Context) {
 		}
 	}
 }
+
+// Keys returns the API keys' records (the server's metadata store), for
+// callers that make keys in process (tests; `torpor key` opens the database
+// itself).
+func (s *Server) Keys() metadata.Keys { return s.db }
+
+// Verifier returns the server's key verifier (one cache and one set of
+// failure limits for every API on the server): another surface on the same
+// server wraps its handlers with Verifier().Require when AuthRequired.
+func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 
 // Handler returns the HTTP handler of the API.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -291,7 +324,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if hs, ok := s.Engine.(engine.HostScoper); ok {
 		scope = hs.HostScope()
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind)
+	auth := "none"
+	if s.AuthRequired {
+		auth = "required"
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

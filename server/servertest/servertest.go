@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
@@ -39,6 +40,10 @@ type Server struct {
 	resumeDelay time.Duration
 	hs          *http.Server
 	ln          net.Listener
+
+	// APIKey is a key made at start when the server requires keys
+	// (Options.Auth); Client sends it.
+	APIKey string
 }
 
 // Options tune a test server.
@@ -70,6 +75,10 @@ type Options struct {
 	// AgentPath is the guest agent binary the server installs ("" = AgentBinary,
 	// built from this checkout).
 	AgentPath string
+	// Auth is passed to server.Config.Auth; the listener is on loopback, so
+	// the default is no keys. With server.AuthRequired, Start makes a key
+	// (Server.APIKey) and Client sends it.
+	Auth server.AuthMode
 }
 
 var (
@@ -164,7 +173,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store,
+		Store: opts.Store, Auth: opts.Auth,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
@@ -218,6 +227,14 @@ func (s *Server) start(t testing.TB) {
 	s.Server, s.ln = srv, ln
 	s.URL = "http://" + ln.Addr().String()
 	s.Client = client.New(s.URL)
+	if srv.AuthRequired && s.APIKey == "" {
+		if s.APIKey, _, err = apikey.Create(ctx, srv.Keys(), "servertest", time.Now()); err != nil {
+			t.Fatalf("start server: make an API key: %v", err)
+		}
+	}
+	if s.APIKey != "" {
+		s.Client.APIKey = s.APIKey
+	}
 	s.hs = &http.Server{Handler: srv.Handler()}
 	go s.hs.Serve(ln)
 }
