@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 )
 
@@ -61,7 +62,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `torpor runs sandboxes for AI agents, hibernates idle ones to snapshots and
 resumes them with their processes continuing where they stopped.
 
-Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.DefaultURL + `.`,
+Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.DefaultURL + `,
+with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          usageArgs(cobra.NoArgs),
@@ -90,6 +92,7 @@ Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.D
 		a.usageCommand(),
 		a.setCommand(),
 		a.snapshotCommand(),
+		a.keyCommand(),
 	)
 	return root
 }
@@ -169,10 +172,14 @@ func (a *app) exitCode(cmd *cobra.Command, err error) int {
 func (a *app) message(err error) string {
 	var ae *client.APIError
 	if errors.As(err, &ae) {
-		if ae.Message == "" {
-			return ae.Code
+		msg := ae.Message
+		if msg == "" {
+			msg = ae.Code
 		}
-		return ae.Message
+		if ae.Code == apiv1.CodeUnauthenticated {
+			msg += " (the server requires an API key: set TORPOR_API_KEY to one that `torpor key create` made on its host)"
+		}
+		return msg
 	}
 	if errors.Is(err, context.Canceled) {
 		return "interrupted"

@@ -16,8 +16,8 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		AgentPath:        cfg.AgentPath,
 		IdleCPUThreshold: cfg.IdleCPUThreshold,
 		Store:            store,
-		// TODO(keys): the key store of branch keys.
-		E2B: server.E2BConfig{Domain: cfg.E2BDomain},
+		Auth:             server.AuthMode(cfg.Auth),
+		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
 	})
 }
 

@@ -29,9 +29,13 @@ type Client struct {
 	BaseURL string
 	// HTTP is the client used for every request. It has no overall timeout.
 	HTTP *http.Client
+	// APIKey, when set, is sent with every request as "Authorization: Bearer
+	// <key>" (the port proxy's too), as a server with --auth required needs.
+	APIKey string
 }
 
 // New returns a client for baseURL; "" means env TORPOR_URL, else DefaultURL.
+// Its APIKey is env TORPOR_API_KEY.
 func New(baseURL string) *Client {
 	if baseURL == "" {
 		baseURL = os.Getenv("TORPOR_URL")
@@ -55,6 +59,15 @@ func New(baseURL string) *Client {
 	return &Client{
 		BaseURL: strings.TrimRight(baseURL, "/"),
 		HTTP:    &http.Client{Transport: tr},
+		APIKey:  strings.TrimSpace(os.Getenv("TORPOR_API_KEY")),
+	}
+}
+
+// Authorize adds c's API key to req (a request the caller makes itself with
+// c.HTTP, e.g. to a PortURL); every method of Client does it already.
+func (c *Client) Authorize(req *http.Request) {
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	}
 }
 
@@ -69,6 +82,11 @@ func (e *APIError) Error() string { return "torpor: " + e.Code + ": " + e.Messag
 
 // IsNotFound reports whether err is an APIError with code not_found.
 func IsNotFound(err error) bool { return hasCode(err, apiv1.CodeNotFound) }
+
+// IsUnauthenticated reports whether err is an APIError with code
+// unauthenticated: the server requires an API key and the request had none
+// or a wrong one.
+func IsUnauthenticated(err error) bool { return hasCode(err, apiv1.CodeUnauthenticated) }
 
 // IsConflict reports whether err is an APIError with code conflict.
 func IsConflict(err error) bool { return hasCode(err, apiv1.CodeConflict) }
@@ -89,6 +107,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, he
 	if err != nil {
 		return nil, err
 	}
+	c.Authorize(req)
 	for k, vs := range header {
 		for _, v := range vs {
 			req.Header.Add(k, v)
@@ -158,6 +177,7 @@ func (c *Client) send(ctx context.Context, method, path string, in any, contentT
 		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json, application/x-ndjson")
+	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -199,6 +219,10 @@ func codeForStatus(status int) string {
 		return apiv1.CodeSnapshotCorrupt
 	case http.StatusServiceUnavailable:
 		return apiv1.CodeUnavailable
+	case http.StatusUnauthorized:
+		return apiv1.CodeUnauthenticated
+	case http.StatusTooManyRequests:
+		return apiv1.CodeRateLimited
 	}
 	return apiv1.CodeInternal
 }
@@ -425,6 +449,7 @@ func (c *Client) importImage(ctx context.Context, name string, r io.Reader, size
 		req.Body = http.NoBody
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
+	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

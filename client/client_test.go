@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -426,5 +427,71 @@ func TestDotIDsRefused(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Code != apiv1.CodeInvalidArgument || !strings.Contains(ae.Message, id) {
 			t.Fatalf("GetSnapshot(%q): %v", id, err)
 		}
+	}
+}
+
+// TestAPIKey: New takes the key from TORPOR_API_KEY, and every kind of
+// request (JSON calls, streams, uploads, Do) sends it as a Bearer token; a
+// 401 is IsUnauthenticated; without a key nothing is sent.
+func TestAPIKey(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer e2b_0123" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(401)
+			fmt.Fprint(w, `{"error":{"code":"unauthenticated","message":"invalid API key"}}`)
+			return
+		}
+		switch r.URL.Path {
+		case "/v1/sandboxes":
+			fmt.Fprint(w, `{"sandboxes":[]}`)
+		case "/v1/images/import":
+			w.WriteHeader(201)
+			fmt.Fprint(w, `{"name":"x"}`)
+		default:
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			fmt.Fprint(w, `{"exit_code":0}`+"\n")
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	t.Setenv("TORPOR_API_KEY", " e2b_0123\n")
+	c := New(srv.URL)
+	if c.APIKey != "e2b_0123" {
+		t.Fatalf("APIKey from the environment: %q", c.APIKey)
+	}
+	if _, err := c.ListSandboxes(ctx); err != nil {
+		t.Errorf("list: %v", err)
+	}
+	if _, err := c.ImportImage(ctx, "x", strings.NewReader("tar"), 3); err != nil {
+		t.Errorf("import: %v", err)
+	}
+	if _, _, _, err := c.ExecCollect(ctx, "sbx", apiv1.ExecRequest{Cmd: []string{"true"}}); err != nil {
+		t.Errorf("exec: %v", err)
+	}
+	resp, err := c.Do(ctx, "GET", "/v1/sandboxes/sbx/ports/80/", nil, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Errorf("do: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	c.APIKey = "e2b_wrong"
+	if _, err := c.ListSandboxes(ctx); !IsUnauthenticated(err) {
+		t.Errorf("a wrong key: %v, want IsUnauthenticated", err)
+	}
+	t.Setenv("TORPOR_API_KEY", "")
+	New(srv.URL).ListSandboxes(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"GET /v1/sandboxes Bearer e2b_0123", "POST /v1/images/import Bearer e2b_0123", "POST /v1/sandboxes/sbx/exec Bearer e2b_0123",
+		"GET /v1/sandboxes/sbx/ports/80/ Bearer e2b_0123", "GET /v1/sandboxes Bearer e2b_wrong", "GET /v1/sandboxes "}
+	if strings.Join(seen, "\n") != strings.Join(want, "\n") {
+		t.Errorf("requests:\n%s\nwant\n%s", strings.Join(seen, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -38,7 +38,7 @@ func TestE2BSDK(t *testing.T) {
 				t.Fatal(err)
 			}
 			cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "e2b_sdk.mjs"), e2bsdk.Module(pkg))
-			cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+e2bKey,
+			cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+srv.APIKey,
 				"TORPOR_WORKLOAD="+w.ID, "TORPOR_DOMAIN="+e2bDomain, "TORPOR_TAG="+strings.ReplaceAll(version, ".", "-"))
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,25 +19,14 @@ import (
 	"github.com/torpor/torpor/workload"
 )
 
-// e2bKey is the API key the E2B tests' servers accept.
-const e2bKey = "e2b_0123456789abcdef0123456789abcdef"
-
 // e2bDomain is the domain of the E2B tests' host-routed requests.
 const e2bDomain = "sandboxes.torpor.test"
 
-// oneKey is a key store holding one key.
-type oneKey string
-
-func (k oneKey) CheckKey(_ context.Context, key string) error {
-	if key != string(k) {
-		return errors.New("not a key of this server")
-	}
-	return nil
-}
-
-// startE2B starts a server serving the E2B API with e2bKey and e2bDomain.
+// startE2B starts a server that requires API keys (servertest makes one,
+// Server.APIKey) with e2bDomain for E2B's host routing.
 func startE2B(t *testing.T, opts servertest.Options) *servertest.Server {
-	opts.E2B = server.E2BConfig{Domain: e2bDomain, Keys: oneKey(e2bKey)}
+	opts.E2B = server.E2BConfig{Domain: e2bDomain}
+	opts.Auth = server.AuthRequired
 	return start(t, opts)
 }
 
@@ -94,7 +81,7 @@ func e2bCall(t *testing.T, srv *servertest.Server, method, path string, body any
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set(e2b.HeaderAPIKey, e2bKey)
+	req.Header.Set(e2b.HeaderAPIKey, srv.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i] == "Host" {
@@ -388,7 +375,12 @@ func TestE2BControlPlane(t *testing.T) {
 	q := "metadata=" + url.QueryEscape(url.QueryEscape("user")+"="+url.QueryEscape("abc"))
 	var listed []e2b.ListedSandbox
 	e2bCall(t, srv, "GET", "/v2/sandboxes?"+q, nil).decode(t, &listed)
-	want := []string{forks[1].Sandbox.SandboxID, forks[0].Sandbox.SandboxID, id}
+	// Newest first: the source, then its two clones, made at one time and
+	// so ordered by id.
+	want := []string{forks[0].Sandbox.SandboxID, forks[1].Sandbox.SandboxID, id}
+	if want[0] < want[1] {
+		want[0], want[1] = want[1], want[0]
+	}
 	if ids := listedIDs(listed); !sameSet(ids, want) {
 		t.Errorf("list with metadata user=abc: %v, want %v", ids, want)
 	}

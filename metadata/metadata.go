@@ -1,5 +1,5 @@
 // Package metadata is torpor's system of record for sandboxes, snapshots,
-// volumes, image names and counters: the interface Store and its record
+// volumes, image names, API keys and counters: the interface Store and its record
 // types. The sandbox manager writes every state change here before it
 // acknowledges it.
 //
@@ -62,12 +62,13 @@ var (
 // an empty store gives an empty (nil) list, not an error. Errors other than
 // the ones named are failures of the database itself.
 //
-// More record kinds (API keys, …) join as further interfaces embedded here.
+// More record kinds join as further interfaces embedded here.
 type Store interface {
 	Sandboxes
 	Snapshots
 	Volumes
 	Images
+	Keys
 	Counters
 	// Close releases the store. Calls after Close fail.
 	Close() error
@@ -153,6 +154,45 @@ type Images interface {
 	ImageByDigest(ctx context.Context, digest string) (sandbox.Image, error)
 	// ListImages returns every name, by name.
 	ListImages(ctx context.Context) ([]sandbox.Image, error)
+}
+
+// Keys are the API keys' records. A record holds a key's SHA-256, never the
+// key: package apikey makes keys, hashes them and checks requests against
+// these records (see apikey for why a fast hash is the right one).
+type Keys interface {
+	// CreateAPIKey stores a new record. ErrExists if its ID or its Hash is
+	// taken.
+	CreateAPIKey(ctx context.Context, k APIKey) error
+	// GetAPIKey returns the record of id. ErrNotFound if there is none.
+	GetAPIKey(ctx context.Context, id string) (APIKey, error)
+	// APIKeyByHash returns the record whose Hash is hash (32 bytes). ErrNotFound
+	// if there is none.
+	APIKeyByHash(ctx context.Context, hash []byte) (APIKey, error)
+	// ListAPIKeys returns every record, oldest first (CreatedAt, then ID).
+	ListAPIKeys(ctx context.Context) ([]APIKey, error)
+	// TouchAPIKey sets the record's LastUsedAt to at. ErrNotFound if there is
+	// no such record. Callers bound how often they call it (package apikey:
+	// once a minute per key at most).
+	TouchAPIKey(ctx context.Context, id string, at time.Time) error
+	// DeleteAPIKey removes the record of id. ErrNotFound if there is none.
+	DeleteAPIKey(ctx context.Context, id string) error
+}
+
+// APIKey is an API key's record.
+type APIKey struct {
+	// ID is the key's public name, "key_" and 12 hex digits (what `torpor key
+	// ls` shows and `torpor key rm` takes).
+	ID   string
+	Name string
+	// Prefix is the key's first characters ("e2b_" and 8 hex digits), public:
+	// it tells a user which key is which; it is too short to use the key.
+	Prefix string
+	// Hash is the SHA-256 of the whole key (32 bytes).
+	Hash      []byte
+	CreatedAt time.Time
+	// LastUsedAt is when a request last presented the key (nil: never), to
+	// the minute.
+	LastUsedAt *time.Time
 }
 
 // Counters are the store-wide counters.

@@ -73,7 +73,7 @@ func (s *Server) routes() http.Handler {
 		}
 		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return s.e2b.Front(mux)
+	return mux
 }
 
 // allowedMethods returns the methods for which mux has a route (other than the
@@ -454,6 +454,10 @@ func (s *Server) proxy() http.Handler {
 		if _, err := s.Manager.Get(r.Context(), id); err != nil {
 			s.fail(w, r, err)
 			return
+		}
+		if s.AuthRequired {
+			// It carried torpor's API key, which is not the sandbox's.
+			r.Header.Del("Authorization")
 		}
 		s.ingress.Serve(w, r, ingress.Target{
 			Dial: func(ctx context.Context) (net.Conn, error) { return s.Manager.DialPort(ctx, id, port) },

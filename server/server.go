@@ -1,5 +1,6 @@
 // Package server is torpor's HTTP server: REST API v1 (apiv1), the port proxy that
-// wakes hibernated sandboxes, /healthz and Prometheus /metrics. It wires the
+// wakes hibernated sandboxes, /healthz and Prometheus /metrics, with API keys
+// required or not (Config.Auth, auth.go; the keys are package apikey's). It wires the
 // embedded defaults — SQLite metadata, the local snapshot store, the image store,
 // the gVisor engine — into a sandbox manager and serves it.
 //
@@ -35,11 +36,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/torpor/torpor/api/e2b"
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 )
 
@@ -47,8 +50,13 @@ import (
 type Config struct {
 	// DataDir holds everything the server keeps (default /var/lib/torpor).
 	DataDir string
-	// Listen is the API address (default 127.0.0.1:7070).
+	// Listen is the API address (default 127.0.0.1:7070). New reads it only
+	// to resolve Auth; Run listens on it.
 	Listen string
+	// Auth says whether REST v1, the port proxy and /metrics require an API
+	// key (default AuthAuto: required unless Listen is a loopback address;
+	// see ResolveAuth).
+	Auth AuthMode
 	// RunscPath is the runsc binary; AgentPath the static guest agent binary.
 	RunscPath string
 	AgentPath string
@@ -82,8 +90,6 @@ type E2BConfig struct {
 	// Domain routes in-sandbox requests by host name ("<port>-<sandboxID>.<Domain>")
 	// and is the create answer's domain; "" = header routing only.
 	Domain string
-	// Keys checks the API keys of control-plane calls; nil refuses every call.
-	Keys e2b.KeyStore
 }
 
 // Server is a torpor server with its parts opened.
@@ -105,12 +111,20 @@ type Server struct {
 	handler    http.Handler
 	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
 	e2b        *e2b.Service
+
+	// AuthRequired says whether requests need an API key (Config.Auth resolved).
+	AuthRequired bool
+	keys         *apikey.Verifier
 }
 
 // New opens the data directory, reconciles the host with the database (see
 // manager.Reconcile) and returns a server ready to serve. Errors name the part
 // that failed (database, runsc, agent binary).
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	authRequired, err := ResolveAuth(cfg.Auth, cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
 	tuneGC()
 	if cfg.DataDir == "" {
 		cfg.DataDir = "/var/lib/torpor"
@@ -187,16 +201,31 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, ingress: ingress.New()}
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
 		return fail(err)
 	}
-	if s.e2b, err = e2b.New(e2b.Config{Manager: mgr, Images: images, Keys: cfg.E2B.Keys, Secret: secret,
+	s.ingress = ingress.New()
+	var e2bKeys *apikey.Verifier
+	if authRequired {
+		e2bKeys = s.keys
+	}
+	if s.e2b, err = e2b.New(e2b.Config{Manager: mgr, Images: images, Keys: e2bKeys, Secret: secret,
 		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger}); err != nil {
 		return fail(err)
 	}
 	s.handler = s.routes()
+	if authRequired {
+		s.handler = s.requireKeys(s.handler)
+		if keys, err := db.ListAPIKeys(ctx); err == nil && len(keys) == 0 {
+			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create --data-dir " + dir + "`")
+		}
+	}
+	// In-sandbox requests (E2B's routing) reach the sandbox whatever their
+	// path, /v1/… included; the E2B front checks their envd access token.
+	s.handler = s.e2b.Front(s.handler)
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	return s, nil
 }
@@ -226,6 +255,16 @@ func (s *Server) CloseIdleEngines(ctx context.Context) {
 		}
 	}
 }
+
+// Keys returns the API keys' records (the server's metadata store), for
+// callers that make keys in process (tests; `torpor key` opens the database
+// itself).
+func (s *Server) Keys() metadata.Keys { return s.db }
+
+// Verifier returns the server's key verifier (one cache and one set of
+// failure limits for every API on the server): another surface on the same
+// server wraps its handlers with Verifier().Require when AuthRequired.
+func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 
 // Handler returns the HTTP handler of the API.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -315,7 +354,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if hs, ok := s.Engine.(engine.HostScoper); ok {
 		scope = hs.HostScope()
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind)
+	auth := "none"
+	if s.AuthRequired {
+		auth = "required"
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -69,6 +69,7 @@ func Get(ctx context.Context, c *client.Client, id, path string) (State, error) 
 	if err != nil {
 		return st, err
 	}
+	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return st, err

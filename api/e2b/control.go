@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/sandbox"
@@ -57,24 +58,24 @@ func (s *Service) Register(mux *http.ServeMux) {
 	}
 }
 
-// authorized checks X-API-KEY against the key store before h: a missing or
-// refused key is 401, which the SDKs raise as AuthenticationError.
+// authorized checks X-API-KEY with the server's key verifier before h (when
+// the server requires keys): a missing or unknown key is 401, which the SDKs
+// raise as AuthenticationError; too many refused attempts from one address
+// 429 with Retry-After (SDK 2.51 retries after it); a key store that cannot
+// answer 503.
 func (s *Service) authorized(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get(HeaderAPIKey)
-		switch {
-		case key == "":
-			replyError(w, http.StatusUnauthorized, "missing API key: send it in "+HeaderAPIKey+" (E2B_API_KEY)")
-			return
-		case s.cfg.Keys == nil:
-			replyError(w, http.StatusUnauthorized, "invalid API key: this server has no API keys")
-			return
+	if s.cfg.Keys == nil {
+		return h
+	}
+	return s.cfg.Keys.Require(h, apikey.FromXAPIKey, func(w http.ResponseWriter, r *http.Request, err error) {
+		status, retry, msg := apikey.Deny(err)
+		if status == http.StatusServiceUnavailable {
+			s.log.Error("e2b: API key check failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		}
-		if err := s.cfg.Keys.CheckKey(r.Context(), key); err != nil {
-			replyError(w, http.StatusUnauthorized, "invalid API key: "+err.Error())
-			return
+		if retry > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
 		}
-		h(w, r)
+		replyError(w, status, msg+" ("+HeaderAPIKey+", E2B_API_KEY)")
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/internal/ingress"
@@ -23,21 +24,16 @@ import (
 	"github.com/torpor/torpor/sandbox"
 )
 
-// KeyStore checks the API key of a control-plane call (the X-API-KEY header).
-type KeyStore interface {
-	// CheckKey returns nil when key is a valid API key, else an error saying
-	// why not (the call is answered 401 with it).
-	CheckKey(ctx context.Context, key string) error
-}
-
 // Config wires a Service to the server's parts.
 type Config struct {
 	// Manager is the sandbox manager every call goes to.
 	Manager *manager.Manager
 	// Images resolves templateIDs that name an image.
 	Images *image.Store
-	// Keys checks API keys; nil refuses every control-plane call (401).
-	Keys KeyStore
+	// Keys verifies the API key (X-API-KEY) of every control-plane call: the
+	// server's one verifier when it requires keys; nil = keys are not
+	// required (a server on loopback with --auth none or auto).
+	Keys *apikey.Verifier
 	// Secret is the key of the HMAC that derives each sandbox's
 	// envdAccessToken (see AccessToken); at least 32 bytes (LoadSecret).
 	Secret []byte

@@ -162,6 +162,9 @@ func TestOpenMainDatabase(t *testing.T) {
 		if img, err := db.GetImage(ctx, "base"); err != nil || img.Digest != "sha256:b" || img.Bytes != 4096 || img.Source != "mmdebstrap:" {
 			t.Fatalf("image: %+v %v", img, err)
 		}
+		if keys, err := db.ListAPIKeys(ctx); err != nil || len(keys) != 0 { // 0003 made the table
+			t.Fatalf("api keys: %+v %v", keys, err)
+		}
 		if round == 0 {
 			if g, err := db.NextGeneration(ctx); err != nil || g != 42 {
 				t.Fatalf("next generation %d %v, want 42", g, err)

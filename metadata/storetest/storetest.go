@@ -1,7 +1,8 @@
 // Package storetest is the conformance suite of metadata.Store: every
 // implementation runs Run from its own tests and must pass it unchanged. It
 // checks what the sandbox manager relies on: every record kind's create,
-// read, list order, update and delete, the not-found and exists errors, the
+// read, list order, update and delete (API keys: by id and by hash, the
+// last-used time), the not-found and exists errors, the
 // version check on sandbox updates (also inside BeginRestore and
 // CommitHibernate, which must then write nothing), the generation counter,
 // concurrent updates of different records, and that records survive a
@@ -9,6 +10,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +45,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"KeptSnapshots", testKeptSnapshots},
 		{"Volumes", testVolumes},
 		{"Images", testImages},
+		{"APIKeys", testAPIKeys},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -605,6 +608,102 @@ func testImages(t *testing.T, st metadata.Store) {
 	}
 }
 
+// hash32 is a 32-byte hash whose bytes are all b.
+func hash32(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+// testAPIKeys: create, get by id and by hash (only the exact 32 bytes
+// match), ErrExists for a taken id or hash (the stored record unchanged),
+// list oldest first, touch, delete, not found.
+func testAPIKeys(t *testing.T, st metadata.Store) {
+	keys := []metadata.APIKey{
+		{ID: "key_bbbbbbbbbbbb", Name: "ci", Prefix: "e2b_22222222", Hash: hash32(2), CreatedAt: at(2).Add(500 * time.Millisecond)},
+		{ID: "key_aaaaaaaaaaaa", Name: "", Prefix: "e2b_11111111", Hash: hash32(1), CreatedAt: at(2)},
+		{ID: "key_cccccccccccc", Name: "laptop", Prefix: "e2b_33333333", Hash: hash32(3), CreatedAt: at(2).Add(500 * time.Millisecond),
+			LastUsedAt: tp(at(5))},
+	}
+	for _, k := range keys {
+		if err := st.CreateAPIKey(ctx, k); err != nil {
+			t.Fatalf("create %s: %v", k.ID, err)
+		}
+	}
+	for _, want := range keys {
+		if got, err := st.GetAPIKey(ctx, want.ID); err != nil || !equal(got, want) {
+			t.Errorf("get %s: %+v %v, want %+v", want.ID, got, err, want)
+		}
+		if got, err := st.APIKeyByHash(ctx, want.Hash); err != nil || !equal(got, want) {
+			t.Errorf("by hash of %s: %+v %v", want.ID, got, err)
+		}
+	}
+	for _, h := range [][]byte{hash32(9), hash32(1)[:31], append(hash32(1), 0), nil} {
+		if k, err := st.APIKeyByHash(ctx, h); !errors.Is(err, metadata.ErrNotFound) {
+			t.Errorf("by hash %x: %+v %v, want ErrNotFound", h, k, err)
+		}
+	}
+	for _, dup := range []metadata.APIKey{
+		{ID: keys[0].ID, Name: "other", Prefix: "e2b_44444444", Hash: hash32(4), CreatedAt: at(9)},         // id taken
+		{ID: "key_dddddddddddd", Name: "other", Prefix: "e2b_11111111", Hash: hash32(1), CreatedAt: at(9)}, // hash taken
+	} {
+		if err := st.CreateAPIKey(ctx, dup); !errors.Is(err, metadata.ErrExists) {
+			t.Errorf("create %+v: %v, want ErrExists", dup, err)
+		}
+	}
+	if got, _ := st.GetAPIKey(ctx, keys[0].ID); got.Name != "ci" || !bytes.Equal(got.Hash, hash32(2)) {
+		t.Errorf("a refused create changed the record: %+v", got)
+	}
+	if _, err := st.GetAPIKey(ctx, "key_dddddddddddd"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("a refused create (hash taken) made its record: %v", err)
+	}
+	if _, err := st.APIKeyByHash(ctx, hash32(4)); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("a refused create (id taken) stored its hash: %v", err)
+	}
+	all, err := st.ListAPIKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, k := range all {
+		ids = append(ids, k.ID)
+	}
+	if want := []string{"key_aaaaaaaaaaaa", "key_bbbbbbbbbbbb", "key_cccccccccccc"}; !reflect.DeepEqual(ids, want) {
+		t.Errorf("list order %v, want %v", ids, want)
+	}
+
+	used := at(7).Add(250 * time.Millisecond)
+	if err := st.TouchAPIKey(ctx, keys[1].ID, used); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.GetAPIKey(ctx, keys[1].ID)
+	if got.LastUsedAt == nil || !got.LastUsedAt.Equal(used) || got.Name != "" || !bytes.Equal(got.Hash, hash32(1)) {
+		t.Errorf("after touch: %+v", got)
+	}
+	if got, _ := st.GetAPIKey(ctx, keys[2].ID); !got.LastUsedAt.Equal(at(5)) {
+		t.Errorf("a touch of another key changed %s: %+v", keys[2].ID, got)
+	}
+	if err := st.TouchAPIKey(ctx, "key_none", used); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("touch of a missing id: %v", err)
+	}
+
+	if err := st.DeleteAPIKey(ctx, keys[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.APIKeyByHash(ctx, hash32(1)); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("by hash after delete: %v", err)
+	}
+	if _, err := st.GetAPIKey(ctx, keys[1].ID); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get after delete: %v", err)
+	}
+	if err := st.DeleteAPIKey(ctx, keys[1].ID); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+	if all, err := st.ListAPIKeys(ctx); err != nil || len(all) != 2 {
+		t.Errorf("list after delete: %d records, %v", len(all), err)
+	}
+	// The hash of a deleted key is free again.
+	if err := st.CreateAPIKey(ctx, metadata.APIKey{ID: "key_eeeeeeeeeeee", Prefix: "e2b_11111111", Hash: hash32(1), CreatedAt: at(8)}); err != nil {
+		t.Errorf("create with a deleted key's hash: %v", err)
+	}
+}
+
 // testConcurrentUpdates: writers updating different records at once all
 // succeed, and each record ends with all of its writer's updates.
 func testConcurrentUpdates(t *testing.T, st metadata.Store) {
@@ -666,6 +765,10 @@ func testReopen(t *testing.T, open func() (metadata.Store, error)) {
 	if err := st.PutImage(ctx, img); err != nil {
 		t.Fatal(err)
 	}
+	key := metadata.APIKey{ID: "key_aaaaaaaaaaaa", Name: "ci", Prefix: "e2b_11111111", Hash: hash32(1), CreatedAt: at(1), LastUsedAt: tp(at(2))}
+	if err := st.CreateAPIKey(ctx, key); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.NextGeneration(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -686,6 +789,9 @@ func testReopen(t *testing.T, open func() (metadata.Store, error)) {
 		}
 		if i, err := st.GetImage(ctx, "base"); err != nil || !equal(i, img) {
 			t.Errorf("reopen %d: image %+v %v", round, i, err)
+		}
+		if k, err := st.APIKeyByHash(ctx, key.Hash); err != nil || !equal(k, key) {
+			t.Errorf("reopen %d: api key %+v %v", round, k, err)
 		}
 		if g, err := st.NextGeneration(ctx); err != nil || g != int64(1+round) {
 			t.Errorf("reopen %d: next generation %d %v, want %d", round, g, err, 1+round)

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
@@ -39,6 +40,10 @@ type Server struct {
 	resumeDelay time.Duration
 	hs          *http.Server
 	ln          net.Listener
+
+	// APIKey is a key made at start when the server requires keys
+	// (Options.Auth); Client sends it.
+	APIKey string
 }
 
 // Options tune a test server.
@@ -72,6 +77,10 @@ type Options struct {
 	AgentPath string
 	// E2B configures the E2B API (passed to server.Config.E2B).
 	E2B server.E2BConfig
+	// Auth is passed to server.Config.Auth; the listener is on loopback, so
+	// the default is no keys. With server.AuthRequired, Start makes a key
+	// (Server.APIKey) and Client sends it.
+	Auth server.AuthMode
 }
 
 var (
@@ -166,7 +175,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store, E2B: opts.E2B,
+		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
@@ -220,6 +229,14 @@ func (s *Server) start(t testing.TB) {
 	s.Server, s.ln = srv, ln
 	s.URL = "http://" + ln.Addr().String()
 	s.Client = client.New(s.URL)
+	if srv.AuthRequired && s.APIKey == "" {
+		if s.APIKey, _, err = apikey.Create(ctx, srv.Keys(), "servertest", time.Now()); err != nil {
+			t.Fatalf("start server: make an API key: %v", err)
+		}
+	}
+	if s.APIKey != "" {
+		s.Client.APIKey = s.APIKey
+	}
 	s.hs = &http.Server{Handler: srv.Handler()}
 	go s.hs.Serve(ln)
 }

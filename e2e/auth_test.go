@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/server"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/workload"
+)
+
+// TestAuthRequiredSandbox: on a server that requires API keys, a client with
+// a key creates a sandbox, runs a command in it, reaches its port through the
+// proxy, and wakes it from a hibernate by a proxied request; without the key
+// the same calls are refused with 401 and /healthz stays open.
+func TestAuthRequiredSandbox(t *testing.T) {
+	srv := start(t, servertest.Options{Auth: server.AuthRequired})
+	if !srv.AuthRequired || srv.APIKey == "" {
+		t.Fatalf("server: auth required %v, key %q", srv.AuthRequired, srv.APIKey)
+	}
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{})
+	if out, _, code := run(t, c, sb.ID, apiv1.ExecRequest{Cmd: []string{"python3", "-c", "print(6*7)"}}); code != 0 || strings.TrimSpace(out) != "42" {
+		t.Fatalf("exec with the key: %q exit %d", out, code)
+	}
+	if err := workload.Start(ctx, c, sb.ID, 16); err != nil {
+		t.Fatalf("workload through the proxy with the key: %v", err)
+	}
+	before, err := workload.Get(ctx, c, sb.ID, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hibernate(t, c, sb.ID)
+	after, err := workload.Get(ctx, c, sb.ID, "/count") // wakes it
+	if err != nil || after.Pid != before.Pid || after.Count != before.Count+1 {
+		t.Fatalf("proxied request after a hibernate: %+v %v, want pid %d count %d", after, err, before.Pid, before.Count+1)
+	}
+
+	keyless := client.New(srv.URL)
+	keyless.APIKey = ""
+	if _, err := keyless.GetSandbox(ctx, sb.ID); !client.IsUnauthenticated(err) {
+		t.Errorf("get without a key: %v", err)
+	}
+	if _, _, _, err := keyless.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"true"}}); !client.IsUnauthenticated(err) {
+		t.Errorf("exec without a key: %v", err)
+	}
+	if _, err := workload.Get(ctx, keyless, sb.ID, "/count"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("proxied request without a key: %v, want a 401", err)
+	}
+	for path, want := range map[string]int{"/healthz": http.StatusOK, "/metrics": http.StatusUnauthorized, "/v1/sandboxes": http.StatusUnauthorized} {
+		if res := rawCall(t, http.MethodGet, srv.URL+path, "", nil); res.Status != want {
+			t.Errorf("GET %s without a key: %d, want %d", path, res.Status, want)
+		}
+	}
+}
