@@ -7,15 +7,15 @@ import (
 )
 
 func runServe(ctx context.Context, cfg serveConfig) error {
+	store := cfg.Store
+	store.CacheBytes, store.OpenBytes, store.AsyncUpload = cacheBytes(cfg.CacheBytes), cacheBytes(cfg.OpenBytes), cfg.AsyncUpload
 	return server.Run(ctx, server.Config{
 		DataDir:          cfg.DataDir,
 		Listen:           cfg.Listen,
 		RunscPath:        cfg.RunscPath,
 		AgentPath:        cfg.AgentPath,
 		IdleCPUThreshold: cfg.IdleCPUThreshold,
-		Store: server.StoreConfig{Kind: cfg.Store, S3Endpoint: cfg.S3Endpoint, S3Bucket: cfg.S3Bucket,
-			S3AccessKey: cfg.S3AccessKey, S3SecretKey: cfg.S3SecretKey, S3Region: cfg.S3Region,
-			S3Prefix: cfg.S3Prefix, CacheBytes: cacheBytes(cfg.CacheBytes), OpenBytes: cacheBytes(cfg.OpenBytes), AsyncUpload: cfg.AsyncUpload},
+		Store:            store,
 	})
 }
 

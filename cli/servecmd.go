@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/torpor/torpor/server"
 )
 
 // serveConfig is what `torpor serve` hands to server.Run (see serve.go).
@@ -19,15 +21,10 @@ type serveConfig struct {
 	AgentPath string
 	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
 	IdleCPUThreshold float64
-	// Snapshot store: chunked (filesystem; the default for a new data directory),
-	// s3 (chunked, S3) or plain; "" = the kind the data directory records.
-	Store       string
-	S3Endpoint  string
-	S3Bucket    string
-	S3AccessKey string
-	S3SecretKey string
-	S3Region    string
-	S3Prefix    string
+	// Store is the snapshot store: Kind chunked (filesystem; the default for a
+	// new data directory), s3 (chunked, S3) or plain ("" = the kind the data
+	// directory records), and the S3 connection (addStoreFlags).
+	Store       server.StoreConfig
 	CacheBytes  int64
 	OpenBytes   int64
 	AsyncUpload bool
@@ -46,22 +43,17 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.AgentPath == "" {
 				cfg.AgentPath = defaultAgent()
 			}
-			if cfg.S3AccessKey == "" {
-				cfg.S3AccessKey = envOr("TORPOR_S3_ACCESS_KEY", os.Getenv("AWS_ACCESS_KEY_ID"))
-			}
-			if cfg.S3SecretKey == "" {
-				cfg.S3SecretKey = envOr("TORPOR_S3_SECRET_KEY", os.Getenv("AWS_SECRET_ACCESS_KEY"))
-			}
-			switch cfg.Store {
+			fillS3Credentials(&cfg.Store)
+			switch cfg.Store.Kind {
 			case "", "plain", "chunked", "local":
 			case "s3":
-				if cfg.S3Endpoint == "" || cfg.S3Bucket == "" {
+				if cfg.Store.S3Endpoint == "" || cfg.Store.S3Bucket == "" {
 					return usagef("--store s3 needs --s3-endpoint and --s3-bucket")
 				}
 			default:
-				return usagef("--store %q: want plain, chunked or s3", cfg.Store)
+				return usagef("--store %q: want plain, chunked or s3", cfg.Store.Kind)
 			}
-			if cfg.AsyncUpload && cfg.Store == "plain" {
+			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
 			return runServe(cmd.Context(), cfg)
@@ -73,13 +65,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
-	f.StringVar(&cfg.Store, "store", envOr("TORPOR_STORE", ""), "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
-	f.StringVar(&cfg.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3: http(s)://host:port (host:port means https)")
-	f.StringVar(&cfg.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3 (must exist)")
-	f.StringVar(&cfg.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")
-	f.StringVar(&cfg.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
-	f.StringVar(&cfg.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
-	f.StringVar(&cfg.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket (e.g. torpor/)")
+	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")

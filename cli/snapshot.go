@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"text/tabwriter"
 
@@ -27,7 +26,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 	)
 	// offline says the store flags ask for the data-directory mode.
 	offline := func(cmd *cobra.Command) bool {
-		for _, name := range []string{"data-dir", "store", "s3-endpoint", "s3-bucket", "s3-access-key", "s3-secret-key", "s3-region", "s3-prefix"} {
+		for _, name := range append([]string{"data-dir"}, storeFlagNames...) {
 			if cmd.Flags().Changed(name) {
 				return true
 			}
@@ -35,12 +34,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 		return false
 	}
 	open := func(ctx context.Context) (snapshot.Store, func() error, error) {
-		if sc.S3AccessKey == "" {
-			sc.S3AccessKey = envOr("TORPOR_S3_ACCESS_KEY", os.Getenv("AWS_ACCESS_KEY_ID"))
-		}
-		if sc.S3SecretKey == "" {
-			sc.S3SecretKey = envOr("TORPOR_S3_SECRET_KEY", os.Getenv("AWS_SECRET_ACCESS_KEY"))
-		}
+		fillS3Credentials(&sc)
 		return server.OpenStore(ctx, dataDir, sc)
 	}
 	cmd := &cobra.Command{
@@ -51,13 +45,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "read this data directory's store directly instead of asking the server (offline mode; ls, inspect, verify, usage)")
-	pf.StringVar(&sc.Kind, "store", envOr("TORPOR_STORE", ""), "snapshot store: chunked, s3 or plain (default: the kind the data directory was set up with)")
-	pf.StringVar(&sc.S3Endpoint, "s3-endpoint", os.Getenv("TORPOR_S3_ENDPOINT"), "S3 endpoint for --store s3")
-	pf.StringVar(&sc.S3Bucket, "s3-bucket", os.Getenv("TORPOR_S3_BUCKET"), "S3 bucket for --store s3")
-	pf.StringVar(&sc.S3AccessKey, "s3-access-key", "", "S3 access key (default $TORPOR_S3_ACCESS_KEY, else $AWS_ACCESS_KEY_ID)")
-	pf.StringVar(&sc.S3SecretKey, "s3-secret-key", "", "S3 secret key (default $TORPOR_S3_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY)")
-	pf.StringVar(&sc.S3Region, "s3-region", envOr("TORPOR_S3_REGION", "us-east-1"), "S3 region")
-	pf.StringVar(&sc.S3Prefix, "s3-prefix", os.Getenv("TORPOR_S3_PREFIX"), "key prefix inside the bucket")
+	addStoreFlags(pf, &sc, "snapshot store: chunked, s3 or plain (default: the kind the data directory was set up with)")
 	pf.BoolVar(&asJSON, "json", false, "print JSON in the API's shapes (offline ls and inspect: the store's manifests, which have no API shape)")
 
 	ls := &cobra.Command{
@@ -254,7 +242,8 @@ func offlineUsage(ctx context.Context, st snapshot.Store) (apiv1.StoreUsage, err
 			logical += m.Bytes
 		}
 	}
-	return manager.UsageOf(ctx, st, len(ids), logical)
+	u, err := manager.UsageOf(ctx, st, len(ids), logical)
+	return server.WireStoreUsage(u), err
 }
 
 // snapshotLs lists the server's snapshots.

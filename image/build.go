@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Suite is the Debian release Build installs.
@@ -58,20 +58,20 @@ func normalizePackages(name string, packages []string) ([]string, error) {
 //
 // Errors wrap ErrInvalid for a bad name (see ValidName) or package name; a
 // failed mmdebstrap (e.g. an unknown package) is reported with its last output.
-func (s *Store) Build(ctx context.Context, name string, packages []string, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) Build(ctx context.Context, name string, packages []string, progress io.Writer) (sandbox.Image, error) {
 	if !ValidName(name) {
-		return apiv1.Image{}, invalidf("build image %q: invalid name (want %s)", name, nameRE)
+		return sandbox.Image{}, invalidf("build image %q: invalid name (want %s)", name, nameRE)
 	}
 	pkgs, err := normalizePackages(name, packages)
 	if err != nil {
-		return apiv1.Image{}, err
+		return sandbox.Image{}, err
 	}
 	if progress == nil {
 		progress = io.Discard
 	}
 	unlock, err := s.lockName(ctx, name)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("build image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
 	defer unlock()
 	return s.build(ctx, name, recipe{packages: pkgs}, progress, false)
@@ -79,10 +79,10 @@ func (s *Store) Build(ctx context.Context, name string, packages []string, progr
 
 // build does Build's work with the name's lock held. With anySource, an
 // existing image of that name is returned whatever it was made from.
-func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Writer, anySource bool) (apiv1.Image, error) {
+func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Writer, anySource bool) (sandbox.Image, error) {
 	source := r.source()
 	if img, ok, err := s.lookup(ctx, name); err != nil {
-		return apiv1.Image{}, err
+		return sandbox.Image{}, err
 	} else if ok && (anySource || img.Source == source) {
 		if _, err := os.Stat(s.Path(img.Digest)); err == nil {
 			fmt.Fprintf(progress, "image %s: up to date (%s)\n", name, img.Digest)
@@ -97,14 +97,14 @@ func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Wr
 		defer os.Remove(cached)
 		img, err := s.store(ctx, name, source, cached, progress)
 		if err != nil {
-			return apiv1.Image{}, fmt.Errorf("build: %w", err)
+			return sandbox.Image{}, fmt.Errorf("build: %w", err)
 		}
 		fmt.Fprintf(progress, "image %s: from the build cache %s\n", name, s.cacheDir)
 		return img, nil
 	}
 	work, err := os.MkdirTemp(s.tmpDir(), "build-"+name+"-")
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("build image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
 	defer removeTree(work)
 	root := filepath.Join(work, "root")
@@ -129,11 +129,11 @@ func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Wr
 	args = append(args, Suite, root)
 	fmt.Fprintf(progress, "image %s: mmdebstrap %s\n", name, strings.Join(args, " "))
 	if err := runTool(ctx, progress, "mmdebstrap", args...); err != nil {
-		return apiv1.Image{}, fmt.Errorf("build image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
 	img, err := s.commit(ctx, name, source, root, progress)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("build: %w", err)
+		return sandbox.Image{}, fmt.Errorf("build: %w", err)
 	}
 	s.toCache(source, s.Path(img.Digest), progress)
 	fmt.Fprintf(progress, "image %s: built in %s\n", name, time.Since(start).Round(100*time.Millisecond))

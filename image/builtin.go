@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // E2BBaseName is the name of the image that stands for E2B's "base" template (the
@@ -91,35 +91,35 @@ func IsBuiltin(name string) bool {
 // existing image of that name is returned as it is, even if it was imported or
 // built from another recipe. Errors wrap ErrInvalid when name is no built-in
 // image; a failed build is reported as Build reports it.
-func (s *Store) EnsureBuiltin(ctx context.Context, name string, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) EnsureBuiltin(ctx context.Context, name string, progress io.Writer) (sandbox.Image, error) {
 	r, ok := builtins[name]
 	if !ok {
-		return apiv1.Image{}, invalidf("ensure image %q: not a built-in image (want one of %s)", name, strings.Join(Builtins(), ", "))
+		return sandbox.Image{}, invalidf("ensure image %q: not a built-in image (want one of %s)", name, strings.Join(Builtins(), ", "))
 	}
 	if progress == nil {
 		progress = io.Discard
 	}
 	unlock, err := s.lockName(ctx, name)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
 	}
 	defer unlock()
 	img, err := s.build(ctx, name, r, progress, true)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
 	}
 	return img, nil
 }
 
 // EnsureBase returns the default image "base" (BasePackages), building it on
 // first use: EnsureBuiltin(ctx, BaseName, progress).
-func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (sandbox.Image, error) {
 	return s.EnsureBuiltin(ctx, BaseName, progress)
 }
 
 // EnsureE2BBase returns the image E2BBaseName (E2BBasePackages and the E2B
 // account), building it on first use: EnsureBuiltin(ctx, E2BBaseName,
 // progress). The E2B API maps the template "base" to it.
-func (s *Store) EnsureE2BBase(ctx context.Context, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) EnsureE2BBase(ctx context.Context, progress io.Writer) (sandbox.Image, error) {
 	return s.EnsureBuiltin(ctx, E2BBaseName, progress)
 }

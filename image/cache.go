@@ -3,13 +3,14 @@ package image
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/torpor/torpor/metadata/sqlite"
 )
 
 // prepareVersion changes whenever prepareTree or mkfsArgs change what a build
@@ -127,7 +128,7 @@ func WarmBuildCache(ctx context.Context, cacheDir string, names []string, progre
 		return err
 	}
 	defer removeTree(work)
-	db, err := sql.Open("sqlite", filepath.Join(work, "images.db"))
+	db, err := sqlite.Open(filepath.Join(work, "images.db"))
 	if err != nil {
 		return err
 	}

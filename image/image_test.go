@@ -6,7 +6,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -27,15 +26,15 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	_ "modernc.org/sqlite"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/sandbox"
 )
 
 func newStore(t *testing.T) *Store {
 	t.Helper()
 	dir := t.TempDir()
-	db, err := sql.Open("sqlite", filepath.Join(dir, "torpor.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +91,7 @@ func makeTar(t *testing.T, entries []tarEntry) []byte {
 // checkStored checks the stored file of img: it exists, is 0444, its sha256 is
 // the digest, and fsck.erofs accepts it. It returns the image extracted with
 // fsck.erofs (if available) for content checks, or "".
-func checkStored(t *testing.T, s *Store, img apiv1.Image) string {
+func checkStored(t *testing.T, s *Store, img sandbox.Image) string {
 	t.Helper()
 	got, p, err := s.Get(context.Background(), img.Digest)
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Archive kinds Import recognizes.
@@ -47,9 +47,9 @@ const (
 // ("import foo: not a tar archive: …"), and for archives with entries that
 // would escape the root (".." components) or are otherwise unusable. Imports of
 // the same name run one at a time; the name's old image file stays in the store.
-func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress io.Writer) (sandbox.Image, error) {
 	if !ValidName(name) {
-		return apiv1.Image{}, invalidf("import %q: invalid name (want %s)", name, nameRE)
+		return sandbox.Image{}, invalidf("import %q: invalid name (want %s)", name, nameRE)
 	}
 	if progress == nil {
 		progress = io.Discard
@@ -57,7 +57,7 @@ func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress i
 	start := time.Now()
 	work, err := os.MkdirTemp(s.tmpDir(), "import-"+name+"-")
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
 	defer removeTree(work)
 
@@ -66,35 +66,35 @@ func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress i
 	spool := filepath.Join(work, "input.tar")
 	n, err := spoolTar(ctx, r, spool)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
 	kind, tag, err := classify(spool)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
 	fmt.Fprintf(progress, "image %s: received %d bytes, a %s archive\n", name, n, kind)
 
 	unlock, err := s.lockName(ctx, name)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
 	defer unlock()
 
 	root := filepath.Join(work, "root")
 	if err := os.Mkdir(root, 0o755); err != nil {
-		return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
 	var st extractStats
 	switch kind {
 	case kindRootfs:
 		f, err := os.Open(spool)
 		if err != nil {
-			return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+			return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 		}
 		st, err = extractTar(ctx, f, root)
 		f.Close()
 		if err != nil {
-			return apiv1.Image{}, fmt.Errorf("import %s: %w", name, err)
+			return sandbox.Image{}, fmt.Errorf("import %s: %w", name, err)
 		}
 	case kindDocker, kindOCI:
 		var img v1.Image
@@ -104,11 +104,11 @@ func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress i
 			img, err = ociImage(ctx, spool, filepath.Join(work, "oci"))
 		}
 		if err != nil {
-			return apiv1.Image{}, fmt.Errorf("import %s: %w", name, invalidf("%s archive: %v", kind, err))
+			return sandbox.Image{}, fmt.Errorf("import %s: %w", name, invalidf("%s archive: %v", kind, err))
 		}
 		st, err = extractImage(ctx, img, root)
 		if err != nil {
-			return apiv1.Image{}, fmt.Errorf("import %s: %s archive: %w", name, kind, err)
+			return sandbox.Image{}, fmt.Errorf("import %s: %s archive: %w", name, kind, err)
 		}
 		if kind == kindOCI {
 			_ = removeTree(filepath.Join(work, "oci"))
@@ -126,7 +126,7 @@ func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress i
 	}
 	img, err := s.commit(ctx, name, source, root, progress)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("import: %w", err)
+		return sandbox.Image{}, fmt.Errorf("import: %w", err)
 	}
 	fmt.Fprintf(progress, "image %s: imported in %s\n", name, time.Since(start).Round(100*time.Millisecond))
 	return img, nil

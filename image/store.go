@@ -3,7 +3,6 @@ package image
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,7 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/internal/atomicfile"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // ErrInvalid marks a request the caller got wrong: a bad image name, package
@@ -40,7 +41,7 @@ func ValidName(name string) bool { return nameRE.MatchString(name) }
 // the other.
 type Store struct {
 	dir string
-	db  *sql.DB
+	db  metadata.Images
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per image name
@@ -49,12 +50,12 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the image store in dir, e.g.
-// "<data-dir>/images", with its name records in db (a database/sql handle opened
-// with driver "sqlite" from modernc.org/sqlite). It creates the table "images"
-// if missing and removes temporary files a previous process left in dir/tmp.
-func Open(dir string, db *sql.DB) (*Store, error) {
+// "<data-dir>/images", with its name records in db (the metadata store's
+// image names), and removes temporary files a previous process left in
+// dir/tmp.
+func Open(dir string, db metadata.Images) (*Store, error) {
 	if db == nil {
-		return nil, errors.New("image: open: nil database")
+		return nil, errors.New("image: open: nil metadata store")
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {
@@ -64,9 +65,6 @@ func Open(dir string, db *sql.DB) (*Store, error) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("image: open %s: %w", dir, err)
 		}
-	}
-	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS images (name TEXT PRIMARY KEY, digest TEXT NOT NULL, bytes INTEGER, source TEXT, created_at TEXT)`); err != nil {
-		return nil, fmt.Errorf("image: open %s: create table images: %w", dir, err)
 	}
 	s := &Store{dir: dir, db: db, locks: map[string]*sync.Mutex{}}
 	if ents, err := os.ReadDir(s.tmpDir()); err == nil {
@@ -125,112 +123,79 @@ func (s *Store) lockName(ctx context.Context, name string) (unlock func(), err e
 // exists but that no name points to any more (replaced by a newer build) is
 // still found, with an empty Name and Source. Errors: ErrInvalid for a malformed
 // name or digest, ErrNotFound if there is no such image.
-func (s *Store) Get(ctx context.Context, nameOrDigest string) (apiv1.Image, string, error) {
+func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, string, error) {
 	if strings.HasPrefix(nameOrDigest, "sha256:") {
 		return s.getDigest(ctx, nameOrDigest)
 	}
 	if !ValidName(nameOrDigest) {
-		return apiv1.Image{}, "", invalidf("image %q: invalid name (want a digest sha256:<64 hex> or a name matching %s)", nameOrDigest, nameRE)
+		return sandbox.Image{}, "", invalidf("image %q: invalid name (want a digest sha256:<64 hex> or a name matching %s)", nameOrDigest, nameRE)
 	}
 	img, ok, err := s.lookup(ctx, nameOrDigest)
 	if err != nil {
-		return apiv1.Image{}, "", err
+		return sandbox.Image{}, "", err
 	}
 	if !ok {
-		return apiv1.Image{}, "", fmt.Errorf("image %q %w", nameOrDigest, ErrNotFound)
+		return sandbox.Image{}, "", fmt.Errorf("image %q %w", nameOrDigest, ErrNotFound)
 	}
 	p := s.Path(img.Digest)
 	if p == "" {
-		return apiv1.Image{}, "", fmt.Errorf("image %q: record has malformed digest %q", nameOrDigest, img.Digest)
+		return sandbox.Image{}, "", fmt.Errorf("image %q: record has malformed digest %q", nameOrDigest, img.Digest)
 	}
 	if _, err := os.Stat(p); err != nil {
-		return apiv1.Image{}, "", fmt.Errorf("image %q (%s): file missing: %w", nameOrDigest, img.Digest, err)
+		return sandbox.Image{}, "", fmt.Errorf("image %q (%s): file missing: %w", nameOrDigest, img.Digest, err)
 	}
 	return img, p, nil
 }
 
-func (s *Store) getDigest(ctx context.Context, digest string) (apiv1.Image, string, error) {
+func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, string, error) {
 	if !digestRE.MatchString(digest) {
-		return apiv1.Image{}, "", invalidf("image %q: invalid digest (want sha256:<64 lowercase hex>)", digest)
+		return sandbox.Image{}, "", invalidf("image %q: invalid digest (want sha256:<64 lowercase hex>)", digest)
 	}
 	p := s.Path(digest)
 	fi, err := os.Stat(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return apiv1.Image{}, "", fmt.Errorf("image %q %w", digest, ErrNotFound)
+		return sandbox.Image{}, "", fmt.Errorf("image %q %w", digest, ErrNotFound)
 	}
 	if err != nil {
-		return apiv1.Image{}, "", fmt.Errorf("image %q: %w", digest, err)
+		return sandbox.Image{}, "", fmt.Errorf("image %q: %w", digest, err)
 	}
-	row := s.db.QueryRowContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images WHERE digest = ? ORDER BY name LIMIT 1`, digest)
-	img, err := scanImage(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return apiv1.Image{Digest: digest, Bytes: fi.Size(), CreatedAt: fi.ModTime().UTC()}, p, nil
+	img, err := s.db.ImageByDigest(ctx, digest)
+	if errors.Is(err, metadata.ErrNotFound) {
+		return sandbox.Image{Digest: digest, Bytes: fi.Size(), CreatedAt: fi.ModTime().UTC()}, p, nil
 	}
 	if err != nil {
-		return apiv1.Image{}, "", fmt.Errorf("image %q: read record: %w", digest, err)
+		return sandbox.Image{}, "", fmt.Errorf("image %q: read record: %w", digest, err)
 	}
 	return img, p, nil
 }
 
 // lookup reads the record of name; ok is false if there is none.
-func (s *Store) lookup(ctx context.Context, name string) (img apiv1.Image, ok bool, err error) {
-	row := s.db.QueryRowContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images WHERE name = ?`, name)
-	img, err = scanImage(row)
-	if errors.Is(err, sql.ErrNoRows) {
-		return apiv1.Image{}, false, nil
+func (s *Store) lookup(ctx context.Context, name string) (img sandbox.Image, ok bool, err error) {
+	img, err = s.db.GetImage(ctx, name)
+	if errors.Is(err, metadata.ErrNotFound) {
+		return sandbox.Image{}, false, nil
 	}
 	if err != nil {
-		return apiv1.Image{}, false, fmt.Errorf("image %q: read record: %w", name, err)
+		return sandbox.Image{}, false, fmt.Errorf("image %q: read record: %w", name, err)
 	}
 	return img, true, nil
 }
 
 // List returns all named images, sorted by name.
-func (s *Store) List(ctx context.Context) ([]apiv1.Image, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, digest, bytes, source, created_at FROM images ORDER BY name`)
+func (s *Store) List(ctx context.Context) ([]sandbox.Image, error) {
+	out, err := s.db.ListImages(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("image: list: %w", err)
 	}
-	defer rows.Close()
-	out := []apiv1.Image{}
-	for rows.Next() {
-		img, err := scanImage(rows)
-		if err != nil {
-			return nil, fmt.Errorf("image: list: %w", err)
-		}
-		out = append(out, img)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("image: list: %w", err)
+	if out == nil {
+		out = []sandbox.Image{}
 	}
 	return out, nil
 }
 
-func scanImage(row interface{ Scan(...any) error }) (apiv1.Image, error) {
-	var (
-		img             apiv1.Image
-		bytes           sql.NullInt64
-		source, created sql.NullString
-	)
-	if err := row.Scan(&img.Name, &img.Digest, &bytes, &source, &created); err != nil {
-		return apiv1.Image{}, err
-	}
-	img.Bytes = bytes.Int64
-	img.Source = source.String
-	if created.Valid {
-		if t, err := time.Parse(time.RFC3339Nano, created.String); err == nil {
-			img.CreatedAt = t
-		}
-	}
-	return img, nil
-}
-
 // record points name at img.Digest.
-func (s *Store) record(ctx context.Context, img apiv1.Image) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO images (name, digest, bytes, source, created_at) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT(name) DO UPDATE SET digest = excluded.digest, bytes = excluded.bytes, source = excluded.source, created_at = excluded.created_at`,
-		img.Name, img.Digest, img.Bytes, img.Source, img.CreatedAt.UTC().Format(time.RFC3339Nano))
-	if err != nil {
+func (s *Store) record(ctx context.Context, img sandbox.Image) error {
+	if err := s.db.PutImage(ctx, img); err != nil {
 		return fmt.Errorf("image %q: write record: %w", img.Name, err)
 	}
 	return nil
@@ -238,13 +203,13 @@ func (s *Store) record(ctx context.Context, img apiv1.Image) error {
 
 // commit prepares the tree at root, packs it into an EROFS file, moves the
 // file into the store under its digest and points name at it.
-func (s *Store) commit(ctx context.Context, name, source, root string, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) commit(ctx context.Context, name, source, root string, progress io.Writer) (sandbox.Image, error) {
 	if err := prepareTree(root); err != nil {
-		return apiv1.Image{}, fmt.Errorf("image %q: prepare tree: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("image %q: prepare tree: %w", name, err)
 	}
 	tmp, err := os.CreateTemp(s.tmpDir(), "mkfs-*.erofs")
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 	}
 	tmpPath := tmp.Name()
 	tmp.Close()
@@ -252,35 +217,35 @@ func (s *Store) commit(ctx context.Context, name, source, root string, progress 
 
 	fmt.Fprintf(progress, "image %s: packing with mkfs.erofs -E noinline_data\n", name)
 	if err := runTool(ctx, progress, "mkfs.erofs", mkfsArgs(tmpPath, root)...); err != nil {
-		return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 	}
 	return s.store(ctx, name, source, tmpPath, progress)
 }
 
 // store moves the EROFS file at tmpPath into the store under its digest and
 // points name at it.
-func (s *Store) store(ctx context.Context, name, source, tmpPath string, progress io.Writer) (apiv1.Image, error) {
+func (s *Store) store(ctx context.Context, name, source, tmpPath string, progress io.Writer) (sandbox.Image, error) {
 	digest, size, err := hashAndSync(tmpPath)
 	if err != nil {
-		return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
+		return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 	}
 	final := s.Path(digest)
 	if _, err := os.Stat(final); err == nil {
 		// Same content is already stored; keep the existing file.
 	} else {
 		if err := os.Chmod(tmpPath, 0o444); err != nil {
-			return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
+			return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 		}
 		if err := os.Rename(tmpPath, final); err != nil {
-			return apiv1.Image{}, fmt.Errorf("image %q: store %s: %w", name, digest, err)
+			return sandbox.Image{}, fmt.Errorf("image %q: store %s: %w", name, digest, err)
 		}
-		if err := syncDir(filepath.Dir(final)); err != nil {
-			return apiv1.Image{}, fmt.Errorf("image %q: %w", name, err)
+		if err := atomicfile.SyncDir(filepath.Dir(final)); err != nil {
+			return sandbox.Image{}, fmt.Errorf("image %q: %w", name, err)
 		}
 	}
-	img := apiv1.Image{Name: name, Digest: digest, Bytes: size, Source: source, CreatedAt: time.Now().UTC()}
+	img := sandbox.Image{Name: name, Digest: digest, Bytes: size, Source: source, CreatedAt: time.Now().UTC()}
 	if err := s.record(ctx, img); err != nil {
-		return apiv1.Image{}, err
+		return sandbox.Image{}, err
 	}
 	fmt.Fprintf(progress, "image %s: stored %s (%d bytes) at %s\n", name, digest, size, final)
 	return img, nil
@@ -310,18 +275,6 @@ func hashAndSync(path string) (digest string, size int64, err error) {
 		return "", 0, fmt.Errorf("hash %s: %w", path, err)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // invalidError is an error that wraps ErrInvalid without repeating its text.

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/fake"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // short bounds every engine call so that a blocked one fails quickly.
@@ -48,7 +48,7 @@ func TestEngineDeadlines(t *testing.T) {
 		if !errors.Is(err, manager.ErrEngineTimeout) || !strings.Contains(err.Error(), "restore") {
 			t.Fatalf("resume with a hung restore: %v, want ErrEngineTimeout naming restore", err)
 		}
-		if rec := h.record(sb.ID); rec.State != apiv1.StateHibernated || rec.Instance != "" {
+		if rec := h.record(sb.ID); rec.State != sandbox.StateHibernated || rec.Instance != "" {
 			t.Fatalf("after the timed-out resume: state %s, instance %q; want hibernated, none", rec.State, rec.Instance)
 		}
 		b.Release()
@@ -71,7 +71,7 @@ func TestEngineDeadlines(t *testing.T) {
 		}
 		// The checkpoint never started: the sandbox still runs.
 		rec := h.record(sb.ID)
-		if rec.State != apiv1.StateRunning || rec.PendingSnapshot != "" {
+		if rec.State != sandbox.StateRunning || rec.PendingSnapshot != "" {
 			t.Fatalf("after the timed-out hibernate: state %s, pending %q; want running, none", rec.State, rec.PendingSnapshot)
 		}
 		h.writeFile(sb.ID, "/after", "ok")
@@ -81,16 +81,16 @@ func TestEngineDeadlines(t *testing.T) {
 		h := newHost(t, hostOpts{timeouts: short})
 		b := h.eng.Block(fake.Start, "")
 		defer b.Release()
-		var sb apiv1.Sandbox
+		var sb sandbox.Sandbox
 		var err error
 		within(t, 5*time.Second, "a create with a hung start", func() {
-			sb, err = h.m.Create(ctx, apiv1.CreateSandboxRequest{Image: "tiny", MemoryMiB: 64})
+			sb, err = h.m.Create(ctx, sandbox.Spec{Image: "tiny", MemoryMiB: 64})
 		})
 		if !errors.Is(err, manager.ErrEngineTimeout) {
 			t.Fatalf("create with a hung start: %v, want ErrEngineTimeout", err)
 		}
 		rec := h.record(sb.ID)
-		if rec.State != apiv1.StateError || !strings.Contains(rec.Error, "no answer within") {
+		if rec.State != sandbox.StateError || !strings.Contains(rec.Error, "no answer within") {
 			t.Fatalf("after the timed-out create: state %s, error %q; want error saying the engine did not answer", rec.State, rec.Error)
 		}
 	})
@@ -138,13 +138,13 @@ func TestSnapshotEngineVersion(t *testing.T) {
 	upgraded := newHost(t, hostOpts{dir: old.dir, version: "fake 2"})
 	_, err = upgraded.m.Resume(ctx, sb.ID)
 	want := "snapshot " + hib.Snapshot.ID + " was taken by fake 1, this host runs fake 2"
-	if !errors.Is(err, manager.ErrConflict) || !errors.Is(err, engine.ErrIncompatible) || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, sandbox.ErrConflict) || !errors.Is(err, engine.ErrIncompatible) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("resume of an older version's snapshot: %v; want a conflict saying %q", err, want)
 	}
 	if n := upgraded.eng.Calls(fake.Restore); n != 0 {
 		t.Fatalf("the engine was asked to restore %d times", n)
 	}
-	if rec := upgraded.record(sb.ID); rec.State != apiv1.StateHibernated || rec.Error != "" || rec.SnapshotID != hib.Snapshot.ID {
+	if rec := upgraded.record(sb.ID); rec.State != sandbox.StateHibernated || rec.Error != "" || rec.SnapshotID != hib.Snapshot.ID {
 		t.Fatalf("after the refusal: state %s, error %q, snapshot %s; want hibernated on %s", rec.State, rec.Error, rec.SnapshotID, hib.Snapshot.ID)
 	}
 	if _, err := upgraded.m.Fork(ctx, sb.ID, 1); !errors.Is(err, engine.ErrIncompatible) {
@@ -172,7 +172,7 @@ func TestInstanceExit(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		rec = h.record(sb.ID)
-		if rec.State == apiv1.StateError {
+		if rec.State == sandbox.StateError {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -171,7 +172,7 @@ func (c engineCalls) List(ctx context.Context) ([]engine.Info, error) {
 // restoreEngine returns the engine that restores snapshot id, written by the
 // engine and version its manifest man records. A snapshot no engine of this
 // host can restore (another engine, or a version the engine cannot load: a
-// runsc upgrade) is ErrConflict wrapping engine.ErrIncompatible, "snapshot
+// runsc upgrade) is a sandbox.Error of kind Conflict wrapping engine.ErrIncompatible, "snapshot
 // <id> was taken by runsc <X>, this host runs runsc <Y> (…)", before anything
 // changes. A filesystem-layer snapshot needs only an engine of its name (it is
 // unpacked into a fresh boot).
@@ -183,7 +184,7 @@ func (m *Manager) restoreEngine(id string, man snapshot.Manifest) (engine.Engine
 	}
 	e, err := m.cfg.Engines.CheckRestore(man.Engine, man.EngineVersion)
 	if err != nil {
-		return nil, fmt.Errorf("%w: snapshot %s was %w", ErrConflict, id, err)
+		return nil, &sandbox.Error{Kind: sandbox.Conflict, Err: fmt.Errorf("snapshot %s was %w", id, err)}
 	}
 	return e, nil
 }

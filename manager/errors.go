@@ -1,40 +1,33 @@
 package manager
 
-import (
-	"errors"
-	"fmt"
-)
+import "github.com/torpor/torpor/sandbox"
 
-// Error kinds the API maps to HTTP statuses. Every error the manager returns wraps
-// one of them (errors.Is) or is an internal failure.
-var (
-	ErrNotFound        = errors.New("not found")        // 404 not_found
-	ErrInvalidArgument = errors.New("invalid argument") // 400 invalid_argument
-	ErrConflict        = errors.New("conflict")         // 409 conflict
-	ErrSnapshotCorrupt = errors.New("snapshot corrupt") // 422 snapshot_corrupt
-)
+// Errors. Every error the manager returns for a caller's mistake or an
+// object's state is a *sandbox.Error of kind NotFound, InvalidArgument,
+// Conflict or SnapshotCorrupt (errors.Is(err, sandbox.ErrNotFound), …); any
+// other error is an internal failure of a part (engine, store, database).
 
-func invalid(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, a...))
+func invalid(format string, a ...any) *sandbox.Error {
+	return sandbox.Errorf(sandbox.InvalidArgument, format, a...)
 }
 
-func notFound(what, id string) error {
-	return fmt.Errorf("%s %q: %w", what, id, ErrNotFound)
+func notFound(what, id string) *sandbox.Error {
+	return sandbox.Errorf(sandbox.NotFound, "%s %q: not found", what, id)
 }
 
-func conflict(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", ErrConflict, fmt.Sprintf(format, a...))
+func conflict(format string, a ...any) *sandbox.Error {
+	return sandbox.Errorf(sandbox.Conflict, format, a...)
 }
 
-// Message returns err's text without the kind prefix the manager adds ("invalid
-// argument: ", "not found: ", …), for API error bodies.
-func Message(err error) string {
-	s := err.Error()
-	for _, k := range []error{ErrNotFound, ErrInvalidArgument, ErrConflict, ErrSnapshotCorrupt} {
-		p := k.Error() + ": "
-		if len(s) > len(p) && s[:len(p)] == p {
-			return s[len(p):]
-		}
-	}
-	return s
+// sandboxConflict is conflict about sandbox id (the message names it).
+func sandboxConflict(id, format string, a ...any) *sandbox.Error {
+	e := conflict(format, a...)
+	e.SandboxID = id
+	return e
+}
+
+// corrupt is a snapshot that failed verification or is missing from the
+// store, found by op on sandbox id ("" for none).
+func corrupt(op, id string, err error) *sandbox.Error {
+	return &sandbox.Error{Kind: sandbox.SnapshotCorrupt, Op: op, SandboxID: id, Err: err}
 }

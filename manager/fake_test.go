@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/fake"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot/local"
 )
 
@@ -26,7 +27,7 @@ type host struct {
 	t   *testing.T
 	dir string
 	eng *fake.Engine
-	db  *metadata.DB
+	db  *sqlite.DB
 	m   *manager.Manager
 }
 
@@ -57,11 +58,11 @@ func newHost(t *testing.T, o hostOpts) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := metadata.Open(filepath.Join(dir, "torpor.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	images, err := image.Open(filepath.Join(dir, "images"), db.SQL)
+	images, err := image.Open(filepath.Join(dir, "images"), db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,9 +137,9 @@ func tinyRootfs(t *testing.T) io.Reader {
 	return &b
 }
 
-func (h *host) create() apiv1.Sandbox {
+func (h *host) create() sandbox.Sandbox {
 	h.t.Helper()
-	sb, err := h.m.Create(context.Background(), apiv1.CreateSandboxRequest{Image: "tiny", MemoryMiB: 64})
+	sb, err := h.m.Create(context.Background(), sandbox.Spec{Image: "tiny", MemoryMiB: 64})
 	if err != nil {
 		h.t.Fatalf("create: %v", err)
 	}

@@ -3,15 +3,15 @@ package manager
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/proto"
+	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -68,7 +68,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	m.accrue(ctx, s, start)
 	c := m.liveClient(s.ID)
 	if c == nil {
-		return conflict("sandbox %s: no guest agent connection", s.ID)
+		return sandboxConflict(s.ID, "sandbox %s: no guest agent connection", s.ID)
 	}
 	img, _, err := m.cfg.Images.Get(ctx, s.ImageDigest)
 	if err != nil {
@@ -76,15 +76,15 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	}
 	snapID := newID("snap-")
 	s.PendingSnapshot = snapID
-	s.State = apiv1.StateHibernating
+	s.State = sandbox.StateHibernating
 	s.StateChangedAt = time.Now().UTC()
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return err
 	}
 	undo := func(cause error) error {
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
-		_ = m.setState(ctx, s, apiv1.StateRunning)
+		_ = m.setState(ctx, s, sandbox.StateRunning)
 		return cause
 	}
 	dir, err := m.cfg.Store.Stage(ctx, snapID)
@@ -117,7 +117,7 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: read writable layer: %w", s.ID, err))
 	}
-	err = writeSynced(filepath.Join(dir, fsLayerFile), rc)
+	err = atomicfile.WriteFrom(filepath.Join(dir, fsLayerFile), rc, 0o600)
 	rc.Close()
 	if err != nil {
 		return undo(fmt.Errorf("hibernate %s: store writable layer: %w", s.ID, err))
@@ -144,55 +144,25 @@ func (m *Manager) hibernateFilesystemLocked(ctx context.Context, s *metadata.San
 		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
 		return err
 	}
-	elapsed := time.Since(start)
-	m.accrue(ctx, s, time.Now())
-	s.SnapshotID = snapID
-	s.PendingSnapshot = ""
-	s.State = apiv1.StateHibernated
-	s.Instance = ""
-	s.LastHibernateAt = &now
-	s.StateChangedAt = now
-	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
-	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
-		return err
-	}
-	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
-	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
-	m.collectSnapshots(ctx)
-	return nil
-}
-
-func writeSynced(path string, r io.Reader) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	_, err = m.recordSnapshot(ctx, s, man, start, now, false)
+	return err
 }
 
 // resumeFilesystemLocked resumes a sandbox whose snapshot is a writable layer:
 // fresh boot, unpack, on_resume. On failure the sandbox stays hibernated.
 func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbox) error {
 	start := time.Now()
-	if err := m.setState(ctx, s, apiv1.StateResuming); err != nil {
+	if err := m.setState(ctx, s, sandbox.StateResuming); err != nil {
 		return err
 	}
 	back := func(cause error) error {
 		s.Instance = ""
 		s.Error = ""
-		_ = m.setState(ctx, s, apiv1.StateHibernated)
+		_ = m.setState(ctx, s, sandbox.StateHibernated)
 		s.Error = cause.Error()
 		return cause
 	}
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume "+s.ID)
+	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return back(err)
 	}
@@ -211,7 +181,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	s.Seq++
 	s.Instance = instanceID(s.ID, s.Seq)
 	s.GuestDigest = m.guestDigest // a fresh boot runs the current agent
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return back(err)
 	}
 	stop := func(cause error) error {
@@ -260,7 +230,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	s.Generation = gen
 	s.LastResumeAt = &now
 	s.ResumeMS = time.Since(start).Milliseconds()
-	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return err
 	}
 	m.log.Info("resumed (filesystem)", "sandbox", s.ID, "total_ms", s.ResumeMS)

@@ -6,10 +6,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // The idle trigger.
@@ -133,17 +133,23 @@ func (c *countedConn) Close() error {
 	return err
 }
 
-// ExecStream is an exec's event stream (agentclient.ExecStream); while it is
-// open its sandbox is not idle. Close it when done.
+// ExecStream is an exec's event stream; while it is open its sandbox is not
+// idle. Close it when done.
 type ExecStream struct {
-	*agentclient.ExecStream
+	st   *agentclient.ExecStream
 	once sync.Once
 	done func()
 }
 
+// Next returns the next event: output chunks (Stream, Data), then a last event
+// with ExitCode (foreground), Pid (background start) or Error (not started).
+// After the last event it returns io.EOF; if the stream breaks before it,
+// io.ErrUnexpectedEOF or the read error.
+func (s *ExecStream) Next() (sandbox.ExecEvent, error) { return guestNext(s.st) }
+
 // Close releases the stream.
 func (s *ExecStream) Close() error {
-	err := s.ExecStream.Close()
+	err := s.st.Close()
 	s.once.Do(s.done)
 	return err
 }
@@ -154,7 +160,7 @@ func (m *Manager) trackExec(id string, _ *agentclient.Client) func(*agentclient.
 			return nil, err
 		}
 		m.addOpen(id, 0, 1)
-		return &ExecStream{ExecStream: st, done: func() { m.addOpen(id, 0, -1) }}, nil
+		return &ExecStream{st: st, done: func() { m.addOpen(id, 0, -1) }}, nil
 	}
 }
 
@@ -194,7 +200,7 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 	}
 	var todo []action
 	for _, s := range all {
-		if !s.Deleting && s.State == apiv1.StateHibernated && expired(s, now) {
+		if !s.Deleting && s.State == sandbox.StateHibernated && expired(s, now) {
 			// Retention: a hibernated sandbox past its expires_at is deleted
 			// (after a failed attempt, again 30 s later).
 			m.lc.mu.Lock()
@@ -207,7 +213,7 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 			}
 			continue
 		}
-		if s.Deleting || s.State != apiv1.StateRunning || s.Instance == "" {
+		if s.Deleting || s.State != sandbox.StateRunning || s.Instance == "" {
 			continue
 		}
 		running[s.ID] = true
@@ -286,7 +292,7 @@ func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
-	if err != nil || s.State != apiv1.StateRunning {
+	if err != nil || s.State != sandbox.StateRunning {
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -296,7 +302,7 @@ func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) err
 		if s.TimeoutS <= 0 || run-s.TimeoutBaseMS < int64(s.TimeoutS)*1000 {
 			return nil
 		}
-		if s.OnTimeout == "delete" || s.HibernationMode == apiv1.ModeNone {
+		if s.OnTimeout == sandbox.OnTimeoutDelete || s.HibernationMode == sandbox.ModeNone {
 			m.log.Info("timeout: deleting", "sandbox", id, "timeout_s", s.TimeoutS)
 			return m.deleteLocked(ctx, s)
 		}
@@ -308,7 +314,7 @@ func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) err
 	if s.IdleTimeoutS <= 0 || !m.stillIdle(id, s.Instance, time.Duration(s.IdleTimeoutS)*time.Second) {
 		return nil
 	}
-	if s.HibernationMode == apiv1.ModeNone {
+	if s.HibernationMode == sandbox.ModeNone {
 		m.log.Info("idle: deleting (hibernation mode none)", "sandbox", id, "idle_timeout_s", s.IdleTimeoutS)
 		return m.deleteLocked(ctx, s)
 	}
@@ -326,13 +332,14 @@ func (m *Manager) stillIdle(id, instance string, window time.Duration) bool {
 // hibernateLocked hibernates a running sandbox as its hibernation mode says: the
 // one code path of a manual, an idle-triggered and a timeout-triggered hibernate.
 // The caller holds s's lock. Mode none keeps nothing, so it cannot be hibernated
-// (ErrConflict): the idle trigger deletes such a sandbox instead. async selects
+// (sandbox.ErrConflict): the idle trigger deletes such a sandbox instead. async selects
 // an asynchronous upload (see HibernateOptions).
 func (m *Manager) hibernateLocked(ctx context.Context, s *metadata.Sandbox, async bool) error {
 	switch s.HibernationMode {
-	case apiv1.ModeNone:
-		return conflict("sandbox %s has hibernation mode none, which keeps nothing; change its hibernation_mode (PATCH) to hibernate it", s.ID)
-	case apiv1.ModeFilesystem:
+	case sandbox.ModeNone:
+		return sandboxConflict(s.ID, "sandbox %s has hibernation mode none, which keeps nothing", s.ID).
+			WithHint("change its hibernation mode to hibernate it")
+	case sandbox.ModeFilesystem:
 		return m.hibernateFilesystemLocked(ctx, s, async)
 	}
 	_, err := m.snapshotLocked(ctx, s, false, async)

@@ -36,11 +36,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -53,8 +53,11 @@ type Config struct {
 	// EngineTimeouts bound every engine call (see EngineTimeouts).
 	EngineTimeouts EngineTimeouts
 	Store          snapshot.Store
-	DB             *metadata.DB
-	Images         *image.Store
+	// DB is the metadata store. The manager holds each sandbox's lock while it
+	// reads and writes its record, so an update of it never finds another
+	// writer's version (metadata.ErrStale is an internal error here).
+	DB     metadata.Store
+	Images *image.Store
 	// GuestDir is the host directory holding one sub-directory per guest agent
 	// version (named by the binary's sha256), each mounted read-only at /.torpor.
 	GuestDir string
@@ -245,7 +248,7 @@ var idRE = regexp.MustCompile(`^sbx-[a-z0-9]{12}$`)
 
 // instanceID names a sandbox's seq-th engine instance. Every instance id has the
 // same length, so none is a prefix of another (runsc matches ids by prefix).
-func instanceID(sandbox string, seq int64) string { return fmt.Sprintf("%s-%08d", sandbox, seq) }
+func instanceID(sandboxID string, seq int64) string { return fmt.Sprintf("%s-%08d", sandboxID, seq) }
 
 func newID(prefix string) string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -269,39 +272,39 @@ func (m *Manager) get(ctx context.Context, id string) (*metadata.Sandbox, error)
 }
 
 // setState persists a state change (and whatever else changed in s).
-func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st apiv1.State) error {
+func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st sandbox.State) error {
 	m.accrue(ctx, s, time.Now())
 	s.State = st
 	s.StateChangedAt = time.Now().UTC()
-	if st != apiv1.StateError {
+	if st != sandbox.StateError {
 		s.Error = ""
 	}
 	// Persist even if the caller's context ended: the engine already acted.
-	return m.cfg.DB.PutSandbox(context.WithoutCancel(ctx), s)
+	return m.cfg.DB.UpdateSandbox(context.WithoutCancel(ctx), s)
 }
 
 func (m *Manager) fail(ctx context.Context, s *metadata.Sandbox, cause error) {
 	s.Error = cause.Error()
 	s.Instance = ""
-	_ = m.setState(ctx, s, apiv1.StateError)
+	_ = m.setState(ctx, s, sandbox.StateError)
 }
 
 // Get returns a sandbox as the API shows it.
-func (m *Manager) Get(ctx context.Context, id string) (apiv1.Sandbox, error) {
+func (m *Manager) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	return m.view(ctx, s), nil
 }
 
 // List returns all sandboxes, oldest first.
-func (m *Manager) List(ctx context.Context) ([]apiv1.Sandbox, error) {
+func (m *Manager) List(ctx context.Context) ([]sandbox.Sandbox, error) {
 	all, err := m.cfg.DB.ListSandboxes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]apiv1.Sandbox, 0, len(all))
+	out := make([]sandbox.Sandbox, 0, len(all))
 	for _, s := range all {
 		if !s.Deleting {
 			out = append(out, m.view(ctx, s))
@@ -310,8 +313,8 @@ func (m *Manager) List(ctx context.Context) ([]apiv1.Sandbox, error) {
 	return out, nil
 }
 
-func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) apiv1.Sandbox {
-	v := apiv1.Sandbox{
+func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) sandbox.Sandbox {
+	v := sandbox.Sandbox{
 		ID: s.ID, State: s.State, Image: s.Image, ImageDigest: s.ImageDigest,
 		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation,
 		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt,
@@ -374,31 +377,26 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 // restore returned: the report's window_ms is the time from then until the agent's
 // notify step completed. A failed call is reported (ok=false, error) but does not
 // fail the resume.
-func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int64, forked, start bool, snapshotID string, launched time.Time) *apiv1.ResumeReport {
-	req := apiv1.ResumeRequest{
-		Generation: gen, Forked: forked, SnapshotID: snapshotID, Start: start,
-		HookDeadlineS: m.cfg.ResumeHookDeadline.Seconds(), AckDeadlineS: m.cfg.ResumeAckDeadline.Seconds(),
-	}
+func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int64, forked, start bool, snapshotID string, launched time.Time) *sandbox.ResumeReport {
 	ev := "resume"
 	if start {
 		ev = "start"
 	}
 	c := m.liveClient(s.ID)
 	if c == nil {
-		return &apiv1.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
+		return &sandbox.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
 			Error: "no guest agent connection"}
 	}
 	// Generous: the agent bounds each hook and the ack wait itself.
 	timeout := m.cfg.ResumeAckDeadline + 20*m.cfg.ResumeHookDeadline + 30*time.Second
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req.HostTime = time.Now().UTC()
 	t0 := time.Now()
-	rep, err := resumeAgent(cctx, c, req)
+	rep, err := guestResume(cctx, c, gen, forked, start, snapshotID, m.cfg.ResumeHookDeadline, m.cfg.ResumeAckDeadline)
 	agentDur := time.Since(t0)
 	end := time.Since(launched)
 	if err != nil {
-		rep = apiv1.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
+		rep = sandbox.ResumeReport{Event: ev, Generation: gen, Forked: forked, SnapshotID: snapshotID,
 			Error: "resume contract: " + err.Error()}
 	} else {
 		// The hooks run after the notify step; they are not part of the window.
@@ -455,9 +453,9 @@ func (m *Manager) trackUpload(id string, cancel context.CancelFunc) func() {
 }
 
 // Create validates req, persists a sandbox in state creating, starts it and waits
-// for its guest agent. Errors: ErrInvalidArgument for a bad spec or unknown image.
+// for its guest agent. Errors: sandbox.ErrInvalidArgument for a bad spec or unknown image.
 // If the engine fails the sandbox is left in state error and the error returned.
-func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (apiv1.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox, error) {
 	if req.Image == "" {
 		req.Image = "base"
 	}
@@ -468,56 +466,51 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		req.CPUs = DefaultCPUs
 	}
 	if req.MemoryMiB < MinMemoryMiB || req.MemoryMiB > MaxMemoryMiB {
-		return apiv1.Sandbox{}, invalid("memory_mib %d: must be between %d and %d", req.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
+		return sandbox.Sandbox{}, invalid("memory_mib %d: must be between %d and %d", req.MemoryMiB, MinMemoryMiB, MaxMemoryMiB)
 	}
 	if req.CPUs < MinCPUs || req.CPUs > MaxCPUs {
-		return apiv1.Sandbox{}, invalid("cpus %g: must be between %g and %d", req.CPUs, MinCPUs, MaxCPUs)
+		return sandbox.Sandbox{}, invalid("cpus %g: must be between %g and %d", req.CPUs, MinCPUs, MaxCPUs)
 	}
-	for k, v := range req.Env {
-		if !envKeyRE.MatchString(k) {
-			return apiv1.Sandbox{}, invalid("env key %q: must match %s", k, envKeyRE)
-		}
-		if len(v) > MaxEnvValueBytes {
-			return apiv1.Sandbox{}, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
-		}
+	if err := checkEnv(req.Env); err != nil {
+		return sandbox.Sandbox{}, err
 	}
 	pol, err := m.createPolicy(ctx, req)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
-	var img apiv1.Image
+	var img sandbox.Image
 	var path string
 	if req.Image == "base" {
 		if _, err = m.cfg.Images.EnsureBase(ctx, io.Discard); err != nil {
-			return apiv1.Sandbox{}, fmt.Errorf("image base: %w", err)
+			return sandbox.Sandbox{}, fmt.Errorf("image base: %w", err)
 		}
 	}
 	img, path, err = m.cfg.Images.Get(ctx, req.Image)
 	if errors.Is(err, image.ErrNotFound) {
-		return apiv1.Sandbox{}, invalid("image %q: not found (see `torpor image ls`)", req.Image)
+		return sandbox.Sandbox{}, invalid("image %q: not found", req.Image).WithHint("build or import it, or use one of the images the server lists")
 	}
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	now := time.Now().UTC()
 	s := &metadata.Sandbox{
-		ID: newID("sbx-"), State: apiv1.StateCreating, Image: req.Image, ImageDigest: img.Digest,
+		ID: newID("sbx-"), State: sandbox.StateCreating, Image: req.Image, ImageDigest: img.Digest,
 		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
 		CreatedAt: now, StateChangedAt: now,
 	}
 	s.Policy = pol
 	unlock, err := m.lock(ctx, s.ID)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	defer unlock()
 	if s.Generation, err = m.cfg.DB.NextGeneration(ctx); err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	s.Seq = 1
 	s.Instance = instanceID(s.ID, s.Seq)
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
-		return apiv1.Sandbox{}, err
+	if err := m.cfg.DB.CreateSandbox(ctx, s); err != nil {
+		return sandbox.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
 	eng := m.on(m.cfg.Engines.Default(), s)
@@ -533,8 +526,8 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 		return m.view(ctx, s), err
 	}
 	s.LastResume = m.runContract(ctx, s, s.Generation, false, true, "", launched)
-	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
-		return apiv1.Sandbox{}, err
+	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
+		return sandbox.Sandbox{}, err
 	}
 	m.cfg.Metrics.created.Inc()
 	return m.view(ctx, s), nil
@@ -543,7 +536,7 @@ func (m *Manager) Create(ctx context.Context, req apiv1.CreateSandboxRequest) (a
 var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Delete stops the sandbox (if it runs), removes its snapshots that nothing else
-// uses and its record. Deleting an unknown id returns ErrNotFound.
+// uses and its record. Deleting an unknown id returns sandbox.ErrNotFound.
 func (m *Manager) Delete(ctx context.Context, id string) error {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
@@ -560,7 +553,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 
 func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 	s.Deleting = true
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return err
 	}
 	m.dropLive(s.ID)
@@ -581,7 +574,7 @@ func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
 			return fmt.Errorf("delete %s: %w", s.ID, ctx.Err())
 		}
 	}
-	if err := m.cfg.DB.DeleteSandbox(ctx, s.ID); err != nil {
+	if err := m.cfg.DB.DeleteSandbox(ctx, s.ID); err != nil && !errors.Is(err, metadata.ErrNotFound) {
 		return err
 	}
 	m.collectSnapshots(ctx)
@@ -616,9 +609,9 @@ const collectRetryTicks = 30
 
 // Hibernate captures a running sandbox into a new snapshot and releases its
 // compute. It returns once the snapshot is committed and the state hibernated is
-// persisted. A hibernated sandbox is returned as it is. Errors: ErrNotFound;
-// ErrConflict for a sandbox in state creating or error.
-func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOptions) (apiv1.Sandbox, error) {
+// persisted. A hibernated sandbox is returned as it is. Errors: sandbox.ErrNotFound;
+// sandbox.ErrConflict for a sandbox in state creating or error.
+func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOptions) (sandbox.Sandbox, error) {
 	sb, _, err := m.HibernateCall(ctx, id, opts)
 	return sb, err
 }
@@ -626,29 +619,30 @@ func (m *Manager) Hibernate(ctx context.Context, id string, opts HibernateOption
 // HibernateCall is Hibernate that also reports unchanged: true when the
 // sandbox was already hibernated (decided under its lock, so of two
 // concurrent calls exactly one hibernates).
-func (m *Manager) HibernateCall(ctx context.Context, id string, opts HibernateOptions) (sb apiv1.Sandbox, unchanged bool, err error) {
+func (m *Manager) HibernateCall(ctx context.Context, id string, opts HibernateOptions) (sb sandbox.Sandbox, unchanged bool, err error) {
 	async := m.cfg.AsyncUpload
 	if opts.AsyncUpload != nil {
 		async = *opts.AsyncUpload
 	}
 	if _, ok := m.cfg.Store.(snapshot.AsyncStore); async && !ok {
-		return apiv1.Sandbox{}, false, invalid("async_upload: this server's snapshot store commits synchronously only; start it with --store chunked or --store s3")
+		return sandbox.Sandbox{}, false, invalid("async_upload: this server's snapshot store commits synchronously only").
+			WithHint("an asynchronous upload needs the server started with the chunked or the s3 snapshot store")
 	}
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, false, err
+		return sandbox.Sandbox{}, false, err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, false, err
+		return sandbox.Sandbox{}, false, err
 	}
 	switch s.State {
-	case apiv1.StateHibernated:
+	case sandbox.StateHibernated:
 		return m.view(ctx, s), true, nil
-	case apiv1.StateRunning:
+	case sandbox.StateRunning:
 	default:
-		return apiv1.Sandbox{}, false, conflict("sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
+		return sandbox.Sandbox{}, false, sandboxConflict(id, "sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := m.hibernateLocked(ctx, s, async); err != nil {
@@ -667,17 +661,17 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	prevState := s.State
 	s.PendingSnapshot = snapID
 	if !leaveRunning {
-		s.State = apiv1.StateHibernating
+		s.State = sandbox.StateHibernating
 	}
 	s.StateChangedAt = time.Now().UTC()
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
 		return "", err
 	}
 	undo := func(cause error) (string, error) {
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
 		if leaveRunning {
-			_ = m.cfg.DB.PutSandbox(ctx, s)
+			_ = m.cfg.DB.UpdateSandbox(ctx, s)
 			return "", cause
 		}
 		// The engine stops the instance only after a complete checkpoint; if it
@@ -782,27 +776,44 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		m.fail(ctx, s, fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
 		return "", err
 	}
-	elapsed := time.Since(start)
-	m.accrue(ctx, s, time.Now())
-	s.SnapshotID = snapID
-	s.PendingSnapshot = ""
-	if !leaveRunning {
-		s.State = apiv1.StateHibernated
-		s.Instance = ""
-		s.LastHibernateAt = &now
-	}
-	s.StateChangedAt = now
-	snapRec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
-	if err := m.cfg.DB.CommitHibernate(ctx, snapRec, s); err != nil {
+	snapRec, err := m.recordSnapshot(ctx, s, man, start, now, leaveRunning)
+	if err != nil {
 		return "", err
 	}
 	m.log.Info("snapshot committed", "sandbox", s.ID, "snapshot", snapID, "total_ms", time.Since(start).Milliseconds(),
 		"checkpoint_ms", checkpointDur.Milliseconds(), "commit_ms", commitDur.Milliseconds(),
 		"bytes", man.Bytes, "new_bytes", snapRec.NewBytes, "leave_running", leaveRunning)
+	return snapID, nil
+}
+
+// recordSnapshot ends a hibernate (or, with leaveRunning, a fork source's
+// snapshot) whose snapshot man the store has committed: it accrues the
+// sandbox's usage, makes man the snapshot the sandbox resumes from, and writes
+// the snapshot's record and the sandbox's in one transaction
+// (metadata.CommitHibernate); without leaveRunning the sandbox is then
+// hibernated. start is when the hibernate began (its duration is recorded in
+// ms) and now its commit time. Afterwards it observes the hibernate metrics and
+// collects snapshots no longer needed. Errors are the database's; nothing but
+// the in-memory record s has changed then.
+func (m *Manager) recordSnapshot(ctx context.Context, s *metadata.Sandbox, man snapshot.Manifest, start, now time.Time, leaveRunning bool) (*metadata.Snapshot, error) {
+	elapsed := time.Since(start)
+	m.accrue(ctx, s, time.Now())
+	s.SnapshotID = man.ID
+	s.PendingSnapshot = ""
+	if !leaveRunning {
+		s.State = sandbox.StateHibernated
+		s.Instance = ""
+		s.LastHibernateAt = &now
+	}
+	s.StateChangedAt = now
+	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
+	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
+		return rec, err
+	}
 	m.cfg.Metrics.hibernate.Observe(elapsed.Seconds())
 	m.cfg.Metrics.snapshotBytes.Add(float64(man.Bytes))
 	m.collectSnapshots(ctx)
-	return snapID, nil
+	return rec, nil
 }
 
 // removeExited removes instance inst of sandbox sandboxID after its
@@ -846,20 +857,20 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 
 // openSnapshot opens snapshot id for a restore (Store.Open: verified). A
 // snapshot that fails verification, or that the database records but the
-// store no longer has, is ErrSnapshotCorrupt (422) naming it; errors start
+// store no longer has, is sandbox.ErrSnapshotCorrupt (422) naming it; errors start
 // with what ("resume sbx-…").
-func (m *Manager) openSnapshot(ctx context.Context, id, what string) (string, snapshot.Manifest, error) {
+func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (string, snapshot.Manifest, error) {
 	dir, man, err := m.cfg.Store.Open(ctx, id)
 	var ce *snapshot.CorruptError
 	switch {
 	case err == nil:
 		return dir, man, nil
 	case errors.As(err, &ce):
-		return "", man, fmt.Errorf("%w: %s: %v", ErrSnapshotCorrupt, what, err)
+		return "", man, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
-		return "", man, fmt.Errorf("%w: %s: snapshot %s is recorded but missing from the store: %v", ErrSnapshotCorrupt, what, id, err)
+		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	}
-	return "", man, fmt.Errorf("%s: %w", what, err)
+	return "", man, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }
 
 // manifestFor is the manifest of a memory snapshot snapID of s written by
@@ -881,11 +892,11 @@ func (m *Manager) liveClient(id string) *agentclient.Client {
 }
 
 // Resume restores a hibernated sandbox from its snapshot and waits for its guest
-// agent. A running sandbox is returned as it is. Errors: ErrNotFound;
-// ErrConflict for a sandbox in state creating or error; ErrSnapshotCorrupt (with
+// agent. A running sandbox is returned as it is. Errors: sandbox.ErrNotFound;
+// sandbox.ErrConflict for a sandbox in state creating or error; sandbox.ErrSnapshotCorrupt (with
 // the snapshot and file named) when verification fails, in which case the sandbox
 // stays hibernated.
-func (m *Manager) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
+func (m *Manager) Resume(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	sb, _, err := m.ResumeCall(ctx, id)
 	return sb, err
 }
@@ -893,30 +904,30 @@ func (m *Manager) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) 
 // ResumeCall is Resume that also reports unchanged: true when the sandbox was
 // already running (decided under its lock, so of two concurrent calls exactly
 // one resumes).
-func (m *Manager) ResumeCall(ctx context.Context, id string) (sb apiv1.Sandbox, unchanged bool, err error) {
+func (m *Manager) ResumeCall(ctx context.Context, id string) (sb sandbox.Sandbox, unchanged bool, err error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, false, err
+		return sandbox.Sandbox{}, false, err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, false, err
+		return sandbox.Sandbox{}, false, err
 	}
-	unchanged = s.State == apiv1.StateRunning
+	unchanged = s.State == sandbox.StateRunning
 	ctx = context.WithoutCancel(ctx)
-	if s.State == apiv1.StateError {
+	if s.State == sandbox.StateError {
 		// An explicit resume recovers a sandbox whose instance died (OOM kill,
 		// host kill) from its last snapshot; what it did since is lost, which
 		// the caller asked for. Calls that wake a sandbox by themselves (exec,
 		// files, the proxy) never do this.
 		if s.SnapshotID == "" {
-			return m.view(ctx, s), false, conflict("sandbox %s is in state error (%s) and has no snapshot to resume from; delete it", s.ID, s.Error)
+			return m.view(ctx, s), false, sandboxConflict(s.ID, "sandbox %s is in state error (%s) and has no snapshot to resume from; delete it", s.ID, s.Error)
 		}
 		cause := s.Error
 		m.log.Warn("resume: recovering a sandbox in state error from its last snapshot", "sandbox", s.ID, "snapshot", s.SnapshotID, "error_was", cause)
 		s.Error = ""
-		if err := m.setState(ctx, s, apiv1.StateHibernated); err != nil {
+		if err := m.setState(ctx, s, sandbox.StateHibernated); err != nil {
 			return m.view(ctx, s), false, err
 		}
 		if err := m.resumeLocked(ctx, s); err != nil {
@@ -933,11 +944,11 @@ func (m *Manager) ResumeCall(ctx context.Context, id string) (sb apiv1.Sandbox, 
 
 func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	switch s.State {
-	case apiv1.StateRunning:
+	case sandbox.StateRunning:
 		return nil
-	case apiv1.StateHibernated:
+	case sandbox.StateHibernated:
 	default:
-		return conflict("sandbox %s is in state %s; only a hibernated sandbox can be resumed", s.ID, s.State)
+		return sandboxConflict(s.ID, "sandbox %s is in state %s; only a hibernated sandbox can be resumed", s.ID, s.State)
 	}
 	if m.isFilesystemSnapshot(ctx, s.SnapshotID) {
 		return m.resumeFilesystemLocked(ctx, s)
@@ -946,7 +957,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	back := func(cause error) error {
 		s.Instance = ""
 		s.Error = ""
-		_ = m.setState(ctx, s, apiv1.StateHibernated)
+		_ = m.setState(ctx, s, sandbox.StateHibernated)
 		s.Error = cause.Error()
 		return cause
 	}
@@ -954,7 +965,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	// sandbox stays hibernated, no generation is taken). Other calls on this
 	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume "+s.ID)
+	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return err
 	}
@@ -972,7 +983,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	s.Seq++
 	s.Instance = instanceID(s.ID, s.Seq)
 	s.GuestDigest = man.Spec.GuestDigest
-	s.State = apiv1.StateResuming
+	s.State = sandbox.StateResuming
 	s.StateChangedAt = time.Now().UTC()
 	s.Error = ""
 	gen, err := m.cfg.DB.BeginRestore(ctx, s)
@@ -1000,7 +1011,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	s.Generation = gen
 	s.LastResumeAt = &now
 	s.ResumeMS = time.Since(start).Milliseconds()
-	if err := m.setState(ctx, s, apiv1.StateRunning); err != nil {
+	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return err
 	}
 	m.cfg.Metrics.resume.Observe(time.Since(start).Seconds())
@@ -1026,9 +1037,9 @@ func (m *Manager) restoresClone(ctx context.Context, s *metadata.Sandbox) bool {
 // Fork makes count clones from the sandbox's snapshot. A running source is first
 // checkpointed in place (it keeps running); a hibernated one is cloned from its
 // latest snapshot. Each clone is a new sandbox with forked_from set and its own
-// generation. Errors: ErrInvalidArgument for count outside 1..MaxForkCount;
-// ErrConflict for a source that is neither running nor hibernated.
-func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOptions) ([]apiv1.Sandbox, error) {
+// generation. Errors: sandbox.ErrInvalidArgument for count outside 1..MaxForkCount;
+// sandbox.ErrConflict for a source that is neither running nor hibernated.
+func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOptions) ([]sandbox.Sandbox, error) {
 	if count == 0 {
 		count = 1
 	}
@@ -1049,15 +1060,15 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	}
 	ctx = context.WithoutCancel(ctx)
 	switch src.State {
-	case apiv1.StateRunning:
+	case sandbox.StateRunning:
 		if _, err := m.snapshotLocked(ctx, src, true, m.cfg.AsyncUpload); err != nil {
 			return nil, err
 		}
-	case apiv1.StateHibernated:
+	case sandbox.StateHibernated:
 	default:
-		return nil, conflict("sandbox %s is in state %s; only a running or hibernated sandbox can be forked", id, src.State)
+		return nil, sandboxConflict(id, "sandbox %s is in state %s; only a running or hibernated sandbox can be forked", id, src.State)
 	}
-	dir, man, err := m.openSnapshot(ctx, src.SnapshotID, "fork "+id)
+	dir, man, err := m.openSnapshot(ctx, src.SnapshotID, "fork", id)
 	if err != nil {
 		return nil, err
 	}
@@ -1077,7 +1088,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, err
 		}
 		c := &metadata.Sandbox{
-			ID: newID("sbx-"), State: apiv1.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
+			ID: newID("sbx-"), State: sandbox.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
 			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env,
 			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
 			CreatedAt: now, StateChangedAt: now,
@@ -1086,7 +1097,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, err
 		}
 		c.Instance = instanceID(c.ID, 1)
-		if err := m.cfg.DB.PutSandbox(ctx, c); err != nil {
+		if err := m.cfg.DB.CreateSandbox(ctx, c); err != nil {
 			return nil, err
 		}
 		clones[i] = c
@@ -1120,11 +1131,11 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			c.LastResume = m.runContract(ctx, c, c.Generation, true, false, src.SnapshotID, launched)
 			t := time.Now().UTC()
 			c.LastResumeAt = &t
-			errs[i] = m.setState(ctx, c, apiv1.StateRunning)
+			errs[i] = m.setState(ctx, c, sandbox.StateRunning)
 		}()
 	}
 	wg.Wait()
-	out := make([]apiv1.Sandbox, count)
+	out := make([]sandbox.Sandbox, count)
 	for i, c := range clones {
 		out[i] = m.view(ctx, c)
 	}
@@ -1139,8 +1150,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 // first if it is hibernated; the caller starts its request and then calls
 // unlock, so no hibernate, resume or delete comes between the choice of
 // instance and the request reaching it. A call that arrives while the sandbox
-// is hibernating or resuming waits for that to finish. Errors: ErrNotFound;
-// ErrConflict for a sandbox in another state; the resume's errors.
+// is hibernating or resuming waits for that to finish. Errors: sandbox.ErrNotFound;
+// sandbox.ErrConflict for a sandbox in another state; the resume's errors.
 func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox, func(), error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
@@ -1149,13 +1160,14 @@ func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox
 	s, err := m.get(ctx, id)
 	if err == nil {
 		switch s.State {
-		case apiv1.StateRunning:
-		case apiv1.StateHibernated:
+		case sandbox.StateRunning:
+		case sandbox.StateHibernated:
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
-		case apiv1.StateError:
-			err = conflict("sandbox %s is in state error: %s (POST /v1/sandboxes/%s/resume recovers it from its last snapshot, if it has one)", id, s.Error, id)
+		case sandbox.StateError:
+			err = sandboxConflict(id, "sandbox %s is in state error: %s", id, s.Error).
+				WithHint("an explicit resume recovers it from its last snapshot, if it has one")
 		default:
-			err = conflict("sandbox %s is in state %s", id, s.State)
+			err = sandboxConflict(id, "sandbox %s is in state %s", id, s.State)
 		}
 	}
 	if err != nil {
@@ -1176,27 +1188,37 @@ func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, 
 	c := m.liveClient(id)
 	if c == nil {
 		unlock()
-		return nil, nil, conflict("sandbox %s: no guest agent connection", id)
+		return nil, nil, sandboxConflict(id, "sandbox %s: no guest agent connection", id)
 	}
 	return c, unlock, nil
 }
 
+// checkEnv checks environment variables for a sandbox or a command: each key
+// matches envKeyRE and each value is at most MaxEnvValueBytes bytes. The error
+// is InvalidArgument naming the first bad key.
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return invalid("env key %q: must match %s", k, envKeyRE)
+		}
+		if len(v) > MaxEnvValueBytes {
+			return invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
+		}
+	}
+	return nil
+}
+
 // Exec starts a command in the sandbox (waking it if hibernated) and returns the
 // guest agent's event stream. The caller must Close it.
-func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*ExecStream, error) {
+func (m *Manager) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (*ExecStream, error) {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return nil, invalid("cmd: must name a program")
 	}
 	if req.TimeoutS < 0 || req.TimeoutS > MaxExecTimeoutS {
 		return nil, invalid("timeout_s %g: must be between 0 and %d", req.TimeoutS, MaxExecTimeoutS)
 	}
-	for k, v := range req.Env {
-		if !envKeyRE.MatchString(k) {
-			return nil, invalid("env key %q: must match %s", k, envKeyRE)
-		}
-		if len(v) > MaxEnvValueBytes {
-			return nil, invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
-		}
+	if err := checkEnv(req.Env); err != nil {
+		return nil, err
 	}
 	if req.Background && req.Stdin != "" {
 		return nil, invalid("stdin: a background process gets no stdin")
@@ -1209,7 +1231,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req apiv1.ExecRequest) (*
 		return nil, err
 	}
 	defer unlock() // after the agent answered: the command has started
-	return m.trackExec(id, c)(c.Exec(ctx, agentExec(req)))
+	return m.trackExec(id, c)(guestExec(ctx, c, req))
 }
 
 func checkPath(p string) error {
@@ -1226,7 +1248,7 @@ func checkPath(p string) error {
 }
 
 // ReadFile opens a file in the sandbox (waking it if hibernated). It returns the
-// content and its size in bytes; ErrNotFound for a missing file.
+// content and its size in bytes; sandbox.ErrNotFound for a missing file.
 func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error) {
 	if err := checkPath(path); err != nil {
 		return nil, 0, err
@@ -1245,7 +1267,7 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser,
 // reads the first bytes (the upload is then bound to this instance); from then
 // on it counts as a request in flight, which a hibernate drains for up to
 // HibernateDrain and then cuts. A cut upload writes nothing (the agent renames
-// the file into place only when it has all of it) and returns ErrConflict.
+// the file into place only when it has all of it) and returns sandbox.ErrConflict.
 func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, size int64) error {
 	if err := checkPath(path); err != nil {
 		return err
@@ -1277,10 +1299,10 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 		// trial's 200 MB upload into /tmp of a 256 MiB sandbox); instanceExited
 		// records why before it cuts the calls in flight, so say that rather
 		// than invite a retry that would kill it again.
-		if s, gerr := m.get(context.WithoutCancel(ctx), id); gerr == nil && s.State == apiv1.StateError {
-			return conflict("sandbox %s stopped during the upload of %s and is in state error: %s; nothing was written", id, path, s.Error)
+		if s, gerr := m.get(context.WithoutCancel(ctx), id); gerr == nil && s.State == sandbox.StateError {
+			return sandboxConflict(id, "sandbox %s stopped during the upload of %s and is in state error: %s; nothing was written", id, path, s.Error)
 		}
-		return conflict("sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
+		return sandboxConflict(id, "sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
 	}
 	return agentErr(err)
 }
@@ -1301,16 +1323,16 @@ func agentErr(err error) error {
 	if errors.As(err, &ae) {
 		switch ae.Code {
 		case "not_found":
-			return fmt.Errorf("%w: %s", ErrNotFound, ae.Message)
+			return &sandbox.Error{Kind: sandbox.NotFound, Err: errors.New(ae.Message)}
 		case "invalid_argument":
-			return fmt.Errorf("%w: %s", ErrInvalidArgument, ae.Message)
+			return &sandbox.Error{Kind: sandbox.InvalidArgument, Err: errors.New(ae.Message)}
 		}
 	}
 	return err
 }
 
 // DialPort connects to a TCP port inside the sandbox, waking it if hibernated.
-// Errors: ErrInvalidArgument for a port outside 1..65535.
+// Errors: sandbox.ErrInvalidArgument for a port outside 1..65535.
 func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, invalid("port %d: must be between 1 and 65535", port)

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Metrics are the manager's Prometheus metrics.
@@ -58,9 +58,9 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
 func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := map[apiv1.State]int{}
-	for _, st := range []apiv1.State{apiv1.StateCreating, apiv1.StateRunning, apiv1.StateHibernating,
-		apiv1.StateHibernated, apiv1.StateResuming, apiv1.StateError} {
+	counts := map[sandbox.State]int{}
+	for _, st := range []sandbox.State{sandbox.StateCreating, sandbox.StateRunning, sandbox.StateHibernating,
+		sandbox.StateHibernated, sandbox.StateResuming, sandbox.StateError} {
 		counts[st] = 0
 	}
 	if all, err := c.M.List(context.Background()); err == nil {

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // LifecycleConfig configures the lifecycle policies of docs/lifecycle.md: the
@@ -51,11 +51,11 @@ func (m *Manager) lcfg() LifecycleConfig {
 
 // modeKeeps says, for GET /v1/sandboxes/{id}, what each hibernation mode keeps.
 var modeKeeps = map[string]string{
-	apiv1.ModeMemory: "everything: memory, running processes and the writable layer; processes continue on resume",
-	apiv1.ModeFilesystem: "the writable layer only (files created or changed on the root filesystem since the sandbox was " +
+	sandbox.ModeMemory: "everything: memory, running processes and the writable layer; processes continue on resume",
+	sandbox.ModeFilesystem: "the writable layer only (files created or changed on the root filesystem since the sandbox was " +
 		"created; not /tmp, not deletions of image files); processes are not kept: on resume the sandbox boots fresh " +
 		"from its image plus that layer and starts on_resume",
-	apiv1.ModeNone: "nothing: an idle sandbox is deleted",
+	sandbox.ModeNone: "nothing: an idle sandbox is deleted",
 }
 
 func validMode(m string) bool { _, ok := modeKeeps[m]; return ok }
@@ -67,7 +67,7 @@ func checkTimeouts(idle, timeout int, onTimeout string) error {
 	if timeout < 0 || timeout > MaxTimeoutS {
 		return invalid("timeout_s %d: must be between 0 (none) and %d", timeout, MaxTimeoutS)
 	}
-	if onTimeout != "hibernate" && onTimeout != "delete" {
+	if onTimeout != sandbox.OnTimeoutHibernate && onTimeout != sandbox.OnTimeoutDelete {
 		return invalid("on_timeout %q: must be \"hibernate\" or \"delete\"", onTimeout)
 	}
 	return nil
@@ -82,8 +82,8 @@ func checkOnResume(cmd []string) error {
 
 // createPolicy validates the policy fields of a create request and returns the
 // record's Policy.
-func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxRequest) (metadata.Policy, error) {
-	p := metadata.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
+func (m *Manager) createPolicy(ctx context.Context, req sandbox.Spec) (sandbox.Policy, error) {
+	p := sandbox.Policy{IdleTimeoutS: DefaultIdleTimeoutS, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		HibernationMode: req.HibernationMode, OnResume: req.OnResume, ExpiresAt: utcp(req.ExpiresAt)}
 	if err := checkExpiry(req.ExpiresAt); err != nil {
 		return p, err
@@ -92,10 +92,10 @@ func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxReque
 		p.IdleTimeoutS = *req.IdleTimeoutS
 	}
 	if p.OnTimeout == "" {
-		p.OnTimeout = "hibernate"
+		p.OnTimeout = sandbox.OnTimeoutHibernate
 	}
 	if p.HibernationMode == "" {
-		p.HibernationMode = apiv1.ModeMemory
+		p.HibernationMode = sandbox.ModeMemory
 	}
 	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
 		return p, err
@@ -116,16 +116,16 @@ func (m *Manager) createPolicy(ctx context.Context, req apiv1.CreateSandboxReque
 
 // Update changes a sandbox's policies (PATCH /v1/sandboxes/{id}); only the fields
 // present change. Setting timeout_s starts a new timeout period: the sandbox may
-// run timeout_s more seconds from now. Errors: ErrNotFound, ErrInvalidArgument.
-func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandboxRequest) (apiv1.Sandbox, error) {
+// run timeout_s more seconds from now. Errors: sandbox.ErrNotFound, sandbox.ErrInvalidArgument.
+func (m *Manager) Update(ctx context.Context, id string, req sandbox.PolicyUpdate) (sandbox.Sandbox, error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
 	if err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	p := s.Policy
 	if req.IdleTimeoutS != nil {
@@ -139,7 +139,7 @@ func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandbox
 	}
 	if req.HibernationMode != nil {
 		if !validMode(*req.HibernationMode) {
-			return apiv1.Sandbox{}, invalid("hibernation_mode %q: must be memory, filesystem or none", *req.HibernationMode)
+			return sandbox.Sandbox{}, invalid("hibernation_mode %q: must be memory, filesystem or none", *req.HibernationMode)
 		}
 		p.HibernationMode = *req.HibernationMode
 	}
@@ -148,38 +148,37 @@ func (m *Manager) Update(ctx context.Context, id string, req apiv1.UpdateSandbox
 	}
 	if req.ExpiresAt.Set {
 		if err := checkExpiry(req.ExpiresAt.At); err != nil {
-			return apiv1.Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 		p.ExpiresAt = utcp(req.ExpiresAt.At)
 	}
 	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	if err := checkOnResume(p.OnResume); err != nil {
-		return apiv1.Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	m.accrue(ctx, s, time.Now())
 	if req.TimeoutS != nil {
-		p.TimeoutBaseMS = s.RunningMS
+		s.TimeoutBaseMS = s.RunningMS
 	}
-	p.RunningMS, p.SnapshotByteS, p.UsageAt = s.RunningMS, s.SnapshotByteS, s.UsageAt
 	s.Policy = p
-	if err := m.cfg.DB.PutSandbox(ctx, s); err != nil {
-		return apiv1.Sandbox{}, err
+	if err := m.cfg.DB.UpdateSandbox(ctx, s); err != nil {
+		return sandbox.Sandbox{}, err
 	}
 	m.touch(id)
 	return m.view(ctx, s), nil
 }
 
 // viewPolicy fills the policy and usage fields of a sandbox's API view.
-func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *apiv1.Sandbox) {
+func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *sandbox.Sandbox) {
 	mode := s.HibernationMode
 	if mode == "" {
-		mode = apiv1.ModeMemory
+		mode = sandbox.ModeMemory
 	}
 	v.IdleTimeoutS, v.TimeoutS, v.OnTimeout = s.IdleTimeoutS, s.TimeoutS, s.OnTimeout
-	v.Hibernation = apiv1.Hibernation{Mode: mode, Keeps: modeKeeps[mode]}
+	v.Hibernation = sandbox.Hibernation{Mode: mode, Keeps: modeKeeps[mode]}
 	if len(s.Volumes) > 0 {
 		v.Hibernation.Keeps += "; volumes (" + volumeNames(s.Volumes) + ") are host directories, never in a snapshot, and are mounted again on resume"
 	}
@@ -187,7 +186,7 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *apiv1.
 	v.Volumes = s.Volumes
 	v.ExpiresAt = s.ExpiresAt
 	run, byteS := m.usageAt(ctx, s, time.Now())
-	v.Usage = apiv1.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
+	v.Usage = sandbox.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
 }
 
 // utcp copies a time in UTC (nil stays nil).
@@ -209,7 +208,7 @@ func utcp(t *time.Time) *time.Time {
 	return &u
 }
 
-func volumeNames(vs []apiv1.VolumeMount) string {
+func volumeNames(vs []sandbox.VolumeMount) string {
 	var n []string
 	for _, v := range vs {
 		n = append(n, v.Name+" at "+v.Path)

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Reconcile makes the database and the host agree after a start or a crash. Call it
@@ -71,7 +71,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		alive := s.Instance != "" && running[s.Instance]
 		switch s.State {
-		case apiv1.StateRunning:
+		case sandbox.StateRunning:
 			if alive {
 				if err := m.waitAgent(ctx, s); err == nil {
 					keep[s.Instance] = true
@@ -80,28 +80,28 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				}
 			}
 			m.lost(ctx, s, "lost on server restart: its sandbox process was gone or did not answer")
-		case apiv1.StateHibernating:
+		case sandbox.StateHibernating:
 			if s.PendingSnapshot != "" && isCommitted[s.PendingSnapshot] {
 				m.finishHibernate(ctx, s)
 			} else if alive && m.waitAgent(ctx, s) == nil {
 				s.PendingSnapshot = ""
 				keep[s.Instance] = true
-				_ = m.setState(ctx, s, apiv1.StateRunning)
+				_ = m.setState(ctx, s, sandbox.StateRunning)
 			} else {
 				m.lost(ctx, s, "hibernate interrupted by server restart before its snapshot committed")
 			}
-		case apiv1.StateResuming:
+		case sandbox.StateResuming:
 			if s.Instance != "" {
 				_ = m.eng(s).Stop(ctx, s.Instance)
 			}
 			s.Instance = ""
-			_ = m.setState(ctx, s, apiv1.StateHibernated)
-		case apiv1.StateCreating:
+			_ = m.setState(ctx, s, sandbox.StateHibernated)
+		case sandbox.StateCreating:
 			m.lost(ctx, s, "create interrupted by server restart")
 		default: // hibernated, error
-			if s.Instance != "" && s.State == apiv1.StateHibernated {
+			if s.Instance != "" && s.State == sandbox.StateHibernated {
 				s.Instance = ""
-				_ = m.cfg.DB.PutSandbox(ctx, s)
+				_ = m.cfg.DB.UpdateSandbox(ctx, s)
 			}
 		}
 	}
@@ -115,8 +115,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	}
 	// Snapshots committed in the store that no record knows (a crash between the
 	// store's commit and the database's) are removed; none can be resumed.
-	known, err := m.cfg.DB.SnapshotIDs(ctx)
+	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err == nil {
+		known := map[string]bool{}
+		for _, r := range recs {
+			known[r.ID] = true
+		}
 		for _, id := range committed {
 			if !known[id] {
 				pending := false
@@ -155,7 +159,7 @@ func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	s.SnapshotID = s.PendingSnapshot
 	s.PendingSnapshot = ""
 	s.Instance = ""
-	s.State = apiv1.StateHibernated
+	s.State = sandbox.StateHibernated
 	s.StateChangedAt = man.CreatedAt
 	s.LastHibernateAt = &man.CreatedAt
 	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
@@ -180,7 +184,7 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 		return
 	}
 	for _, s := range all {
-		if s.Deleting || s.State != apiv1.StateHibernating || s.PendingSnapshot == "" || s.Instance == "" {
+		if s.Deleting || s.State != sandbox.StateHibernating || s.PendingSnapshot == "" || s.Instance == "" {
 			continue
 		}
 		if _, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot); err == nil {

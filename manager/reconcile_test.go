@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // TestReconcile: what a server start makes of each record a crash can leave —
@@ -21,44 +21,45 @@ func TestReconcile(t *testing.T) {
 		// crashIn turns a running sandbox (on host h, /kept written) into the
 		// record and instance a crash left.
 		crashIn   func(h *host, rec *metadata.Sandbox)
-		state     apiv1.State
+		state     sandbox.State
 		errSubstr string // in the record's error, for state error
 	}{
-		{"running, instance alive", func(h *host, rec *metadata.Sandbox) {}, apiv1.StateRunning, ""},
+		{"running, instance alive", func(h *host, rec *metadata.Sandbox) {}, sandbox.StateRunning, ""},
 		{"running, instance died", func(h *host, rec *metadata.Sandbox) { h.eng.Kill(rec.Instance) },
-			apiv1.StateError, "lost on server restart"},
+			sandbox.StateError, "lost on server restart"},
 		{"hibernating, snapshot committed", func(h *host, rec *metadata.Sandbox) {
 			// The crash came between the store's commit and the database's.
 			hib, err := h.m.Hibernate(ctx, rec.ID, manager.HibernateOptions{})
 			if err != nil {
 				h.t.Fatal(err)
 			}
-			rec.State, rec.PendingSnapshot, rec.SnapshotID = apiv1.StateHibernating, hib.Snapshot.ID, ""
+			*rec = *h.record(rec.ID) // the hibernate advanced the row's version
+			rec.State, rec.PendingSnapshot, rec.SnapshotID = sandbox.StateHibernating, hib.Snapshot.ID, ""
 			h.put(rec)
 			if err := h.db.DeleteSnapshot(ctx, hib.Snapshot.ID); err != nil {
 				h.t.Fatal(err)
 			}
-		}, apiv1.StateHibernated, ""},
+		}, sandbox.StateHibernated, ""},
 		{"hibernating, not committed, instance alive", func(h *host, rec *metadata.Sandbox) {
-			rec.State, rec.PendingSnapshot = apiv1.StateHibernating, "snap-neverwritten"
+			rec.State, rec.PendingSnapshot = sandbox.StateHibernating, "snap-neverwritten"
 			h.put(rec)
-		}, apiv1.StateRunning, ""},
+		}, sandbox.StateRunning, ""},
 		{"hibernating, not committed, instance died", func(h *host, rec *metadata.Sandbox) {
-			rec.State, rec.PendingSnapshot = apiv1.StateHibernating, "snap-neverwritten"
+			rec.State, rec.PendingSnapshot = sandbox.StateHibernating, "snap-neverwritten"
 			h.put(rec)
 			h.eng.Kill(rec.Instance)
-		}, apiv1.StateError, "hibernate interrupted"},
+		}, sandbox.StateError, "hibernate interrupted"},
 		{"resuming, instance alive", func(h *host, rec *metadata.Sandbox) {
 			hibernateAndRestart(h, rec)
-		}, apiv1.StateHibernated, ""},
+		}, sandbox.StateHibernated, ""},
 		{"resuming, instance died", func(h *host, rec *metadata.Sandbox) {
 			hibernateAndRestart(h, rec)
 			h.eng.Kill(rec.Instance)
-		}, apiv1.StateHibernated, ""},
+		}, sandbox.StateHibernated, ""},
 		{"creating, instance alive", func(h *host, rec *metadata.Sandbox) {
-			rec.State = apiv1.StateCreating
+			rec.State = sandbox.StateCreating
 			h.put(rec)
-		}, apiv1.StateError, "create interrupted"},
+		}, sandbox.StateError, "create interrupted"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -75,14 +76,14 @@ func TestReconcile(t *testing.T) {
 			}
 			infos, _ := h2.eng.List(ctx)
 			for _, i := range infos {
-				if got.State != apiv1.StateRunning || i.ID != got.Instance {
+				if got.State != sandbox.StateRunning || i.ID != got.Instance {
 					t.Fatalf("instance %+v left; the sandbox is %s on %q", i, got.State, got.Instance)
 				}
 			}
-			if got.State == apiv1.StateRunning && len(infos) != 1 {
+			if got.State == sandbox.StateRunning && len(infos) != 1 {
 				t.Fatalf("running sandbox, instances %+v", infos)
 			}
-			if got.State == apiv1.StateRunning || got.State == apiv1.StateHibernated {
+			if got.State == sandbox.StateRunning || got.State == sandbox.StateHibernated {
 				if v := h2.readFile(sb.ID, "/kept"); v != "yes" {
 					t.Fatalf("/kept = %q after reconcile", v)
 				}
@@ -102,13 +103,13 @@ func hibernateAndRestart(h *host, rec *metadata.Sandbox) {
 		h.t.Fatal(err)
 	}
 	*rec = *h.record(rec.ID)
-	rec.State = apiv1.StateResuming
+	rec.State = sandbox.StateResuming
 	h.put(rec)
 }
 
 func (h *host) put(rec *metadata.Sandbox) {
 	h.t.Helper()
-	if err := h.db.PutSandbox(context.Background(), rec); err != nil {
+	if err := h.db.UpdateSandbox(context.Background(), rec); err != nil {
 		h.t.Fatal(err)
 	}
 }

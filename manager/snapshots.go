@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -36,14 +36,14 @@ func withSizes(rec *metadata.Snapshot, man snapshot.Manifest) *metadata.Snapshot
 
 // snapView is a snapshot record as the API shows it. Records made before sizes
 // were kept read them once from the store's manifest and keep them.
-func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []string) apiv1.Snapshot {
+func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []string) sandbox.Snapshot {
 	if rec.LogicalBytes == 0 && rec.StoredBytes == 0 {
 		if man, err := m.cfg.Store.Manifest(ctx, rec.ID); err == nil {
 			withSizes(rec, man)
 			_ = m.cfg.DB.SetSnapshotSizes(ctx, rec.ID, rec.LogicalBytes, rec.StoredBytes, rec.NewBytes)
 		}
 	}
-	v := apiv1.Snapshot{ID: rec.ID, SandboxID: rec.SandboxID, Bytes: rec.Bytes, HibernateMS: rec.HibernateMS,
+	v := sandbox.Snapshot{ID: rec.ID, SandboxID: rec.SandboxID, Bytes: rec.Bytes, HibernateMS: rec.HibernateMS,
 		Engine: rec.Engine, CreatedAt: rec.CreatedAt,
 		LogicalBytes: rec.LogicalBytes, StoredBytes: rec.StoredBytes, NewBytes: rec.NewBytes,
 		Durable: true, UsedBy: users}
@@ -73,12 +73,12 @@ func (m *Manager) getSnapshot(ctx context.Context, id string) (*metadata.Snapsho
 }
 
 // ListSnapshots returns every committed snapshot, oldest first.
-func (m *Manager) ListSnapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
+func (m *Manager) ListSnapshots(ctx context.Context) ([]sandbox.Snapshot, error) {
 	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]apiv1.Snapshot, 0, len(recs))
+	out := make([]sandbox.Snapshot, 0, len(recs))
 	for _, r := range recs {
 		users, err := m.cfg.DB.SnapshotUsers(ctx, r.ID)
 		if err != nil {
@@ -92,10 +92,10 @@ func (m *Manager) ListSnapshots(ctx context.Context) ([]apiv1.Snapshot, error) {
 // StoreUsage returns the snapshot store's footprint (kind left empty for the
 // caller): snapshot count and logical bytes from the database, the rest from
 // the store (UsageOf). Errors: database and local directory reads.
-func (m *Manager) StoreUsage(ctx context.Context) (apiv1.StoreUsage, error) {
+func (m *Manager) StoreUsage(ctx context.Context) (sandbox.StoreUsage, error) {
 	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err != nil {
-		return apiv1.StoreUsage{}, err
+		return sandbox.StoreUsage{}, err
 	}
 	var logical int64
 	for _, r := range recs {
@@ -111,8 +111,8 @@ func (m *Manager) StoreUsage(ctx context.Context) (apiv1.StoreUsage, error) {
 // UsageOf is the footprint of store st holding snapshots snapshots of logical
 // bytes in all: stored, chunk, pending-upload and local bytes come from st when
 // it reports them (snapshot.UsageReporter), else stay 0. Errors: st's Usage.
-func UsageOf(ctx context.Context, st snapshot.Store, snapshots int, logical int64) (apiv1.StoreUsage, error) {
-	u := apiv1.StoreUsage{Snapshots: snapshots, LogicalBytes: logical}
+func UsageOf(ctx context.Context, st snapshot.Store, snapshots int, logical int64) (sandbox.StoreUsage, error) {
+	u := sandbox.StoreUsage{Snapshots: snapshots, LogicalBytes: logical}
 	if ur, ok := st.(snapshot.UsageReporter); ok {
 		su, err := ur.Usage(ctx)
 		if err != nil {
@@ -127,21 +127,21 @@ func UsageOf(ctx context.Context, st snapshot.Store, snapshots int, logical int6
 	return u, nil
 }
 
-// GetSnapshot returns one snapshot. Errors: ErrNotFound.
-func (m *Manager) GetSnapshot(ctx context.Context, id string) (apiv1.Snapshot, error) {
+// GetSnapshot returns one snapshot. Errors: sandbox.ErrNotFound.
+func (m *Manager) GetSnapshot(ctx context.Context, id string) (sandbox.Snapshot, error) {
 	rec, err := m.getSnapshot(ctx, id)
 	if err != nil {
-		return apiv1.Snapshot{}, err
+		return sandbox.Snapshot{}, err
 	}
 	users, err := m.cfg.DB.SnapshotUsers(ctx, id)
 	if err != nil {
-		return apiv1.Snapshot{}, err
+		return sandbox.Snapshot{}, err
 	}
 	return m.snapView(ctx, rec, users), nil
 }
 
 // DeleteSnapshot deletes a snapshot from the store and the database. Errors:
-// ErrNotFound; ErrConflict while a sandbox resumes from it or is writing it.
+// sandbox.ErrNotFound; sandbox.ErrConflict while a sandbox resumes from it or is writing it.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	rec, err := m.getSnapshot(ctx, id)
 	if err != nil {
@@ -169,14 +169,18 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := m.cfg.Store.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
-	return m.cfg.DB.DeleteSnapshot(ctx, id)
+	// A collection may have removed the record meanwhile: it is gone either way.
+	if err := m.cfg.DB.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, metadata.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // VerifySnapshot reads every byte of a snapshot and checks its hashes. Errors:
-// ErrNotFound; ErrSnapshotCorrupt naming the file (and chunk) that failed.
-func (m *Manager) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySnapshotResponse, error) {
+// sandbox.ErrNotFound; sandbox.ErrSnapshotCorrupt naming the file (and chunk) that failed.
+func (m *Manager) VerifySnapshot(ctx context.Context, id string) (sandbox.VerifyResult, error) {
 	if _, err := m.getSnapshot(ctx, id); err != nil {
-		return apiv1.VerifySnapshotResponse{}, err
+		return sandbox.VerifyResult{}, err
 	}
 	var man snapshot.Manifest
 	var err error
@@ -188,13 +192,13 @@ func (m *Manager) VerifySnapshot(ctx context.Context, id string) (apiv1.VerifySn
 	var ce *snapshot.CorruptError
 	switch {
 	case errors.As(err, &ce):
-		return apiv1.VerifySnapshotResponse{}, fmt.Errorf("%w: %v", ErrSnapshotCorrupt, err)
+		return sandbox.VerifyResult{}, corrupt("", "", err)
 	case errors.Is(err, snapshot.ErrNotFound):
-		return apiv1.VerifySnapshotResponse{}, fmt.Errorf("%w: snapshot %s is recorded but missing from the store: %v", ErrSnapshotCorrupt, id, err)
+		return sandbox.VerifyResult{}, corrupt("", "", fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case err != nil:
-		return apiv1.VerifySnapshotResponse{}, err
+		return sandbox.VerifyResult{}, err
 	}
-	return apiv1.VerifySnapshotResponse{OK: true, Files: len(man.Files), Bytes: man.Bytes}, nil
+	return sandbox.VerifyResult{OK: true, Files: len(man.Files), Bytes: man.Bytes}, nil
 }
 
 // expired says whether a sandbox's retention has run out at now.
@@ -212,7 +216,7 @@ func (m *Manager) expire(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
-	if err != nil || s.State != apiv1.StateHibernated || !expired(s, time.Now()) {
+	if err != nil || s.State != sandbox.StateHibernated || !expired(s, time.Now()) {
 		return nil
 	}
 	m.log.Info("retention: deleting expired hibernated sandbox", "sandbox", id, "expires_at", s.ExpiresAt.Format(time.RFC3339))

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine/fake"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // A sandbox's starting point for the state table.
@@ -43,12 +43,12 @@ func (h *host) prepare(from string) string {
 			}
 		}
 		h.eng.Kill(h.record(sb.ID).Instance)
-		h.waitState(sb.ID, apiv1.StateError)
+		h.waitState(sb.ID, sandbox.StateError)
 	}
 	return sb.ID
 }
 
-func (h *host) waitState(id string, want apiv1.State) {
+func (h *host) waitState(id string, want sandbox.State) {
 	h.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for h.record(id).State != want {
@@ -72,7 +72,7 @@ func TestStateCalls(t *testing.T) {
 		"fork":   func(m *manager.Manager, id string) error { _, err := m.Fork(ctx, id, 1); return err },
 		"delete": func(m *manager.Manager, id string) error { return m.Delete(ctx, id) },
 		"exec": func(m *manager.Manager, id string) error {
-			st, err := m.Exec(ctx, id, apiv1.ExecRequest{Cmd: []string{"true"}})
+			st, err := m.Exec(ctx, id, sandbox.ExecRequest{Cmd: []string{"true"}})
 			if err != nil {
 				return err
 			}
@@ -118,7 +118,7 @@ func TestStateCalls(t *testing.T) {
 			return err
 		},
 	}
-	conflict := manager.ErrConflict
+	conflict := sandbox.ErrConflict
 	type want struct {
 		err   error // nil, or the kind the error wraps
 		state string
@@ -188,7 +188,7 @@ func TestDeleteRacingResume(t *testing.T) {
 	wg.Add(2)
 	go func() { defer wg.Done(); _, resumeErr = h.m.Resume(ctx, id) }()
 	<-b.Reached()
-	if rec := h.record(id); rec.State != apiv1.StateResuming {
+	if rec := h.record(id); rec.State != sandbox.StateResuming {
 		t.Fatalf("state %s while the engine restores, want resuming", rec.State)
 	}
 	go func() { defer wg.Done(); deleteErr = h.m.Delete(ctx, id) }()
@@ -198,7 +198,7 @@ func TestDeleteRacingResume(t *testing.T) {
 	if resumeErr != nil || deleteErr != nil {
 		t.Fatalf("resume: %v; delete: %v", resumeErr, deleteErr)
 	}
-	if _, err := h.m.Get(ctx, id); !errors.Is(err, manager.ErrNotFound) {
+	if _, err := h.m.Get(ctx, id); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("after the delete: %v, want ErrNotFound", err)
 	}
 	h.m.Wait()
@@ -220,7 +220,7 @@ func TestRequestDuringHibernate(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); _, hibErr = h.m.Hibernate(ctx, id, manager.HibernateOptions{}) }()
 	<-b.Reached()
-	if rec := h.record(id); rec.State != apiv1.StateHibernating {
+	if rec := h.record(id); rec.State != sandbox.StateHibernating {
 		t.Fatalf("state %s during the checkpoint, want hibernating", rec.State)
 	}
 	got := make(chan string, 1)
@@ -247,7 +247,7 @@ func TestRequestDuringHibernate(t *testing.T) {
 	if v := <-got; v != "yes" {
 		t.Fatalf("read after the hibernate: %q", v)
 	}
-	if rec := h.record(id); rec.State != apiv1.StateRunning || rec.Generation <= gen {
+	if rec := h.record(id); rec.State != sandbox.StateRunning || rec.Generation <= gen {
 		t.Fatalf("after the read: state %s generation %d, want running on a generation after %d (resumed)", rec.State, rec.Generation, gen)
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Metering. A sandbox record carries its usage accrued up to UsageAt (RunningMS,
@@ -38,7 +38,7 @@ func (m *Manager) usageAt(ctx context.Context, s *metadata.Sandbox, now time.Tim
 		return run, byteS
 	}
 	dt := now.Sub(s.UsageAt)
-	if s.State == apiv1.StateRunning {
+	if s.State == sandbox.StateRunning {
 		run += dt.Milliseconds()
 	}
 	if s.SnapshotID != "" {

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // Volumes.
@@ -54,25 +54,25 @@ func (m *Manager) volumesEnabled() error {
 	return nil
 }
 
-// CreateVolume creates an empty named volume. Errors: ErrInvalidArgument for a bad
-// name, ErrConflict if it exists.
-func (m *Manager) CreateVolume(ctx context.Context, name string) (apiv1.Volume, error) {
+// CreateVolume creates an empty named volume. Errors: sandbox.ErrInvalidArgument for a bad
+// name, sandbox.ErrConflict if it exists.
+func (m *Manager) CreateVolume(ctx context.Context, name string) (sandbox.Volume, error) {
 	if err := m.volumesEnabled(); err != nil {
-		return apiv1.Volume{}, err
+		return sandbox.Volume{}, err
 	}
 	if !volumeNameRE.MatchString(name) {
-		return apiv1.Volume{}, invalid("volume name %q: must match %s", name, volumeNameRE)
+		return sandbox.Volume{}, invalid("volume name %q: must match %s", name, volumeNameRE)
 	}
 	return m.createVolume(ctx, name, "")
 }
 
-func (m *Manager) createVolume(ctx context.Context, name, from string) (apiv1.Volume, error) {
+func (m *Manager) createVolume(ctx context.Context, name, from string) (sandbox.Volume, error) {
 	v := metadata.Volume{Name: name, CreatedAt: time.Now().UTC(), CopiedFrom: from}
 	if err := m.cfg.DB.CreateVolume(ctx, v); err != nil {
 		if errors.Is(err, metadata.ErrExists) {
-			return apiv1.Volume{}, conflict("volume %s already exists", name)
+			return sandbox.Volume{}, conflict("volume %s already exists", name)
 		}
-		return apiv1.Volume{}, err
+		return sandbox.Volume{}, err
 	}
 	dir := m.volumeDir(name)
 	var err error
@@ -88,9 +88,9 @@ func (m *Manager) createVolume(ctx context.Context, name, from string) (apiv1.Vo
 	if err != nil {
 		_ = m.cfg.DB.DeleteVolume(context.WithoutCancel(ctx), name)
 		_ = os.RemoveAll(dir)
-		return apiv1.Volume{}, err
+		return sandbox.Volume{}, err
 	}
-	return apiv1.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from}, nil
+	return sandbox.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from}, nil
 }
 
 // usedBy maps volume names to the sandboxes that mount them.
@@ -109,7 +109,7 @@ func (m *Manager) usedBy(ctx context.Context) (map[string][]string, error) {
 }
 
 // ListVolumes lists the volumes with the sandboxes that use them.
-func (m *Manager) ListVolumes(ctx context.Context) ([]apiv1.Volume, error) {
+func (m *Manager) ListVolumes(ctx context.Context) ([]sandbox.Volume, error) {
 	vs, err := m.cfg.DB.ListVolumes(ctx)
 	if err != nil {
 		return nil, err
@@ -118,30 +118,30 @@ func (m *Manager) ListVolumes(ctx context.Context) ([]apiv1.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]apiv1.Volume, 0, len(vs))
+	out := make([]sandbox.Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, apiv1.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]})
+		out = append(out, sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]})
 	}
 	return out, nil
 }
 
-// GetVolume returns one volume. Errors: ErrNotFound.
-func (m *Manager) GetVolume(ctx context.Context, name string) (apiv1.Volume, error) {
+// GetVolume returns one volume. Errors: sandbox.ErrNotFound.
+func (m *Manager) GetVolume(ctx context.Context, name string) (sandbox.Volume, error) {
 	v, err := m.cfg.DB.GetVolume(ctx, name)
 	if errors.Is(err, metadata.ErrNotFound) {
-		return apiv1.Volume{}, notFound("volume", name)
+		return sandbox.Volume{}, notFound("volume", name)
 	}
 	if err != nil {
-		return apiv1.Volume{}, err
+		return sandbox.Volume{}, err
 	}
 	used, err := m.usedBy(ctx)
 	if err != nil {
-		return apiv1.Volume{}, err
+		return sandbox.Volume{}, err
 	}
-	return apiv1.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]}, nil
+	return sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]}, nil
 }
 
-// DeleteVolume deletes a volume and its data. Errors: ErrNotFound; ErrConflict
+// DeleteVolume deletes a volume and its data. Errors: sandbox.ErrNotFound; sandbox.ErrConflict
 // while a sandbox mounts it.
 func (m *Manager) DeleteVolume(ctx context.Context, name string) error {
 	if _, err := m.cfg.DB.GetVolume(ctx, name); errors.Is(err, metadata.ErrNotFound) {
@@ -156,14 +156,16 @@ func (m *Manager) DeleteVolume(ctx context.Context, name string) error {
 	if ids := used[name]; len(ids) > 0 {
 		return conflict("volume %s is mounted by %s; delete those sandboxes first", name, strings.Join(ids, ", "))
 	}
-	if err := m.cfg.DB.DeleteVolume(ctx, name); err != nil {
+	if err := m.cfg.DB.DeleteVolume(ctx, name); errors.Is(err, metadata.ErrNotFound) {
+		return notFound("volume", name)
+	} else if err != nil {
 		return err
 	}
 	return os.RemoveAll(m.volumeDir(name))
 }
 
 // checkVolumeMounts validates a create request's volumes.
-func (m *Manager) checkVolumeMounts(ctx context.Context, vs []apiv1.VolumeMount) ([]apiv1.VolumeMount, error) {
+func (m *Manager) checkVolumeMounts(ctx context.Context, vs []sandbox.VolumeMount) ([]sandbox.VolumeMount, error) {
 	if len(vs) == 0 {
 		return nil, nil
 	}
@@ -185,7 +187,7 @@ func (m *Manager) checkVolumeMounts(ctx context.Context, vs []apiv1.VolumeMount)
 		}
 		names[v.Name], paths[v.Path] = true, true
 		if _, err := m.cfg.DB.GetVolume(ctx, v.Name); errors.Is(err, metadata.ErrNotFound) {
-			return nil, invalid("volume %q: not found (create it with POST /v1/volumes)", v.Name)
+			return nil, invalid("volume %q: not found", v.Name).WithHint("create the volume first")
 		} else if err != nil {
 			return nil, err
 		}
@@ -215,11 +217,11 @@ func (m *Manager) checkFork(ctx context.Context, src *metadata.Sandbox, opts []F
 		return invalid("volumes %q: must be \"copy\" or absent", o.Volumes)
 	}
 	if len(src.Volumes) > 0 && o.Volumes != "copy" {
-		return conflict("sandbox %s mounts volumes (%s); clones never share a read-write volume: fork with {\"volumes\":\"copy\"} to give each clone a copy",
-			src.ID, volumeNames(src.Volumes))
+		return sandboxConflict(src.ID, "sandbox %s mounts volumes (%s); clones never share a read-write volume", src.ID, volumeNames(src.Volumes)).
+			WithHint("fork with volumes \"copy\" to give each clone a copy of each")
 	}
-	if src.State == apiv1.StateHibernated && m.isFilesystemSnapshot(ctx, src.SnapshotID) {
-		return conflict("sandbox %s is hibernated in mode filesystem (no memory snapshot to clone); resume it first", src.ID)
+	if src.State == sandbox.StateHibernated && m.isFilesystemSnapshot(ctx, src.SnapshotID) {
+		return sandboxConflict(src.ID, "sandbox %s is hibernated in mode filesystem (no memory snapshot to clone)", src.ID).WithHint("resume it first")
 	}
 	return nil
 }
@@ -228,15 +230,15 @@ func (m *Manager) checkFork(ctx context.Context, src *metadata.Sandbox, opts []F
 // own copy of every volume. The clone's usage starts at zero.
 func (m *Manager) forkPolicy(ctx context.Context, src, c *metadata.Sandbox, opts []ForkOptions) error {
 	p := src.Policy
-	p.RunningMS, p.SnapshotByteS, p.UsageAt, p.TimeoutBaseMS = 0, 0, time.Time{}, 0
 	p.Volumes = nil
 	for _, v := range src.Volumes {
 		name := v.Name + "-" + strings.TrimPrefix(c.ID, "sbx-")
 		if _, err := m.createVolume(ctx, name, v.Name); err != nil {
 			return fmt.Errorf("fork %s: %w", src.ID, err)
 		}
-		p.Volumes = append(p.Volumes, apiv1.VolumeMount{Name: name, Path: v.Path})
+		p.Volumes = append(p.Volumes, sandbox.VolumeMount{Name: name, Path: v.Path})
 	}
 	c.Policy = p
+	c.Meter = metadata.Meter{}
 	return nil
 }

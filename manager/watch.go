@@ -7,8 +7,8 @@ import (
 	"net"
 	"sync"
 
-	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // An instance can die without the manager asking: the host's OOM killer ends the
@@ -27,7 +27,7 @@ func (m *Manager) watch(id, instance string) {
 			// Never report a sandbox dead on a guess; the next call will fail.
 			// A sandbox hibernated or deleted right after its start or resume
 			// no longer runs this instance: nothing to report.
-			if s, err := m.get(ctx, id); err != nil || s.Instance != instance || s.State == apiv1.StateHibernating {
+			if s, err := m.get(ctx, id); err != nil || s.Instance != instance || s.State == sandbox.StateHibernating {
 				m.log.Debug("watch: instance gone before it was followed", "sandbox", id, "instance", instance)
 				return
 			}
@@ -56,7 +56,7 @@ func (m *Manager) instanceExited(id, instance string, st engine.ExitStatus) {
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
-	if err != nil || s.State != apiv1.StateRunning || s.Instance != instance {
+	if err != nil || s.State != sandbox.StateRunning || s.Instance != instance {
 		return
 	}
 	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "what", st.What)

@@ -45,12 +45,12 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, err := s.Manager.Update(r.Context(), r.PathValue("id"), req)
+	sb, err := s.Manager.Update(r.Context(), r.PathValue("id"), policyUpdateFromWire(req))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, wireSandbox(sb))
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
@@ -64,7 +64,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, v)
+	writeJSON(w, http.StatusCreated, apiv1.Volume(v))
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -73,7 +73,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ListVolumesResponse{Volumes: vs})
+	writeJSON(w, http.StatusOK, apiv1.ListVolumesResponse{Volumes: wireVolumes(vs)})
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
@@ -82,7 +82,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, http.StatusOK, apiv1.Volume(v))
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {

@@ -21,6 +21,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
 )
@@ -89,7 +90,13 @@ func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
 }
 
 // errBodyTooLarge is a request body over maxJSONBody: 413.
-var errBodyTooLarge = fmt.Errorf("%w: body too large", manager.ErrInvalidArgument)
+var errBodyTooLarge = errors.New("body too large")
+
+// invalidArgument is a request the server refuses before it reaches the
+// manager (400).
+func invalidArgument(format string, a ...any) error {
+	return sandbox.Errorf(sandbox.InvalidArgument, format, a...)
+}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -103,21 +110,38 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: code, Message: msg}})
 }
 
-// classify maps an error to its HTTP status and API code.
+// kindStatus is the HTTP status and API code of each kind of sandbox.Error.
+var kindStatus = map[sandbox.Kind]struct {
+	status int
+	code   string
+}{
+	sandbox.NotFound:        {http.StatusNotFound, apiv1.CodeNotFound},
+	sandbox.InvalidArgument: {http.StatusBadRequest, apiv1.CodeInvalidArgument},
+	sandbox.Conflict:        {http.StatusConflict, apiv1.CodeConflict},
+	sandbox.SnapshotCorrupt: {http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt},
+	sandbox.Unavailable:     {http.StatusServiceUnavailable, apiv1.CodeUnavailable},
+}
+
+// classify maps an error to its HTTP status and API code: a sandbox.Error by
+// its Kind; the image store's and the snapshot store's own errors (the server
+// calls the image store directly) and ended contexts by what they mean;
+// anything else is 500 internal.
 func classify(err error) (int, string) {
+	var se *sandbox.Error
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		return http.StatusRequestEntityTooLarge, apiv1.CodeInvalidArgument
-	case errors.Is(err, manager.ErrNotFound), errors.Is(err, image.ErrNotFound):
+	case errors.As(err, &se) && se.Kind != sandbox.Internal:
+		ks := kindStatus[se.Kind]
+		return ks.status, ks.code
+	case errors.Is(err, image.ErrNotFound):
 		return http.StatusNotFound, apiv1.CodeNotFound
-	case errors.Is(err, manager.ErrInvalidArgument), errors.Is(err, image.ErrInvalid):
+	case errors.Is(err, image.ErrInvalid):
 		return http.StatusBadRequest, apiv1.CodeInvalidArgument
-	case errors.Is(err, manager.ErrConflict), errors.Is(err, chunked.ErrOwnedElsewhere):
-		// ErrOwnedElsewhere: the S3 prefix is another store's (found on the
-		// first write of a server that started while S3 was down).
+	case errors.Is(err, chunked.ErrOwnedElsewhere):
+		// The S3 prefix is another store's (found on the first write of a
+		// server that started while S3 was down).
 		return http.StatusConflict, apiv1.CodeConflict
-	case errors.Is(err, manager.ErrSnapshotCorrupt):
-		return http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, snapshot.ErrUnavailable):
 		return http.StatusServiceUnavailable, apiv1.CodeUnavailable
 	}
@@ -129,7 +153,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, status, code, manager.Message(err))
+	writeError(w, status, code, err.Error())
 }
 
 // decode reads a JSON object body into v: other JSON values (null, arrays),
@@ -138,27 +162,27 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 func decode(r *http.Request, v any, allowEmpty bool) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {
-		return fmt.Errorf("%w: reading body: %v", manager.ErrInvalidArgument, err)
+		return invalidArgument("reading body: %v", err)
 	}
 	if len(b) > maxJSONBody {
-		return fmt.Errorf("%w: %d bytes at most", errBodyTooLarge, maxJSONBody)
+		return sandbox.Errorf(sandbox.InvalidArgument, "%w: %d bytes at most", errBodyTooLarge, maxJSONBody)
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		if allowEmpty {
 			return nil
 		}
-		return fmt.Errorf("%w: empty body; a JSON object is required", manager.ErrInvalidArgument)
+		return invalidArgument("empty body; a JSON object is required")
 	}
 	if bytes.TrimSpace(b)[0] != '{' { // `null` would decode as "no fields" (a trial's create)
-		return fmt.Errorf("%w: the body must be a JSON object", manager.ErrInvalidArgument)
+		return invalidArgument("the body must be a JSON object")
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: malformed JSON body: %v", manager.ErrInvalidArgument, err)
+		return invalidArgument("malformed JSON body: %v", err)
 	}
 	if dec.More() {
-		return fmt.Errorf("%w: malformed JSON body: data after the object", manager.ErrInvalidArgument)
+		return invalidArgument("malformed JSON body: data after the object")
 	}
 	return nil
 }
@@ -169,12 +193,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	sb, err := s.Manager.Create(r.Context(), req)
+	sb, err := s.Manager.Create(r.Context(), specFromWire(req))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	writeJSON(w, http.StatusCreated, wireSandbox(sb))
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -183,7 +207,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ListSandboxesResponse{Sandboxes: all})
+	writeJSON(w, http.StatusOK, apiv1.ListSandboxesResponse{Sandboxes: wireSandboxes(all)})
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
@@ -192,7 +216,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, wireSandbox(sb))
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
@@ -214,7 +238,7 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: sb, Unchanged: unchanged})
+	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
@@ -229,7 +253,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ResumeResponse{Sandbox: sb, Unchanged: unchanged})
+	writeJSON(w, http.StatusOK, apiv1.ResumeResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
@@ -240,7 +264,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Count < 1 {
-		s.fail(w, r, fmt.Errorf("%w: count %d: must be between 1 and %d", manager.ErrInvalidArgument, req.Count, manager.MaxForkCount))
+		s.fail(w, r, invalidArgument("count %d: must be between 1 and %d", req.Count, manager.MaxForkCount))
 		return
 	}
 	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes})
@@ -248,7 +272,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, apiv1.ForkResponse{Sandboxes: out})
+	writeJSON(w, http.StatusCreated, apiv1.ForkResponse{Sandboxes: wireSandboxes(out)})
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
@@ -257,7 +281,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	stream, err := s.Manager.Exec(r.Context(), r.PathValue("id"), req)
+	stream, err := s.Manager.Exec(r.Context(), r.PathValue("id"), sandbox.ExecRequest(req))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -278,13 +302,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			// The usual cause: a hibernate cut the stream after its drain
 			// (the sandbox is hibernating or hibernated by now).
 			if sb, gerr := s.Manager.Get(context.WithoutCancel(r.Context()), r.PathValue("id")); gerr == nil &&
-				(sb.State == apiv1.StateHibernating || sb.State == apiv1.StateHibernated) {
+				(sb.State == sandbox.StateHibernating || sb.State == sandbox.StateHibernated) {
 				msg = fmt.Sprintf("exec stream broken: cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
 			}
 			enc.Encode(apiv1.ExecEvent{Error: msg, ExitCode: &code})
 			return
 		}
-		if err := enc.Encode(ev); err != nil {
+		if err := enc.Encode(apiv1.ExecEvent(ev)); err != nil {
 			return // the client went away; closing the stream kills the process
 		}
 		if fl != nil {
@@ -325,9 +349,9 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if imgs == nil {
-		imgs = []apiv1.Image{}
+		imgs = []sandbox.Image{}
 	}
-	writeJSON(w, http.StatusOK, apiv1.ListImagesResponse{Images: imgs})
+	writeJSON(w, http.StatusOK, apiv1.ListImagesResponse{Images: wireImages(imgs)})
 }
 
 // lineWriter turns written text into {"log": line} events.
@@ -363,12 +387,12 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !image.ValidName(req.Name) {
-		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, req.Name))
+		s.fail(w, r, invalidArgument("image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", req.Name))
 		return
 	}
 	for _, p := range req.Packages {
 		if !debPackageRE.MatchString(strings.TrimSpace(p)) {
-			s.fail(w, r, fmt.Errorf("%w: package %q: not a Debian package name", manager.ErrInvalidArgument, p))
+			s.fail(w, r, invalidArgument("package %q: not a Debian package name", p))
 			return
 		}
 	}
@@ -383,18 +407,19 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		enc.Encode(apiv1.BuildEvent{Error: &apiv1.ErrorDetail{Code: code, Message: err.Error()}})
 		return
 	}
-	enc.Encode(apiv1.BuildEvent{Image: &img})
+	wimg := apiv1.Image(img)
+	enc.Encode(apiv1.BuildEvent{Image: &wimg})
 }
 
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("name")
 	if !image.ValidName(name) {
-		s.fail(w, r, fmt.Errorf("%w: image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", manager.ErrInvalidArgument, name))
+		s.fail(w, r, invalidArgument("image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", name))
 		return
 	}
 	if r.URL.Query().Get("replace") != "true" {
 		if _, _, err := s.Images.Get(r.Context(), name); err == nil {
-			s.fail(w, r, fmt.Errorf("%w: image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", manager.ErrConflict, name))
+			s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", name))
 			return
 		}
 	}
@@ -403,7 +428,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, img)
+	writeJSON(w, http.StatusCreated, apiv1.Image(img))
 }
 
 type proxyKey struct{}
@@ -441,7 +466,7 @@ func (s *Server) proxy() http.Handler {
 			if status == http.StatusInternalServerError && isDialError(err) {
 				status, code = http.StatusBadGateway, apiv1.CodeBadGateway
 			}
-			writeError(w, status, code, manager.Message(err))
+			writeError(w, status, code, err.Error())
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -37,7 +37,7 @@ import (
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/manager"
-	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/sqlite"
 )
 
 // Config configures a server.
@@ -82,7 +82,7 @@ type Server struct {
 	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
 	StoreKind  string
-	db         *metadata.DB
+	db         *sqlite.DB
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	closeStore func() error
@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := metadata.Open(filepath.Join(dir, "torpor.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -127,7 +127,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		lock.Close()
 		return nil, err
 	}
-	images, err := image.Open(filepath.Join(dir, "images"), db.SQL)
+	images, err := image.Open(filepath.Join(dir, "images"), db)
 	if err != nil {
 		return fail(err)
 	}

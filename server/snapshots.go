@@ -22,7 +22,7 @@ func (s *Server) storeUsage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u.Kind = s.StoreKind
-	writeJSON(w, http.StatusOK, u)
+	writeJSON(w, http.StatusOK, WireStoreUsage(u))
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -31,7 +31,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.ListSnapshotsResponse{Snapshots: snaps})
+	writeJSON(w, http.StatusOK, apiv1.ListSnapshotsResponse{Snapshots: wireSnapshots(snaps)})
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -40,7 +40,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snap)
+	writeJSON(w, http.StatusOK, apiv1.Snapshot(snap))
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -62,5 +62,5 @@ func (s *Server) verifySnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, apiv1.VerifySnapshotResponse(res))
 }

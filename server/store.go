@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
 	"github.com/torpor/torpor/snapshot/local"
@@ -181,7 +182,7 @@ func recordStoreKind(dir string, cfg StoreConfig) error {
 	if b, err := os.ReadFile(p); err == nil && len(strings.Fields(string(b))) > 0 {
 		return nil
 	}
-	if err := writeFileSynced(p, []byte(storeRecord(cfg))); err != nil {
+	if err := atomicfile.WriteFile(p, []byte(storeRecord(cfg)), 0o644); err != nil {
 		return fmt.Errorf("data directory %s: record the store kind: %w", dir, err)
 	}
 	return nil
@@ -205,33 +206,10 @@ func storeID(dir string) (string, error) {
 		return "", err
 	}
 	id := hex.EncodeToString(raw[:])
-	if err := writeFileSynced(p, []byte(id+"\n")); err != nil {
+	if err := atomicfile.WriteFile(p, []byte(id+"\n"), 0o644); err != nil {
 		return "", fmt.Errorf("data directory %s: record the store id: %w", dir, err)
 	}
 	return id, nil
-}
-
-// writeFileSynced writes p through a synced temporary file and a rename.
-func writeFileSynced(p string, data []byte) error {
-	tmp := p + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
 }
 
 // OpenStore opens the snapshot store a server with data directory dataDir and

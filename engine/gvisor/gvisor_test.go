@@ -3,7 +3,6 @@ package gvisor_test
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"io"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"github.com/torpor/torpor/engine/enginetest"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
+	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/server/servertest"
 )
 
@@ -28,7 +28,7 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() }) // after the suite's own cleanup (LIFO)
-	db, err := sql.Open("sqlite", filepath.Join(dir, "images.db"))
+	db, err := sqlite.Open(filepath.Join(dir, "images.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

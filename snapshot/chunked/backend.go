@@ -44,10 +44,46 @@ type Object struct {
 	Size int64
 }
 
+// Optional capabilities. Beside Backend, the store asks a backend only for
+// these interfaces, never for its concrete type: a new backend implements
+// Backend and whichever of these apply to it.
+
 // Syncer is implemented by backends whose Put is not durable on its own: Sync
 // makes every completed Put durable. The store calls it before writing a manifest.
 type Syncer interface {
 	Sync(ctx context.Context) error
+}
+
+// Remote is implemented by backends reached over a network (S3): each request
+// waits a round trip, and the backend may be out of reach for a while. For
+// them the store keeps more requests in flight (Config.Workers defaults to 16,
+// against 4 for local disk, which saturates the CPUs with a few) and rides out
+// an outage: New starts without their listing (listed again before the next
+// upload or synchronous commit), and Recover keeps every opened copy while the
+// backend cannot be listed. A backend that is not Remote is local disk: a
+// listing that fails fails New and Recover.
+type Remote interface {
+	// UnreachableAtOpen reports whether the backend gave no answer when it
+	// was opened (down, or hung): New then does not try to list it.
+	UnreachableAtOpen() bool
+}
+
+// TempCleaner is implemented by backends whose writes leave temporary files
+// behind when the writer crashes (FS: Put writes a temporary file and renames
+// it into place).
+type TempCleaner interface {
+	// CleanTemp removes them. Only the backend's single writer may call it,
+	// at start-up (Store.Recover does): it would break writes in flight.
+	CleanTemp()
+}
+
+// syncTier makes every completed Put to b durable: Sync for a Syncer, nothing
+// for a backend whose Put is durable on its own. Errors are Sync's.
+func syncTier(ctx context.Context, b Backend) error {
+	if sy, ok := b.(Syncer); ok {
+		return sy.Sync(ctx)
+	}
+	return nil
 }
 
 // FS is the local filesystem backend: one file per key under a directory. Put
@@ -73,6 +109,7 @@ const syncEachMax = 512
 
 var _ Backend = (*FS)(nil)
 var _ Syncer = (*FS)(nil)
+var _ TempCleaner = (*FS)(nil)
 
 // NewFS opens (creating if needed) a filesystem backend rooted at dir.
 func NewFS(dir string) (*FS, error) {
@@ -92,9 +129,9 @@ func NewFS(dir string) (*FS, error) {
 	return &FS{dir: abs}, nil
 }
 
-// CleanTemp removes temporary files a crashed process left behind. Only the
-// backend's single writer may call it (Store.Recover does, at start-up): it would
-// break Puts in flight.
+// CleanTemp implements TempCleaner: it removes the temporary files of Puts a
+// crashed process left behind. Only the backend's single writer may call it
+// (Store.Recover does, at start-up): it would break Puts in flight.
 func (b *FS) CleanTemp() {
 	ents, _ := os.ReadDir(filepath.Join(b.dir, ".tmp"))
 	for _, e := range ents {

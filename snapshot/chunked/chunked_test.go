@@ -117,10 +117,10 @@ func removeChunk(t *testing.T, s *Store, id string) {
 		pack, cut = l.Pack, l
 		return append(data[:l.Off:l.Off], data[l.Off+l.Len:]...)
 	})
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
 	var entries []indexEntry
-	for _, e := range s.known.packs[pack] {
+	for _, e := range s.idx.known.packs[pack] {
 		switch {
 		case e.ID == id:
 			continue
@@ -129,8 +129,8 @@ func removeChunk(t *testing.T, s *Store, id string) {
 		}
 		entries = append(entries, e)
 	}
-	s.known.dropPack(pack)
-	s.known.addPack(pack, entries)
+	s.idx.known.dropPack(pack)
+	s.idx.known.addPack(pack, entries)
 	ix, _ := json.Marshal(packIndex{Chunks: entries})
 	if err := s.b.Put(ctx, indexKey(pack), bytes.NewReader(ix), int64(len(ix))); err != nil {
 		t.Fatal(err)
@@ -141,9 +141,9 @@ func removeChunk(t *testing.T, s *Store, id string) {
 // with edit's result.
 func rewriteStored(t *testing.T, s *Store, id string, edit func(data []byte, l chunkLoc) []byte) {
 	t.Helper()
-	s.mu.Lock()
-	l, ok := s.known.locs[id]
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	l, ok := s.idx.known.locs[id]
+	s.idx.mu.Unlock()
 	if !ok || l.Pack == "" {
 		t.Fatalf("chunk %s is in no pack of the backend (%+v)", id, l)
 	}
@@ -630,9 +630,9 @@ func TestS3AsyncLostLocalCopyRefused(t *testing.T) {
 	}
 	// The first chunk: a resume reports the first chunk it misses.
 	lost := d.Files[0].Chunks[0].ID
-	s.mu.Lock()
-	l := s.outKnown.locs[lost]
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	l := s.idx.outKnown.locs[lost]
+	s.idx.mu.Unlock()
 	if l.Pack == "" {
 		t.Fatalf("chunk %s is in no outbox pack", lost)
 	}
@@ -913,7 +913,7 @@ func TestWarmCopyCheckedByFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, ok := s.cachedDoc("snap-w")
+	d, ok := s.docs.get("snap-w")
 	if !ok || !knownKeys(d) {
 		t.Fatal("keys of a snapshot committed by this process are not known")
 	}
@@ -1051,12 +1051,12 @@ func TestUnindexedLivePackKept(t *testing.T) {
 	s := openAt(t, dir)
 	files := map[string][]byte{"pages.img": memImage(512)}
 	commit(t, s, "snap-a", files)
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	var pack string
-	for id := range s.known.packs {
+	for id := range s.idx.known.packs {
 		pack = id
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	s.Close()
 	fsb := s.b.(*FS)
 	good, err := os.ReadFile(filepath.Join(fsb.Dir(), filepath.FromSlash(indexKey(pack))))
@@ -1585,7 +1585,7 @@ func TestAutoGCNotStarvedBySteadyDeletes(t *testing.T) {
 	stop := time.Now().Add(4 * time.Second)
 	for time.Now().Before(stop) {
 		select {
-		case s.gcKick <- struct{}{}:
+		case s.gc.kick <- struct{}{}:
 		default:
 		}
 		time.Sleep(200 * time.Millisecond)

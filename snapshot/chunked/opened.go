@@ -110,7 +110,7 @@ func (s *Store) trimOpened() {
 		if total <= set.limit || victim == "" {
 			return
 		}
-		unlock := s.openLock(victim) // not while an Open of it verifies or rebuilds
+		unlock := s.opening.lock(victim) // not while an Open of it verifies or rebuilds
 		set.mu.Lock()
 		c, ok := set.copies[victim]
 		stale := ok && c.used.Equal(oldest) // not used again meanwhile

@@ -24,16 +24,16 @@ import (
 // one 3.7 s, and a diff commit spent most of its time creating ~170 files; on
 // S3 every chunk was a request (~2,000 requests/s). Chunks keep their sha256
 // ids and manifests list ids only: where a chunk lives is the indexes'
-// business, loaded at start-up (Store.known), so packs can be rewritten
-// without touching a manifest.
+// business, loaded at start-up into the store's index (index.go), so packs
+// can be rewritten without touching a manifest.
 //
 //	packs/<pack[:2]>/<pack>   concatenated zstd frames
 //	index/<pack>.json         {"chunks":[{"id":…,"off":…,"len":…}…]}, written after the pack
 //
 // A pack whose index is missing (a crash between the two) is garbage; Collect
 // deletes it unless a commit is writing it. A pack is deleted when none of its
-// chunks is referenced by a live manifest (or pinned by a commit); packs that
-// are partly garbage are kept whole (repacking them is not built).
+// chunks is referenced by a live manifest (or pinned by a commit); one that is
+// mostly garbage is rewritten with only its live chunks (repack, gc.go).
 const packTarget = 8 << 20
 
 // chunkLoc is where a chunk's stored bytes are: bytes [Off, Off+Len) of pack
@@ -61,7 +61,7 @@ type indexEntry struct {
 
 // packSet is what a store knows about one tier's packs (the backend's, or the
 // outbox's): where each chunk is, and each pack's chunks. Methods need the
-// store's mu.
+// store's idx.mu.
 type packSet struct {
 	locs  map[string]chunkLoc     // chunk id -> location
 	packs map[string][]indexEntry // pack id -> its chunks
@@ -317,13 +317,13 @@ func (w *packWriter) write(ctx context.Context, p *openPack) error {
 // set. Until it is recorded the pack is marked as being written, so Collect
 // does not take it for garbage.
 func (s *Store) writePack(ctx context.Context, target Backend, set *packSet, id string, data []byte, entries []indexEntry) error {
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	set.writing[id] = true
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	defer func() {
-		s.mu.Lock()
+		s.idx.mu.Lock()
 		delete(set.writing, id)
-		s.mu.Unlock()
+		s.idx.mu.Unlock()
 	}()
 	if err := target.Put(ctx, packKey(id), bytes.NewReader(data), int64(len(data))); err != nil {
 		return fmt.Errorf("pack %s: %w", id, err)
@@ -335,14 +335,14 @@ func (s *Store) writePack(ctx context.Context, target Backend, set *packSet, id 
 	if err := target.Put(ctx, indexKey(id), bytes.NewReader(ix), int64(len(ix))); err != nil {
 		return fmt.Errorf("pack %s: index: %w", id, err)
 	}
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	set.addPack(id, entries)
-	if set == s.known {
+	if set == s.idx.known {
 		for _, e := range entries {
-			delete(s.suspects, e.ID) // a new copy: the location now
+			delete(s.idx.suspects, e.ID) // a new copy: the location now
 		}
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	return nil
 }
 
@@ -384,8 +384,8 @@ func (s *Store) orphanPacks(ctx context.Context, b Backend, set *packSet) ([]str
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
 	var out []string
 	for _, o := range objs {
 		id := path.Base(o.Key)

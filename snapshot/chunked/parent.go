@@ -38,7 +38,7 @@ func (s *Store) openParent(parent string) *parentKeys {
 	if parent == "" {
 		return nil
 	}
-	d, ok := s.cachedDoc(parent)
+	d, ok := s.docs.get(parent)
 	if !ok || !knownKeys(d) {
 		return nil
 	}

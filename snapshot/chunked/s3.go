@@ -89,6 +89,10 @@ type S3 struct {
 }
 
 var _ Backend = (*S3)(nil)
+var _ Remote = (*S3)(nil)
+
+// UnreachableAtOpen implements Remote: NewS3 got no answer from the server.
+func (b *S3) UnreachableAtOpen() bool { return b.unreachable }
 
 // reachErr marks err with snapshot.ErrUnavailable when the server gave no HTTP
 // answer (refused, down, hung past the request's deadline).
@@ -151,11 +155,11 @@ func (b *S3) answering(ctx context.Context) error {
 func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 	switch {
 	case cfg.Endpoint == "" && cfg.Bucket == "":
-		return nil, fmt.Errorf("s3 backend: an endpoint and a bucket are required (--s3-endpoint, --s3-bucket)")
+		return nil, fmt.Errorf("s3 backend: an endpoint and a bucket are required")
 	case cfg.Endpoint == "":
-		return nil, fmt.Errorf("s3 backend: no endpoint given for bucket %s (--s3-endpoint or TORPOR_S3_ENDPOINT; it is not recorded in the data directory)", cfg.Bucket)
+		return nil, fmt.Errorf("s3 backend: no endpoint given for bucket %s (the endpoint is not recorded in the data directory: give it again)", cfg.Bucket)
 	case cfg.Bucket == "":
-		return nil, fmt.Errorf("s3 backend: no bucket given (--s3-bucket)")
+		return nil, fmt.Errorf("s3 backend: no bucket given")
 	}
 	host, secure := cfg.Endpoint, !cfg.Insecure
 	if strings.Contains(host, "://") {
@@ -263,7 +267,7 @@ func (b *S3) claim(ctx context.Context) error {
 		}
 	}
 	if cur.StoreID != b.owner.StoreID {
-		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own prefix (--s3-prefix); only if that server is stopped for good and its snapshots are not wanted, delete %s%s (this server will then delete them)",
+		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own key prefix in the bucket; only if that server is stopped for good and its snapshots are not wanted, delete %s%s (this server will then delete them)",
 			ErrOwnedElsewhere, cur.StoreID, cur.DataDir, cur.Host, cur.Since.Format(time.RFC3339), b.prefix, ownerKey)
 		return b.foreign
 	}

@@ -28,6 +28,20 @@ const maxUploadRetry = 15 * time.Second
 
 var _ snapshot.AsyncStore = (*Store)(nil)
 
+// uploader is the background upload's state (Store.up).
+type uploader struct {
+	// mu orders an upload's manifest step (backend manifest written, outbox
+	// manifest removed) against Delete's removal of both; held across those
+	// backend requests, and taken with no other store lock held.
+	mu sync.Mutex
+	// kick wakes uploadLoop (kickUpload); done is closed when it has stopped.
+	kick chan struct{}
+	done chan struct{}
+	// retry is the first delay before a failed upload is tried again
+	// (Config.UploadRetry).
+	retry time.Duration
+}
+
 // Durable implements snapshot.AsyncStore: false while id waits in the outbox.
 func (s *Store) Durable(ctx context.Context, id string) (bool, error) {
 	if err := checkID(id); err != nil {
@@ -60,22 +74,22 @@ func (s *Store) UploadNow() { s.kickUpload() }
 
 func (s *Store) kickUpload() {
 	select {
-	case s.upKick <- struct{}{}:
+	case s.up.kick <- struct{}{}:
 	default:
 	}
 }
 
 // uploadLoop uploads pending snapshots whenever kicked, at start-up, and after a
-// failure with exponential backoff from upRetry to maxUploadRetry.
+// failure with exponential backoff from up.retry to maxUploadRetry.
 func (s *Store) uploadLoop() {
-	defer close(s.upDone)
+	defer close(s.up.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		<-s.closed
 		cancel()
 	}()
-	wait := s.upRetry
+	wait := s.up.retry
 	for {
 		n, err := s.uploadPending(ctx)
 		var retry <-chan time.Time
@@ -90,12 +104,12 @@ func (s *Store) uploadLoop() {
 			if n > 0 {
 				s.log.Info("snapshots uploaded", "count", n)
 			}
-			wait = s.upRetry
+			wait = s.up.retry
 		}
 		select {
 		case <-s.closed:
 			return
-		case <-s.upKick:
+		case <-s.up.kick:
 		case <-retry:
 		}
 	}
@@ -163,20 +177,20 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	var packs, loose []string
 	seen := map[string]bool{}
-	s.mu.Lock()
+	s.idx.mu.Lock()
 	for _, fc := range d.Files {
 		for _, r := range fc.Chunks {
 			if r.ID == "" || seen[r.ID] {
 				continue
 			}
 			seen[r.ID] = true
-			if _, ok := s.known.locs[r.ID]; ok {
+			if _, ok := s.idx.known.locs[r.ID]; ok {
 				continue
 			}
-			l, ok := s.outKnown.locs[r.ID]
+			l, ok := s.idx.outKnown.locs[r.ID]
 			switch {
 			case !ok:
-				s.mu.Unlock()
+				s.idx.mu.Unlock()
 				return fmt.Errorf("chunk %s: not in the outbox", r.ID)
 			case l.Pack == "":
 				loose = append(loose, r.ID)
@@ -186,7 +200,7 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 			}
 		}
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -233,23 +247,21 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if sy, ok := s.b.(Syncer); ok {
-		if err := sy.Sync(ctx); err != nil {
-			return err
-		}
+	if err := syncTier(ctx, s.b); err != nil {
+		return err
 	}
 	b, err := json.Marshal(d)
 	if err != nil {
 		return err
 	}
-	s.uploadMu.Lock()
+	s.up.mu.Lock()
 	pending, err := s.outbox.Exists(ctx, manifestKey(id))
 	if err == nil && pending { // not deleted meanwhile
 		if err = s.b.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err == nil {
 			err = s.outbox.Delete(ctx, manifestKey(id))
 		}
 	}
-	s.uploadMu.Unlock()
+	s.up.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -261,9 +273,9 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 // (same pack id), checking every chunk on the way: a damaged local copy is not
 // uploaded.
 func (s *Store) uploadPack(ctx context.Context, pid string) error {
-	s.mu.Lock()
-	entries, ok := s.outKnown.packs[pid]
-	s.mu.Unlock()
+	s.idx.mu.Lock()
+	entries, ok := s.idx.outKnown.packs[pid]
+	s.idx.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("pack %s: not in the outbox", pid)
 	}
@@ -281,7 +293,7 @@ func (s *Store) uploadPack(ctx context.Context, pid string) error {
 	}
 	// A new pack id in the backend: an earlier attempt may have left a pack
 	// there under pid (without its index) that Collect is deleting as garbage.
-	return s.writePack(ctx, s.b, s.known, newPackID(), data, entries)
+	return s.writePack(ctx, s.b, s.idx.known, newPackID(), data, entries)
 }
 
 // uploadChunk copies one loose chunk (an outbox written before packs) from the
@@ -298,11 +310,11 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 	if err := s.b.Put(ctx, chunkKey(cid), bytes.NewReader(comp), int64(len(comp))); err != nil {
 		return fmt.Errorf("chunk %s: %w", cid, err)
 	}
-	s.mu.Lock()
-	if _, ok := s.known.locs[cid]; !ok {
-		s.known.locs[cid] = chunkLoc{Len: int64(len(comp))}
+	s.idx.mu.Lock()
+	if _, ok := s.idx.known.locs[cid]; !ok {
+		s.idx.known.locs[cid] = chunkLoc{Len: int64(len(comp))}
 	}
-	s.mu.Unlock()
+	s.idx.mu.Unlock()
 	return nil
 }
 
@@ -327,15 +339,15 @@ func (s *Store) dropOutboxChunks(ctx context.Context, d doc) {
 	if still == nil {
 		return // unsure: keep everything
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.outGen != gen {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	if s.idx.outGen != gen {
 		return // a snapshot committed meanwhile may use these packs; sweepOutbox retries
 	}
 	done := map[string]bool{}
 	for _, fc := range d.Files {
 		for _, r := range fc.Chunks {
-			if l, ok := s.outKnown.locs[r.ID]; ok && !done[l.Pack] {
+			if l, ok := s.idx.outKnown.locs[r.ID]; ok && !done[l.Pack] {
 				done[l.Pack] = l.Pack != ""
 				s.dropOutboxLocked(ctx, r.ID, l, still)
 			}
@@ -344,29 +356,29 @@ func (s *Store) dropOutboxChunks(ctx context.Context, d doc) {
 }
 
 // dropOutboxLocked removes the outbox pack holding chunk cid at l (or the
-// loose chunk) if nothing needs any chunk in it. The caller holds mu, so no
+// loose chunk) if nothing needs any chunk in it. The caller holds idx.mu, so no
 // commit can pick a chunk up between the check and the removal.
 func (s *Store) dropOutboxLocked(ctx context.Context, cid string, l chunkLoc, still map[string]bool) {
 	if l.Pack == "" {
-		if cid == "" || still[cid] || s.pins[cid] > 0 {
+		if cid == "" || still[cid] || s.idx.pins[cid] > 0 {
 			return
 		}
 		if err := s.outbox.Delete(ctx, chunkKey(cid)); err == nil {
-			delete(s.outKnown.locs, cid)
+			delete(s.idx.outKnown.locs, cid)
 		}
 		return
 	}
-	entries, ok := s.outKnown.packs[l.Pack]
-	if !ok || s.outKnown.writing[l.Pack] {
+	entries, ok := s.idx.outKnown.packs[l.Pack]
+	if !ok || s.idx.outKnown.writing[l.Pack] {
 		return
 	}
 	for _, e := range entries {
-		if still[e.ID] || s.pins[e.ID] > 0 {
+		if still[e.ID] || s.idx.pins[e.ID] > 0 {
 			return
 		}
 	}
 	if gone, _ := deletePack(ctx, s.outbox, l.Pack); gone {
-		s.outKnown.dropPack(l.Pack)
+		s.idx.outKnown.dropPack(l.Pack)
 	}
 }
 
@@ -400,9 +412,9 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 // outGeneration reads outGen: a drop of outbox packs acts only if no manifest
 // reached the outbox between listing the pending manifests and the drop.
 func (s *Store) outGeneration() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.outGen
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	return s.idx.outGen
 }
 
 // sweepOutbox removes the outbox packs no pending snapshot needs any more: an
@@ -414,9 +426,9 @@ func (s *Store) sweepOutbox(ctx context.Context) {
 	if still == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.outGen != gen {
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
+	if s.idx.outGen != gen {
 		return // that commit kicks the upload loop, which sweeps again
 	}
 	s.dropOutboxAllLocked(ctx, still)
@@ -424,12 +436,12 @@ func (s *Store) sweepOutbox(ctx context.Context) {
 
 // dropOutboxAllLocked drops every outbox pack and loose chunk nothing needs.
 func (s *Store) dropOutboxAllLocked(ctx context.Context, still map[string]bool) {
-	for pid, entries := range s.outKnown.packs {
+	for pid, entries := range s.idx.outKnown.packs {
 		if len(entries) > 0 {
 			s.dropOutboxLocked(ctx, entries[0].ID, chunkLoc{Pack: pid}, still)
 		}
 	}
-	for cid, l := range s.outKnown.locs {
+	for cid, l := range s.idx.outKnown.locs {
 		if l.Pack == "" {
 			s.dropOutboxLocked(ctx, cid, l, still)
 		}
@@ -444,15 +456,15 @@ func (s *Store) cleanOutbox(ctx context.Context) error {
 	if still == nil {
 		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable")
 	}
-	orphans, err := s.orphanPacks(ctx, s.outbox, s.outKnown)
+	orphans, err := s.orphanPacks(ctx, s.outbox, s.idx.outKnown)
 	if err != nil {
 		return fmt.Errorf("snapshot store: outbox: %w", err)
 	}
 	for _, pid := range orphans {
 		_ = s.outbox.Delete(ctx, packKey(pid))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.idx.mu.Lock()
+	defer s.idx.mu.Unlock()
 	s.dropOutboxAllLocked(ctx, still)
 	return nil
 }

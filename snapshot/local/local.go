@@ -28,6 +28,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/snapshot"
 )
 
@@ -138,16 +139,13 @@ func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (sna
 	if err != nil {
 		return m, err
 	}
-	if err := writeSynced(filepath.Join(dir, "manifest.json"), b); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o600); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
-	}
-	if err := syncDir(dir); err != nil {
-		return m, err
 	}
 	if err := os.Rename(dir, s.final(id)); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return m, err
 	}
 	return m, nil
@@ -311,7 +309,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err := os.Remove(filepath.Join(s.final(id), "manifest.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
 	}
-	_ = syncDir(s.final(id))
+	_ = atomicfile.SyncDir(s.final(id))
 	if err := os.RemoveAll(s.final(id)); err != nil {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
 	}
@@ -424,33 +422,4 @@ func hashFile(ctx context.Context, path string, sync_ bool) (snapshot.File, erro
 		}
 	}
 	return snapshot.File{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
-}
-
-func writeSynced(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

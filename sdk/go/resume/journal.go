@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/torpor/torpor/internal/atomicfile"
 )
 
 // Intent is an external action recorded before it was made.
@@ -90,7 +92,7 @@ func openJournal(path string, reg *Registry) (*Journal, error) {
 		return nil, err
 	}
 	if os.IsNotExist(statErr) {
-		if err := syncDir(filepath.Dir(path)); err != nil {
+		if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -370,15 +372,13 @@ func (j *Journal) append(rec record) error {
 	return nil
 }
 
-// writeFileSync writes data to path through a temporary file, fsyncs it,
-// renames it into place and fsyncs the directory. With appendTo it appends to an
-// existing file instead (fsynced too).
+// writeFileSync replaces path with data durably (atomicfile.WriteFile), or
+// with appendTo appends data to it and fsyncs the file and its directory.
 func writeFileSync(path string, data []byte, appendTo bool) error {
-	target, flags := path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC
-	if appendTo {
-		target, flags = path, os.O_WRONLY|os.O_CREATE|os.O_APPEND
+	if !appendTo {
+		return atomicfile.WriteFile(path, data, 0o600)
 	}
-	f, err := os.OpenFile(target, flags, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -393,22 +393,5 @@ func writeFileSync(path string, data []byte, appendTo bool) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if !appendTo {
-		if err := os.Rename(target, path); err != nil {
-			return err
-		}
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return err
-	}
-	return nil
+	return atomicfile.SyncDir(filepath.Dir(path))
 }

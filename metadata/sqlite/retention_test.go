@@ -1,29 +1,22 @@
-package metadata
+package sqlite
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/torpor/torpor/metadata"
 )
 
 // A database made before retention and snapshot sizes existed (no expires_at
 // column, snapshots without logical/stored/new bytes) is migrated on Open: old
 // rows read as "never expires" and size 0, new values round-trip.
 func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
-	path := oldDatabase(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, snapshot_id, created_at, state_changed_at)
+	_, db, s := openOld(t, `INSERT INTO sandboxes (id, state, image, image_digest, guest_digest, memory_mib, cpus, env, generation, snapshot_id, created_at, state_changed_at)
 		VALUES ('sbx-old', 'hibernated', 'base', 'sha256:x', 'g', 512, 1, '{}', 1, 'snap-old', '2024-01-01T00:00:00Z', '2024-01-01T00:00:00Z');
 		INSERT INTO snapshots (id, sandbox_id, bytes, hibernate_ms, engine, created_at)
 		VALUES ('snap-old', 'sbx-old', 100, 5, 'gvisor', '2024-01-01T00:00:00Z');`)
-	db, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	ctx := context.Background()
-	s, err := db.GetSandbox(ctx, "sbx-old")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if s.ExpiresAt != nil {
 		t.Fatalf("old row expires at %v, want never", s.ExpiresAt)
 	}
@@ -46,7 +39,10 @@ func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	s.ExpiresAt = &at
 	s.ID, s.SnapshotID = "sbx-new", ""
-	rec := &Snapshot{ID: "snap-new", SandboxID: "sbx-new", Bytes: 10, Engine: "e", CreatedAt: at,
+	if err := db.CreateSandbox(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	rec := &metadata.Snapshot{ID: "snap-new", SandboxID: "sbx-new", Bytes: 10, Engine: "e", CreatedAt: at,
 		LogicalBytes: 10, StoredBytes: 4, NewBytes: 2}
 	s.SnapshotID = rec.ID
 	if err := db.CommitHibernate(ctx, rec, s); err != nil {
@@ -61,7 +57,7 @@ func TestMigrateAddsRetentionAndSnapshotSizes(t *testing.T) {
 		t.Fatalf("list snapshots: %+v %v", all, err)
 	}
 	got.ExpiresAt = nil
-	if err := db.PutSandbox(ctx, got); err != nil {
+	if err := db.UpdateSandbox(ctx, got); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ = db.GetSandbox(ctx, "sbx-new"); got.ExpiresAt != nil {

@@ -1,0 +1,635 @@
+// Package storetest is the conformance suite of metadata.Store: every
+// implementation runs Run from its own tests and must pass it unchanged. It
+// checks what the sandbox manager relies on: every record kind's create,
+// read, list order, update and delete, the not-found and exists errors, the
+// version check on sandbox updates (also inside BeginRestore and
+// CommitHibernate, which must then write nothing), the generation counter,
+// concurrent updates of different records, and that records survive a
+// reopen (a schema set up once is set up again without change).
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// Opener gives each test a new, empty place to keep records (a database file,
+// a database schema) and returns the function that opens a Store on it. open
+// may be called several times: each call returns a new Store over the same
+// records (a reopen). The suite closes the stores it opens.
+type Opener func(t *testing.T) (open func() (metadata.Store, error))
+
+// Run runs the suite against the implementation that newStore opens.
+func Run(t *testing.T, newStore Opener) {
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T, metadata.Store)
+	}{
+		{"SandboxRoundTrip", testSandboxRoundTrip},
+		{"SandboxErrors", testSandboxErrors},
+		{"SandboxOrder", testSandboxOrder},
+		{"StaleUpdate", testStaleUpdate},
+		{"StaleTransactions", testStaleTransactions},
+		{"Generation", testGeneration},
+		{"Snapshots", testSnapshots},
+		{"Volumes", testVolumes},
+		{"Images", testImages},
+		{"ConcurrentUpdates", testConcurrentUpdates},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.f(t, openStore(t, newStore(t)))
+		})
+	}
+	t.Run("Reopen", func(t *testing.T) { testReopen(t, newStore(t)) })
+}
+
+func openStore(t *testing.T, open func() (metadata.Store, error)) metadata.Store {
+	t.Helper()
+	st, err := open()
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+var ctx = context.Background()
+
+// at is a whole-second time; at(n).Add(d) gives sub-second ones.
+func at(sec int) time.Time { return time.Date(2030, 1, 1, 0, 0, sec, 0, time.UTC) }
+
+func tp(t time.Time) *time.Time { return &t }
+
+// fullSandbox is a record with every field set.
+func fullSandbox(id string) *metadata.Sandbox {
+	return &metadata.Sandbox{
+		ID: id, State: sandbox.StateHibernated, Image: "base", ImageDigest: "sha256:aa", GuestDigest: "g1",
+		MemoryMiB: 256, CPUs: 0.5, Env: map[string]string{"A": "1", "B": "two words"}, Generation: 7,
+		ForkedFrom: "sbx-src", SnapshotID: "snap-" + id, PendingSnapshot: "snap-p" + id, Instance: id + "-00000003", Seq: 3,
+		Error: "an error", Deleting: true, CreatedAt: at(1).Add(250 * time.Millisecond), StateChangedAt: at(2),
+		LastHibernateAt: tp(at(3)), LastResumeAt: tp(at(4).Add(time.Microsecond)), ResumeMS: 321,
+		Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: sandbox.OnTimeoutDelete,
+			HibernationMode: sandbox.ModeFilesystem, OnResume: []string{"sh", "-c", "serve"},
+			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
+			ExpiresAt: tp(at(100))},
+		Meter: metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
+		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",
+			Steps:       []sandbox.ResumeStep{{Name: "reseed", MS: 0.25, OK: true, Detail: "d"}},
+			Clock:       sandbox.ResumeClock{SkewMS: -3.5, Corrected: "offset-file"},
+			Subscribers: sandbox.ResumeSubscribers{Total: 2, Acked: 1, TimedOut: []string{"pid 7"}},
+			Hooks:       []sandbox.ResumeHook{{Name: "10-x", ExitCode: 3, MS: 5, TimedOut: true, Output: "out"}},
+			OK:          false, WindowMS: 12.5, AgentMS: 30, Error: "e"},
+	}
+}
+
+// minimalSandbox is a record with only what a create always sets.
+func minimalSandbox(id string, created time.Time) *metadata.Sandbox {
+	return &metadata.Sandbox{ID: id, State: sandbox.StateCreating, Image: "base", ImageDigest: "sha256:aa",
+		GuestDigest: "g1", MemoryMiB: 512, CPUs: 1, Generation: 1, Seq: 1, Instance: id + "-00000001",
+		CreatedAt: created, StateChangedAt: created,
+		Policy: sandbox.Policy{IdleTimeoutS: 15, OnTimeout: sandbox.OnTimeoutHibernate, HibernationMode: sandbox.ModeMemory}}
+}
+
+func create(t *testing.T, st metadata.Store, s *metadata.Sandbox) {
+	t.Helper()
+	if err := st.CreateSandbox(ctx, s); err != nil {
+		t.Fatalf("create %s: %v", s.ID, err)
+	}
+}
+
+func get(t *testing.T, st metadata.Store, id string) *metadata.Sandbox {
+	t.Helper()
+	s, err := st.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	return s
+}
+
+// equal compares records by value; times by instant.
+func equal(a, b any) bool {
+	return reflect.DeepEqual(normal(reflect.ValueOf(a)).Interface(), normal(reflect.ValueOf(b)).Interface())
+}
+
+// normal returns a copy of v with every time.Time in UTC.
+func normal(v reflect.Value) reflect.Value {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return v
+		}
+		p := reflect.New(v.Type().Elem())
+		p.Elem().Set(normal(v.Elem()))
+		return p
+	case reflect.Struct:
+		if t, ok := v.Interface().(time.Time); ok {
+			return reflect.ValueOf(t.UTC())
+		}
+		c := reflect.New(v.Type()).Elem()
+		for i := 0; i < v.NumField(); i++ {
+			if c.Field(i).CanSet() {
+				c.Field(i).Set(normal(v.Field(i)))
+			}
+		}
+		return c
+	case reflect.Slice:
+		if v.IsNil() {
+			return v
+		}
+		c := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+		for i := 0; i < v.Len(); i++ {
+			c.Index(i).Set(normal(v.Index(i)))
+		}
+		return c
+	}
+	return v
+}
+
+// testSandboxRoundTrip: every field of a record reads back as written, after
+// a create and after an update; nil and empty lists stay apart in the resume
+// report; versions start at 1 and advance by one per update.
+func testSandboxRoundTrip(t *testing.T, st metadata.Store) {
+	full := fullSandbox("sbx-full")
+	create(t, st, full)
+	if full.Version != 1 {
+		t.Fatalf("version after create: %d, want 1", full.Version)
+	}
+	if got := get(t, st, "sbx-full"); !equal(got, full) {
+		t.Fatalf("created record read back as\n%+v\nwant\n%+v", got, full)
+	}
+	min := minimalSandbox("sbx-min", at(1))
+	create(t, st, min)
+	if got := get(t, st, "sbx-min"); !equal(got, min) {
+		t.Fatalf("minimal record read back as\n%+v\nwant\n%+v", got, min)
+	}
+
+	// Change every changeable field, clear the optional ones.
+	s := get(t, st, "sbx-full")
+	s.State, s.Error, s.Deleting, s.Instance, s.PendingSnapshot = sandbox.StateRunning, "", false, "", ""
+	s.Env = map[string]string{"C": "3"}
+	s.LastHibernateAt, s.ExpiresAt, s.OnResume, s.Volumes = nil, nil, nil, nil
+	s.Generation, s.Seq, s.ResumeMS, s.RunningMS, s.UsageAt = 8, 4, 12, 91000, at(6)
+	s.LastResume = &sandbox.ResumeReport{Event: "start", Steps: []sandbox.ResumeStep{}, OK: true}
+	if err := st.UpdateSandbox(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Version != 2 {
+		t.Fatalf("version after update: %d, want 2", s.Version)
+	}
+	got := get(t, st, "sbx-full")
+	if !equal(got, s) {
+		t.Fatalf("updated record read back as\n%+v\nwant\n%+v", got, s)
+	}
+	if got.LastResume.Steps == nil || got.LastResume.Hooks != nil {
+		t.Errorf("resume report lists: steps %#v (want empty), hooks %#v (want nil)", got.LastResume.Steps, got.LastResume.Hooks)
+	}
+	got.LastResume = nil
+	if err := st.UpdateSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if r := get(t, st, "sbx-full").LastResume; r != nil {
+		t.Errorf("cleared resume report reads %+v", r)
+	}
+}
+
+// testSandboxErrors: ErrExists for a taken id (the stored record unchanged),
+// ErrNotFound for get, update and delete of a missing record.
+func testSandboxErrors(t *testing.T, st metadata.Store) {
+	s := minimalSandbox("sbx-a", at(1))
+	create(t, st, s)
+	dup := minimalSandbox("sbx-a", at(2))
+	dup.Image = "other"
+	if err := st.CreateSandbox(ctx, dup); !errors.Is(err, metadata.ErrExists) {
+		t.Errorf("create of a taken id: %v, want ErrExists", err)
+	}
+	if got := get(t, st, "sbx-a"); got.Image != "base" {
+		t.Errorf("a refused create changed the record: image %q", got.Image)
+	}
+	if _, err := st.GetSandbox(ctx, "sbx-none"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get of a missing id: %v", err)
+	}
+	missing := minimalSandbox("sbx-none", at(1))
+	missing.Version = 1
+	if err := st.UpdateSandbox(ctx, missing); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("update of a missing id: %v", err)
+	}
+	if _, err := st.GetSandbox(ctx, "sbx-none"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("an update of a missing id made it: %v", err)
+	}
+	if err := st.DeleteSandbox(ctx, "sbx-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetSandbox(ctx, "sbx-a"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get after delete: %v", err)
+	}
+	if err := st.DeleteSandbox(ctx, "sbx-a"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+	if all, err := st.ListSandboxes(ctx); err != nil || len(all) != 0 {
+		t.Errorf("list after delete: %d records, %v", len(all), err)
+	}
+	// A deleted id can be created again.
+	create(t, st, minimalSandbox("sbx-a", at(3)))
+}
+
+// testSandboxOrder: ListSandboxes is oldest first by CreatedAt (sub-second
+// differences count), then by id, whatever the order of creation.
+func testSandboxOrder(t *testing.T, st metadata.Store) {
+	times := map[string]time.Time{
+		"sbx-d": at(3),
+		"sbx-b": at(1).Add(500 * time.Millisecond),
+		"sbx-c": at(1),
+		"sbx-a": at(2),
+		"sbx-e": at(1).Add(500 * time.Millisecond),
+		"sbx-f": at(1).Add(5 * time.Millisecond),
+	}
+	for _, id := range []string{"sbx-d", "sbx-b", "sbx-c", "sbx-a", "sbx-e", "sbx-f"} {
+		create(t, st, minimalSandbox(id, times[id]))
+	}
+	all, err := st.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range all {
+		ids = append(ids, s.ID)
+	}
+	if want := []string{"sbx-c", "sbx-f", "sbx-b", "sbx-e", "sbx-a", "sbx-d"}; !reflect.DeepEqual(ids, want) {
+		t.Errorf("list order %v, want %v", ids, want)
+	}
+}
+
+// testStaleUpdate: of two writers that read the same version, the second
+// update fails with ErrStale and the record keeps the first one's values.
+func testStaleUpdate(t *testing.T, st metadata.Store) {
+	create(t, st, minimalSandbox("sbx-a", at(1)))
+	first, second := get(t, st, "sbx-a"), get(t, st, "sbx-a")
+	first.Error = "first writer"
+	if err := st.UpdateSandbox(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	second.Error = "second writer"
+	second.State = sandbox.StateError
+	if err := st.UpdateSandbox(ctx, second); !errors.Is(err, metadata.ErrStale) {
+		t.Fatalf("second writer's update: %v, want ErrStale", err)
+	}
+	if second.Version != 1 {
+		t.Errorf("a refused update advanced the caller's version to %d", second.Version)
+	}
+	got := get(t, st, "sbx-a")
+	if got.Error != "first writer" || got.State != sandbox.StateCreating || got.Version != 2 {
+		t.Errorf("after the refused update: error %q state %s version %d", got.Error, got.State, got.Version)
+	}
+	// Having read again, the second writer succeeds.
+	got.Error = "second writer"
+	if err := st.UpdateSandbox(ctx, got); err != nil || got.Version != 3 {
+		t.Errorf("update after a new read: %v, version %d", err, got.Version)
+	}
+}
+
+// testStaleTransactions: BeginRestore and CommitHibernate check the version
+// too and, refused, write nothing: no generation taken, no snapshot record.
+func testStaleTransactions(t *testing.T, st metadata.Store) {
+	create(t, st, minimalSandbox("sbx-a", at(1)))
+	stale := get(t, st, "sbx-a")
+	fresh := get(t, st, "sbx-a")
+	if err := st.UpdateSandbox(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	before, err := st.NextGeneration(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.State = sandbox.StateResuming
+	if _, err := st.BeginRestore(ctx, stale); !errors.Is(err, metadata.ErrStale) {
+		t.Fatalf("stale begin restore: %v", err)
+	}
+	if g, _ := st.NextGeneration(ctx); g != before+1 {
+		t.Errorf("a refused begin restore took a generation: next is %d, want %d", g, before+1)
+	}
+	snap := &metadata.Snapshot{ID: "snap-1", SandboxID: "sbx-a", Bytes: 1, Engine: "e", CreatedAt: at(2)}
+	stale.SnapshotID = "snap-1"
+	if err := st.CommitHibernate(ctx, snap, stale); !errors.Is(err, metadata.ErrStale) {
+		t.Fatalf("stale commit hibernate: %v", err)
+	}
+	if _, err := st.GetSnapshot(ctx, "snap-1"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("a refused commit hibernate left its snapshot record: %v", err)
+	}
+	if got := get(t, st, "sbx-a"); got.State != sandbox.StateCreating || got.SnapshotID != "" || got.Version != 2 {
+		t.Errorf("record after refused transactions: %+v", got)
+	}
+	// A missing sandbox: ErrNotFound, and again nothing written.
+	ghost := minimalSandbox("sbx-ghost", at(1))
+	ghost.Version = 1
+	if err := st.CommitHibernate(ctx, snap, ghost); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("commit hibernate of a missing sandbox: %v", err)
+	}
+	if _, err := st.GetSnapshot(ctx, "snap-1"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("commit hibernate of a missing sandbox left its snapshot: %v", err)
+	}
+}
+
+// testGeneration: the counter starts at 1, BeginRestore takes the next value
+// and writes the record in the same call, and concurrent calls never get the
+// same value.
+func testGeneration(t *testing.T, st metadata.Store) {
+	g, err := st.NextGeneration(ctx)
+	if err != nil || g != 1 {
+		t.Fatalf("first generation %d %v, want 1", g, err)
+	}
+	s := minimalSandbox("sbx-a", at(1))
+	create(t, st, s)
+	s.State, s.Instance = sandbox.StateResuming, "sbx-a-00000002"
+	rg, err := st.BeginRestore(ctx, s)
+	if err != nil || rg != 2 || s.Version != 2 {
+		t.Fatalf("begin restore: generation %d version %d %v, want 2 and 2", rg, s.Version, err)
+	}
+	if got := get(t, st, "sbx-a"); got.State != sandbox.StateResuming || got.Instance != "sbx-a-00000002" || got.Version != 2 {
+		t.Errorf("record after begin restore: %+v", got)
+	}
+	const n = 40
+	seen := make(chan int64, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := st.NextGeneration(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			seen <- g
+		}()
+	}
+	wg.Wait()
+	close(seen)
+	got := map[int64]bool{}
+	for g := range seen {
+		if got[g] || g < 3 || g > 2+n {
+			t.Errorf("generation %d: repeated or out of 3..%d", g, 2+n)
+		}
+		got[g] = true
+	}
+}
+
+// testSnapshots: CommitHibernate makes the record and updates the sandbox;
+// list order, sizes, users, unreferenced records, delete and errors.
+func testSnapshots(t *testing.T, st metadata.Store) {
+	a, b := minimalSandbox("sbx-a", at(1)), minimalSandbox("sbx-b", at(1))
+	create(t, st, a)
+	create(t, st, b)
+	snaps := []*metadata.Snapshot{
+		{ID: "snap-2", SandboxID: "sbx-a", Bytes: 100, HibernateMS: 5, Engine: "gvisor 1", CreatedAt: at(2).Add(500 * time.Millisecond),
+			LogicalBytes: 100, StoredBytes: 40, NewBytes: 10},
+		{ID: "snap-1", SandboxID: "sbx-a", Parent: "snap-0", Bytes: 200, Engine: "gvisor 1", CreatedAt: at(2)},
+		{ID: "snap-3", SandboxID: "sbx-b", Bytes: 300, Engine: "gvisor 1", CreatedAt: at(2).Add(500 * time.Millisecond)},
+	}
+	for _, snap := range snaps {
+		s := a
+		if snap.SandboxID == "sbx-b" {
+			s = b
+		}
+		s.SnapshotID, s.State = snap.ID, sandbox.StateHibernated
+		if err := st.CommitHibernate(ctx, snap, s); err != nil {
+			t.Fatalf("commit %s: %v", snap.ID, err)
+		}
+	}
+	if a.Version != 3 || b.Version != 2 {
+		t.Errorf("versions after commits: %d %d, want 3 2", a.Version, b.Version)
+	}
+	if got := get(t, st, "sbx-a"); got.SnapshotID != "snap-1" || got.State != sandbox.StateHibernated {
+		t.Errorf("sandbox after commit: %+v", got)
+	}
+	for _, want := range snaps {
+		got, err := st.GetSnapshot(ctx, want.ID)
+		if err != nil || !equal(got, want) {
+			t.Errorf("snapshot %s read back as %+v %v, want %+v", want.ID, got, err, want)
+		}
+	}
+	all, err := st.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range all {
+		ids = append(ids, s.ID)
+	}
+	if want := []string{"snap-1", "snap-2", "snap-3"}; !reflect.DeepEqual(ids, want) {
+		t.Errorf("snapshot order %v, want %v", ids, want)
+	}
+	dup := *snaps[0]
+	a.State = sandbox.StateError
+	if err := st.CommitHibernate(ctx, &dup, a); !errors.Is(err, metadata.ErrExists) {
+		t.Errorf("commit of a taken snapshot id: %v", err)
+	}
+	if got := get(t, st, "sbx-a"); got.State != sandbox.StateHibernated || got.Version != 3 {
+		t.Errorf("a refused commit changed the sandbox: %+v", got)
+	}
+	a.State = sandbox.StateHibernated
+
+	if err := st.SetSnapshotSizes(ctx, "snap-1", 200, 80, 20); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetSnapshot(ctx, "snap-1"); got.LogicalBytes != 200 || got.StoredBytes != 80 || got.NewBytes != 20 {
+		t.Errorf("sizes: %+v", got)
+	}
+	if err := st.SetSnapshotSizes(ctx, "snap-none", 1, 1, 1); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("sizes of a missing snapshot: %v", err)
+	}
+
+	// Users: resuming from it or writing it; snap-2 is used by nobody.
+	b.PendingSnapshot = "snap-1"
+	if err := st.UpdateSandbox(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string][]string{"snap-1": {"sbx-a", "sbx-b"}, "snap-3": {"sbx-b"}, "snap-2": nil, "snap-none": nil} {
+		got, err := st.SnapshotUsers(ctx, id)
+		if err != nil || len(got) != len(want) || (len(want) > 0 && !reflect.DeepEqual(got, want)) {
+			t.Errorf("users of %s: %v %v, want %v", id, got, err, want)
+		}
+	}
+	if got, err := st.UnreferencedSnapshots(ctx); err != nil || !reflect.DeepEqual(got, []string{"snap-2"}) {
+		t.Errorf("unreferenced: %v %v, want [snap-2]", got, err)
+	}
+	if err := st.DeleteSandbox(ctx, "sbx-b"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.UnreferencedSnapshots(ctx); err != nil || !reflect.DeepEqual(got, []string{"snap-2", "snap-3"}) {
+		t.Errorf("unreferenced after the delete of sbx-b: %v %v", got, err)
+	}
+	if err := st.DeleteSnapshot(ctx, "snap-2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetSnapshot(ctx, "snap-2"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get after delete: %v", err)
+	}
+	if err := st.DeleteSnapshot(ctx, "snap-2"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+}
+
+// testVolumes: create, ErrExists, get, list by name, delete, not found.
+func testVolumes(t *testing.T, st metadata.Store) {
+	for _, v := range []metadata.Volume{{Name: "data", CreatedAt: at(1)}, {Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache"},
+		{Name: "b", CreatedAt: at(3)}} {
+		if err := st.CreateVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.CreateVolume(ctx, metadata.Volume{Name: "data", CreatedAt: at(9)}); !errors.Is(err, metadata.ErrExists) {
+		t.Errorf("create of a taken name: %v", err)
+	}
+	v, err := st.GetVolume(ctx, "cache-x")
+	if err != nil || !equal(v, metadata.Volume{Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache"}) {
+		t.Errorf("get: %+v %v", v, err)
+	}
+	if v, _ := st.GetVolume(ctx, "data"); !v.CreatedAt.Equal(at(1)) {
+		t.Errorf("a refused create changed the volume: %+v", v)
+	}
+	all, err := st.ListVolumes(ctx)
+	if err != nil || len(all) != 3 || all[0].Name != "b" || all[1].Name != "cache-x" || all[2].Name != "data" {
+		t.Errorf("list: %+v %v", all, err)
+	}
+	if err := st.DeleteVolume(ctx, "data"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetVolume(ctx, "data"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get after delete: %v", err)
+	}
+	if err := st.DeleteVolume(ctx, "data"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v", err)
+	}
+}
+
+// testImages: names point at digests; a put replaces; by digest finds the
+// first name; list by name; not found.
+func testImages(t *testing.T, st metadata.Store) {
+	base := sandbox.Image{Name: "base", Digest: "sha256:aa", Bytes: 4096, Source: "mmdebstrap:", CreatedAt: at(1)}
+	py := sandbox.Image{Name: "py", Digest: "sha256:bb", Bytes: 8192, Source: "mmdebstrap:python3", CreatedAt: at(2)}
+	alias := sandbox.Image{Name: "alpha", Digest: "sha256:bb", Bytes: 8192, Source: "import:x.tar", CreatedAt: at(3)}
+	for _, img := range []sandbox.Image{py, base, alias} {
+		if err := st.PutImage(ctx, img); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := st.GetImage(ctx, "base"); err != nil || !equal(got, base) {
+		t.Errorf("get: %+v %v", got, err)
+	}
+	if got, err := st.ImageByDigest(ctx, "sha256:bb"); err != nil || got.Name != "alpha" {
+		t.Errorf("by digest: %+v %v, want the name alpha", got, err)
+	}
+	newBase := sandbox.Image{Name: "base", Digest: "sha256:cc", Bytes: 1, Source: "import:y.tar", CreatedAt: at(4)}
+	if err := st.PutImage(ctx, newBase); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetImage(ctx, "base"); !equal(got, newBase) {
+		t.Errorf("after replace: %+v", got)
+	}
+	if _, err := st.ImageByDigest(ctx, "sha256:aa"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("by a digest no name points at: %v", err)
+	}
+	if _, err := st.GetImage(ctx, "none"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get of a missing name: %v", err)
+	}
+	all, err := st.ListImages(ctx)
+	if err != nil || len(all) != 3 || all[0].Name != "alpha" || all[1].Name != "base" || all[2].Name != "py" {
+		t.Errorf("list: %+v %v", all, err)
+	}
+}
+
+// testConcurrentUpdates: writers updating different records at once all
+// succeed, and each record ends with all of its writer's updates.
+func testConcurrentUpdates(t *testing.T, st metadata.Store) {
+	const writers, updates = 8, 25
+	for i := 0; i < writers; i++ {
+		create(t, st, minimalSandbox(fmt.Sprintf("sbx-%02d", i), at(i)))
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < writers; i++ {
+		wg.Add(1)
+		go func(id string) {
+			defer wg.Done()
+			s, err := st.GetSandbox(ctx, id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for j := 0; j < updates; j++ {
+				s.Seq++
+				if err := st.UpdateSandbox(ctx, s); err != nil {
+					t.Errorf("%s update %d: %v", id, j, err)
+					return
+				}
+			}
+		}(fmt.Sprintf("sbx-%02d", i))
+	}
+	wg.Wait()
+	all, err := st.ListSandboxes(ctx)
+	if err != nil || len(all) != writers {
+		t.Fatalf("list: %d %v", len(all), err)
+	}
+	for _, s := range all {
+		if s.Seq != 1+updates || s.Version != 1+updates {
+			t.Errorf("%s: seq %d version %d, want %d", s.ID, s.Seq, s.Version, 1+updates)
+		}
+	}
+}
+
+// testReopen: records of every kind survive closing and opening the store
+// again, twice (the second and third opens find the schema in place), and
+// the counter continues.
+func testReopen(t *testing.T, open func() (metadata.Store, error)) {
+	st, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := fullSandbox("sbx-full")
+	if err := st.CreateSandbox(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	snap := &metadata.Snapshot{ID: "snap-sbx-full", SandboxID: "sbx-full", Bytes: 5, Engine: "e", CreatedAt: at(2)}
+	if err := st.CommitHibernate(ctx, snap, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateVolume(ctx, metadata.Volume{Name: "data", CreatedAt: at(1)}); err != nil {
+		t.Fatal(err)
+	}
+	img := sandbox.Image{Name: "base", Digest: "sha256:aa", CreatedAt: at(1)}
+	if err := st.PutImage(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.NextGeneration(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for round := 1; round <= 2; round++ {
+		st := openStore(t, open)
+		got, err := st.GetSandbox(ctx, "sbx-full")
+		if err != nil || !equal(got, full) {
+			t.Fatalf("reopen %d: sandbox %+v %v", round, got, err)
+		}
+		if s, err := st.GetSnapshot(ctx, snap.ID); err != nil || !equal(s, snap) {
+			t.Errorf("reopen %d: snapshot %+v %v", round, s, err)
+		}
+		if _, err := st.GetVolume(ctx, "data"); err != nil {
+			t.Errorf("reopen %d: volume: %v", round, err)
+		}
+		if i, err := st.GetImage(ctx, "base"); err != nil || !equal(i, img) {
+			t.Errorf("reopen %d: image %+v %v", round, i, err)
+		}
+		if g, err := st.NextGeneration(ctx); err != nil || g != int64(1+round) {
+			t.Errorf("reopen %d: next generation %d %v, want %d", round, g, err, 1+round)
+		}
+		st.Close()
+	}
+}

@@ -1,0 +1,180 @@
+package sandbox
+
+import "time"
+
+// State is a sandbox's lifecycle state. Transitions:
+//
+//	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	any -> error (the engine failed; Sandbox.Error says why)
+//
+// A deleted sandbox has no state: it is gone.
+type State string
+
+// The states of a sandbox.
+const (
+	StateCreating    State = "creating"
+	StateRunning     State = "running"
+	StateHibernating State = "hibernating"
+	StateHibernated  State = "hibernated"
+	StateResuming    State = "resuming"
+	StateError       State = "error"
+)
+
+// Hibernation modes: what a hibernate keeps.
+const (
+	// ModeMemory keeps everything: memory, processes and the writable layer.
+	ModeMemory = "memory"
+	// ModeFilesystem keeps the writable layer only; processes restart on resume.
+	ModeFilesystem = "filesystem"
+	// ModeNone keeps nothing: an idle sandbox is deleted.
+	ModeNone = "none"
+)
+
+// What happens when a sandbox's run timeout (Policy.TimeoutS) runs out.
+const (
+	OnTimeoutHibernate = "hibernate"
+	OnTimeoutDelete    = "delete"
+)
+
+// Policy is a sandbox's lifecycle policies. It is persisted with the sandbox
+// and survives any number of hibernate/resume cycles unchanged.
+type Policy struct {
+	// IdleTimeoutS: after this many idle seconds the sandbox is hibernated (mode
+	// none: deleted); 0 = never.
+	IdleTimeoutS int
+	// TimeoutS bounds the sandbox's running time in seconds (nothing counts
+	// while hibernated); 0 = none. OnTimeout is OnTimeoutHibernate or
+	// OnTimeoutDelete.
+	TimeoutS  int
+	OnTimeout string
+	// HibernationMode is ModeMemory, ModeFilesystem or ModeNone.
+	HibernationMode string
+	// OnResume is started (detached) after a filesystem-mode resume.
+	OnResume []string
+	// Volumes are mounted read-write at their paths.
+	Volumes []VolumeMount
+	// ExpiresAt (retention): once passed, a hibernated sandbox is deleted with
+	// its snapshots. nil = never (perpetual standby).
+	ExpiresAt *time.Time
+}
+
+// Spec is what a new sandbox is asked to be (the manager's Create). Zero
+// values take the defaults the manager documents.
+type Spec struct {
+	// Image is an image name ("base") or digest ("sha256:…"); "" = "base".
+	Image string
+	// MemoryMiB is the memory limit (0 = default); CPUs the CPU limit in cores
+	// (0 = default).
+	MemoryMiB int
+	CPUs      float64
+	// Env is set for every process the guest agent starts.
+	Env map[string]string
+	// IdleTimeoutS: nil = the default; 0 = never. See Policy.
+	IdleTimeoutS *int
+	// TimeoutS, OnTimeout ("" = hibernate), HibernationMode ("" = memory),
+	// OnResume, Volumes and ExpiresAt: see Policy.
+	TimeoutS        int
+	OnTimeout       string
+	HibernationMode string
+	OnResume        []string
+	Volumes         []VolumeMount
+	ExpiresAt       *time.Time
+}
+
+// PolicyUpdate changes a sandbox's policies: nil fields (and an ExpiresAt
+// with Set false) are left as they are.
+type PolicyUpdate struct {
+	IdleTimeoutS    *int
+	TimeoutS        *int
+	OnTimeout       *string
+	HibernationMode *string
+	OnResume        *[]string
+	ExpiresAt       Expiry
+}
+
+// Expiry is an optional change of a sandbox's ExpiresAt: Set false = no
+// change; Set with At nil = never expire; Set with At = expire then.
+type Expiry struct {
+	Set bool
+	At  *time.Time
+}
+
+// VolumeMount attaches volume Name at Path (absolute) inside a sandbox.
+type VolumeMount struct {
+	Name string
+	Path string
+}
+
+// Volume is a named volume: a host directory mounted into sandboxes.
+type Volume struct {
+	Name      string
+	CreatedAt time.Time
+	// CopiedFrom names the volume this one was copied from (a fork's copy).
+	CopiedFrom string
+	// UsedBy lists the sandboxes (running or hibernated) that mount it.
+	UsedBy []string
+}
+
+// Hibernation states a sandbox's hibernation mode and, in words, what it keeps.
+type Hibernation struct {
+	Mode  string
+	Keeps string
+}
+
+// Usage is what a sandbox has used so far.
+type Usage struct {
+	// RunningS is seconds spent running (not while hibernated).
+	RunningS float64
+	// SnapshotByteS is byte-seconds of snapshot storage held.
+	SnapshotByteS float64
+}
+
+// Sandbox is a sandbox as the manager reports it.
+type Sandbox struct {
+	ID          string
+	State       State
+	Image       string // the name asked for
+	ImageDigest string // sha256:… of the image used
+	MemoryMiB   int
+	CPUs        float64
+	Env         map[string]string
+	// Generation changes on every resume and fork; it is kept outside the snapshot.
+	Generation int64
+	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
+	ForkedFrom string
+	// Snapshot is the latest committed snapshot, if any.
+	Snapshot *Snapshot
+	// Error says why the sandbox is in state error.
+	Error string
+
+	CreatedAt       time.Time
+	StateChangedAt  time.Time
+	LastHibernateAt *time.Time
+	LastResumeAt    *time.Time
+	// ResumeMS is the duration of the last resume.
+	ResumeMS int64
+
+	// IdleTimeoutS, TimeoutS, OnTimeout, OnResume, Volumes and ExpiresAt are
+	// the sandbox's Policy; Hibernation its mode with what that keeps.
+	IdleTimeoutS int
+	TimeoutS     int
+	OnTimeout    string
+	Hibernation  Hibernation
+	OnResume     []string
+	Volumes      []VolumeMount
+	// Usage is metered running time and snapshot storage.
+	Usage Usage
+	// LastResume is the guest agent's report of the resume contract it ran on
+	// the last start, resume or fork.
+	LastResume *ResumeReport
+	ExpiresAt  *time.Time
+}
+
+// Image is a stored, read-only, content-addressed image.
+type Image struct {
+	Name      string
+	Digest    string // sha256:… of the root filesystem image file
+	Bytes     int64
+	Source    string // "mmdebstrap:python3,git", "import:file.tar"
+	CreatedAt time.Time
+}
