@@ -23,8 +23,9 @@ export TORPOR_VERSITYGW := $(VERSITYGW)
 .PHONY: setup build test run bench clean packages node-packages proto
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
-# torpor binaries, and the default image in the host's build cache
-# (/var/cache/torpor/images; built once, ~1 min). Idempotent; seconds when done.
+# torpor binaries, and the built-in images in the host's build cache
+# (/var/cache/torpor/images; each built once: base ~30 s, e2b-base, the image of
+# E2B's template "base", 1–2 min). Idempotent; seconds when done.
 setup: packages node-packages $(RUNSC) $(VERSITYGW) build
 	bin/torpor image warm
 

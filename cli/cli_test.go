@@ -319,6 +319,7 @@ func TestUsageErrors(t *testing.T) {
 		{"cp", "a", "b"},
 		{"rm"},
 		{"image", "build"},
+		{"image", "warm", "py-git"}, // only built-in images
 		{"fork", "sb1", "--count", "0"},
 		{"bench", "resume", "--working-set", "big"},
 		{"hibernate", ""},

@@ -74,13 +74,13 @@ func (s *Store) Build(ctx context.Context, name string, packages []string, progr
 		return sandbox.Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
 	defer unlock()
-	return s.build(ctx, name, pkgs, progress, false)
+	return s.build(ctx, name, recipe{packages: pkgs}, progress, false)
 }
 
 // build does Build's work with the name's lock held. With anySource, an
 // existing image of that name is returned whatever it was made from.
-func (s *Store) build(ctx context.Context, name string, pkgs []string, progress io.Writer, anySource bool) (sandbox.Image, error) {
-	source := buildSource(pkgs)
+func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Writer, anySource bool) (sandbox.Image, error) {
+	source := r.source()
 	if img, ok, err := s.lookup(ctx, name); err != nil {
 		return sandbox.Image{}, err
 	} else if ok && (anySource || img.Source == source) {
@@ -120,8 +120,11 @@ func (s *Store) build(ctx context.Context, name string, pkgs []string, progress 
 		"--dpkgopt=path-exclude=/usr/share/doc/*",
 		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
 	}
-	if len(pkgs) > 0 {
-		args = append(args, "--include="+strings.Join(pkgs, ","))
+	if len(r.packages) > 0 {
+		args = append(args, "--include="+strings.Join(r.packages, ","))
+	}
+	for _, h := range r.hooks {
+		args = append(args, "--customize-hook="+h)
 	}
 	args = append(args, Suite, root)
 	fmt.Fprintf(progress, "image %s: mmdebstrap %s\n", name, strings.Join(args, " "))
@@ -134,24 +137,5 @@ func (s *Store) build(ctx context.Context, name string, pkgs []string, progress 
 	}
 	s.toCache(source, s.Path(img.Digest), progress)
 	fmt.Fprintf(progress, "image %s: built in %s\n", name, time.Since(start).Round(100*time.Millisecond))
-	return img, nil
-}
-
-// EnsureBase returns the default image "base" (BasePackages), building it on
-// first use; concurrent callers wait for the one build. An existing "base" is
-// returned as it is, even if it was imported or built with other packages.
-func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (sandbox.Image, error) {
-	if progress == nil {
-		progress = io.Discard
-	}
-	unlock, err := s.lockName(ctx, BaseName)
-	if err != nil {
-		return sandbox.Image{}, fmt.Errorf("ensure base image: %w", err)
-	}
-	defer unlock()
-	img, err := s.build(ctx, BaseName, slices.Sorted(slices.Values(BasePackages)), progress, true)
-	if err != nil {
-		return sandbox.Image{}, fmt.Errorf("ensure base image: %w", err)
-	}
 	return img, nil
 }

@@ -8,7 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
+	"strings"
 
 	"github.com/torpor/torpor/metadata/sqlite"
 )
@@ -105,13 +105,23 @@ func copyToTemp(src, dir string) (string, error) {
 	return out.Name(), out.Close()
 }
 
-// WarmBuildCache builds the default image "base" into the build cache cacheDir,
-// unless it is there already, without a server or data directory (`make setup`
-// runs it through `torpor image warm`). It needs root, mmdebstrap and
-// mkfs.erofs; progress gets the build's output.
-func WarmBuildCache(ctx context.Context, cacheDir string, progress io.Writer) error {
+// WarmBuildCache builds the built-in images names (nil: every one of
+// Builtins) into the build cache cacheDir, each unless it is there already,
+// without a server or data directory (`make setup` runs it through `torpor
+// image warm`). It needs root, mmdebstrap and mkfs.erofs; progress gets the
+// builds' output. Errors wrap ErrInvalid for an empty cacheDir or a name that
+// is no built-in image.
+func WarmBuildCache(ctx context.Context, cacheDir string, names []string, progress io.Writer) error {
 	if cacheDir == "" {
 		return invalidf("warm image cache: no cache directory")
+	}
+	if names == nil {
+		names = Builtins()
+	}
+	for _, name := range names {
+		if !IsBuiltin(name) {
+			return invalidf("warm image cache: %q is not a built-in image (want one of %s)", name, strings.Join(Builtins(), ", "))
+		}
 	}
 	work, err := os.MkdirTemp("", "torpor-warm-")
 	if err != nil {
@@ -128,12 +138,16 @@ func WarmBuildCache(ctx context.Context, cacheDir string, progress io.Writer) er
 		return err
 	}
 	s.SetBuildCache(cacheDir)
-	if p := s.cachePath(buildSource(slices.Sorted(slices.Values(BasePackages)))); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			fmt.Fprintf(progress, "image base: already in the build cache (%s)\n", p)
-			return nil
+	for _, name := range names {
+		if p := s.cachePath(builtins[name].source()); p != "" {
+			if _, err := os.Stat(p); err == nil {
+				fmt.Fprintf(progress, "image %s: already in the build cache (%s)\n", name, p)
+				continue
+			}
+		}
+		if _, err := s.EnsureBuiltin(ctx, name, progress); err != nil {
+			return err
 		}
 	}
-	_, err = s.EnsureBase(ctx, progress)
-	return err
+	return nil
 }

@@ -36,6 +36,14 @@
 // dev.gvisor.spec.rootfs.source=<Store.Path(digest)>,
 // dev.gvisor.spec.rootfs.type=erofs and dev.gvisor.spec.rootfs.overlay=memory.
 //
+// Two images are built in (Builtins), each made on first use by EnsureBuiltin
+// and kept in the host's build cache (SetBuildCache) by recipe: "base"
+// (BasePackages, torpor's default) and "e2b-base", the image of E2B's template
+// "base" (docs/e2b.md): E2BBasePackages and E2B's account "user" (uid 1000,
+// passwordless sudo), made by mmdebstrap customize hooks. A recipe's packages
+// and hooks make the image's Source, e.g.
+// "mmdebstrap:ca-certificates,coreutils,procps,python3".
+//
 // Temporary files and trees live in <dir>/tmp (same file system as the store,
 // so the final rename is atomic); Open removes what a crashed process left
 // there. The package needs root for Build (mmdebstrap) and to keep file

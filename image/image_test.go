@@ -129,7 +129,14 @@ func checkStored(t *testing.T, s *Store, img sandbox.Image) string {
 	if b, err := exec.Command("fsck.erofs", "--extract="+out, p).CombinedOutput(); err != nil {
 		t.Fatalf("fsck.erofs %s: %v\n%s", p, err, b)
 	}
-	// Prepared tree.
+	checkPrepared(t, out)
+	return out
+}
+
+// checkPrepared checks the tree at out (an image's root) is prepared for a
+// sandbox (see the package doc).
+func checkPrepared(t *testing.T, out string) {
+	t.Helper()
 	if fi, err := os.Lstat(filepath.Join(out, ".torpor")); err != nil || !fi.IsDir() {
 		t.Errorf("/.torpor: %v %v", fi, err)
 	} else if ents, _ := os.ReadDir(filepath.Join(out, ".torpor")); len(ents) != 0 {
@@ -155,7 +162,6 @@ func checkStored(t *testing.T, s *Store, img sandbox.Image) string {
 	if fi, err := os.Lstat(filepath.Join(out, "tmp")); err != nil || fi.Mode()&(fs.ModePerm|fs.ModeSticky) != 0o777|fs.ModeSticky {
 		t.Errorf("/tmp: %v %v", fi.Mode(), err)
 	}
-	return out
 }
 
 func readFile(t *testing.T, p string) string {
@@ -421,11 +427,12 @@ func TestImportOCILayout(t *testing.T) {
 	checkTestImage(t, checkStored(t, s, img))
 }
 
-// TestBuild runs mmdebstrap once (40 to 90 s) and checks the cache makes the
-// second build of the same name and packages instant.
-func TestBuild(t *testing.T) {
+// skipUnlessBuild skips a test that may run mmdebstrap where it cannot: with
+// -short, without root, without mmdebstrap.
+func skipUnlessBuild(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("-short: no mmdebstrap build")
+		t.Skip("-short: no image build")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("mmdebstrap needs root")
@@ -433,6 +440,12 @@ func TestBuild(t *testing.T) {
 	if _, err := exec.LookPath("mmdebstrap"); err != nil {
 		t.Skip("mmdebstrap not installed")
 	}
+}
+
+// TestBuild runs mmdebstrap once (40 to 90 s) and checks the cache makes the
+// second build of the same name and packages instant.
+func TestBuild(t *testing.T) {
+	skipUnlessBuild(t)
 	s := newStore(t)
 	ctx := context.Background()
 	var progress bytes.Buffer

@@ -484,9 +484,10 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	}
 	var img sandbox.Image
 	var path string
-	if req.Image == "base" {
-		if _, err = m.cfg.Images.EnsureBase(ctx, io.Discard); err != nil {
-			return sandbox.Sandbox{}, fmt.Errorf("image base: %w", err)
+	if image.IsBuiltin(req.Image) {
+		// A built-in image (base, e2b-base) is built on first use.
+		if _, err = m.cfg.Images.EnsureBuiltin(ctx, req.Image, io.Discard); err != nil {
+			return sandbox.Sandbox{}, fmt.Errorf("image %s: %w", req.Image, err)
 		}
 	}
 	img, path, err = m.cfg.Images.Get(ctx, req.Image)

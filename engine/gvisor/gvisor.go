@@ -517,6 +517,11 @@ func (e *Engine) globalFlags() []string {
 		"--root", filepath.Join(e.cfg.StateDir, "root"),
 		"--platform", e.cfg.Platform,
 		"--network", "sandbox",
+		// Honour set-user-ID executables inside the sandbox, as Linux and runc do, so
+		// that a non-root user can use sudo and su (E2B's user "user" can). It
+		// grants nothing outside the sandbox; a sandbox keeps the setting it started
+		// with across checkpoints.
+		"--allow-suid",
 	}
 	return append(f, e.cfg.ExtraFlags...)
 }

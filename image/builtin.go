@@ -1,0 +1,125 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/torpor/torpor/sandbox"
+)
+
+// E2BBaseName is the name of the image that stands for E2B's "base" template (the
+// template an E2B SDK gets when it names none), built by EnsureE2BBase. torpor's
+// own default image stays BaseName.
+const E2BBaseName = "e2b-base"
+
+// E2BUser, E2BUID and E2BHome describe the account the E2B image has: the user
+// E2B's envd runs commands as when the caller names none, with passwordless sudo
+// (E2B's template build gives every template the same account).
+const (
+	E2BUser = "user"
+	E2BUID  = 1000
+	E2BHome = "/home/user"
+)
+
+// E2BBasePackages are the packages of E2BBaseName on top of Debian's minbase
+// variant: what E2B's base template offers a program (bash, Python 3 with pip,
+// Node.js with npm, git, curl, sudo) plus what every torpor image has.
+var E2BBasePackages = []string{
+	"bash", "ca-certificates", "coreutils", "curl", "git", "nodejs", "npm",
+	"procps", "python3", "python3-pip", "sudo",
+}
+
+// e2bSetup are the mmdebstrap customize hooks of E2BBaseName (run by sh with the
+// tree's root as $1, after the packages are installed). Like E2B's template
+// build they create the account E2BUser (uid and gid E2BUID, home E2BHome from
+// /etc/skel, shell bash, group sudo, no password), let it use sudo without a
+// password, and make /usr/local and /code writable by everyone. pip may install
+// outside Debian's packages (E2B's Python is not Debian's), so the
+// EXTERNALLY-MANAGED marker goes.
+var e2bSetup = []string{
+	fmt.Sprintf(`chroot "$1" useradd --create-home --home-dir %s --uid %d --user-group --groups sudo --shell /bin/bash %s`, E2BHome, E2BUID, E2BUser),
+	fmt.Sprintf(`chroot "$1" passwd --delete %s`, E2BUser),
+	fmt.Sprintf(`printf '%%s\n' '%s ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/%s" && chmod 0440 "$1/etc/sudoers.d/%s"`, E2BUser, E2BUser, E2BUser),
+	`mkdir -p "$1/code" && find "$1/usr/local" "$1/code" -type d -exec chmod 0777 {} +`,
+	`rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED`,
+}
+
+// recipe is what a build installs: Debian packages (sorted, without
+// duplicates) and, optionally, mmdebstrap customize hooks named setup.
+type recipe struct {
+	packages []string
+	setup    string   // names hooks in the image's Source; "" when there are none
+	hooks    []string // --customize-hook commands, run in order
+}
+
+// source is the image's Source: "mmdebstrap:<packages>", and with hooks
+// ";<setup>@<12 hex of the hooks' sha256>", so that changing a hook changes
+// the Source and thus the build cache's key. ';' is never in a package name.
+func (r recipe) source() string {
+	s := buildSource(r.packages)
+	if len(r.hooks) > 0 {
+		sum := sha256.Sum256([]byte(strings.Join(r.hooks, "\n")))
+		s += ";" + r.setup + "@" + hex.EncodeToString(sum[:6])
+	}
+	return s
+}
+
+// builtins are the images torpor builds on first use, by name.
+var builtins = map[string]recipe{
+	BaseName:    {packages: slices.Sorted(slices.Values(BasePackages))},
+	E2BBaseName: {packages: slices.Sorted(slices.Values(E2BBasePackages)), setup: "e2b-user", hooks: e2bSetup},
+}
+
+// Builtins returns the names of the built-in images: BaseName, then
+// E2BBaseName.
+func Builtins() []string { return []string{BaseName, E2BBaseName} }
+
+// IsBuiltin reports whether name is a built-in image (see Builtins).
+func IsBuiltin(name string) bool {
+	_, ok := builtins[name]
+	return ok
+}
+
+// EnsureBuiltin returns the built-in image name (see Builtins), building it on
+// first use (from the build cache when it holds the recipe: seconds; else
+// mmdebstrap: a minute or two); concurrent callers wait for the one build. An
+// existing image of that name is returned as it is, even if it was imported or
+// built from another recipe. Errors wrap ErrInvalid when name is no built-in
+// image; a failed build is reported as Build reports it.
+func (s *Store) EnsureBuiltin(ctx context.Context, name string, progress io.Writer) (sandbox.Image, error) {
+	r, ok := builtins[name]
+	if !ok {
+		return sandbox.Image{}, invalidf("ensure image %q: not a built-in image (want one of %s)", name, strings.Join(Builtins(), ", "))
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	unlock, err := s.lockName(ctx, name)
+	if err != nil {
+		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
+	}
+	defer unlock()
+	img, err := s.build(ctx, name, r, progress, true)
+	if err != nil {
+		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
+	}
+	return img, nil
+}
+
+// EnsureBase returns the default image "base" (BasePackages), building it on
+// first use: EnsureBuiltin(ctx, BaseName, progress).
+func (s *Store) EnsureBase(ctx context.Context, progress io.Writer) (sandbox.Image, error) {
+	return s.EnsureBuiltin(ctx, BaseName, progress)
+}
+
+// EnsureE2BBase returns the image E2BBaseName (E2BBasePackages and the E2B
+// account), building it on first use: EnsureBuiltin(ctx, E2BBaseName,
+// progress). The E2B API maps the template "base" to it.
+func (s *Store) EnsureE2BBase(ctx context.Context, progress io.Writer) (sandbox.Image, error) {
+	return s.EnsureBuiltin(ctx, E2BBaseName, progress)
+}
