@@ -14,6 +14,7 @@ import (
 
 	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
@@ -237,8 +238,8 @@ func TestE2BControlPlane(t *testing.T) {
 		t.Errorf("GREETING in a command: %q", out)
 	}
 	// The mapping onto torpor's policies: kill on timeout, no idle hibernation.
-	if v := get(t, srv.Client, id); v.TimeoutS != 120 || v.OnTimeout != "delete" || v.IdleTimeoutS != 0 {
-		t.Errorf("torpor sees timeout %d on_timeout %s idle %d", v.TimeoutS, v.OnTimeout, v.IdleTimeoutS)
+	if v := get(t, srv.Client, id); v.TimeoutS != 120 || v.OnTimeout != "delete" || v.IdleTimeoutS != 0 || v.Image != image.E2BBaseName {
+		t.Errorf("torpor sees image %s timeout %d on_timeout %s idle %d", v.Image, v.TimeoutS, v.OnTimeout, v.IdleTimeoutS)
 	}
 
 	if a := e2bCall(t, srv, "POST", "/sandboxes/"+id+"/timeout", e2b.TimeoutRequest{Timeout: i32(30)}); a.Status != http.StatusNoContent {

@@ -153,13 +153,14 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 		spec.Image = s.cfg.BaseImage
 		return s.cfg.Manager.Create(ctx, spec)
 	}
-	// A snapshot's id, an image's name or digest, a snapshot's name: in that order.
+	// A snapshot's id, an image's name or digest (a built-in image is built on
+	// first use), a snapshot's name: in that order.
 	if strings.HasPrefix(tmpl, "snap-") {
 		if snap, err := s.cfg.Manager.GetKeptSnapshot(ctx, tmpl); err == nil {
 			return s.cfg.Manager.StartFromSnapshot(ctx, snap.ID, spec)
 		}
 	}
-	if _, _, err := s.cfg.Images.Get(ctx, tmpl); err == nil {
+	if _, _, err := s.cfg.Images.Get(ctx, tmpl); err == nil || image.IsBuiltin(tmpl) {
 		spec.Image = tmpl
 		return s.cfg.Manager.Create(ctx, spec)
 	} else if !errors.Is(err, image.ErrNotFound) && !errors.Is(err, image.ErrInvalid) {

@@ -41,7 +41,9 @@ type Config struct {
 	// ("<port>-<sandboxID>.<Domain>", see RouteOf) and the create answer's
 	// domain; "" = only header routing.
 	Domain string
-	// BaseImage is the image template "base" names ("" = torpor's base).
+	// BaseImage is the image template "base" names ("" = image.E2BBaseName,
+	// E2B's base template: Debian with python3, node, git, curl and the
+	// account user).
 	BaseImage string
 	// Ingress forwards in-sandbox requests (shared with torpor's port proxy).
 	Ingress *ingress.Proxy
@@ -65,7 +67,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("e2b: secret of %d bytes, want at least 32", len(cfg.Secret))
 	}
 	if cfg.BaseImage == "" {
-		cfg.BaseImage = image.BaseName
+		cfg.BaseImage = image.E2BBaseName
 	}
 	if cfg.Ingress == nil {
 		cfg.Ingress = ingress.New()
