@@ -117,7 +117,11 @@ func (f *fakeEnvd) Start(ctx context.Context, req *connect.Request[process.Start
 	// Its own process group, so that a signal reaches the children a shell left
 	// holding the output pipes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Env = os.Environ()
+	// HOME is the fake's own directory, as envd gives a command its user's
+	// home: a login shell (the SDK runs bash -l) then reads no start-up files
+	// of the host's root, whose pyenv set-up takes a lock that a killed shell
+	// leaves behind.
+	cmd.Env = append(os.Environ(), "HOME="+f.home)
 	for k, v := range cfg.GetEnvs() {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
