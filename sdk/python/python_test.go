@@ -1,6 +1,7 @@
 package python
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +48,12 @@ func TestPipInstall(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("no python3")
+	}
+	// The interpreter itself, not a version manager's shim in front of it:
+	// pyenv's shim runs a rehash after pip install, which waits up to 60 s
+	// and fails on a lock another (killed) shell left behind.
+	if out, err := exec.Command(py, "-c", "import sys; print(sys.executable)").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+		py = string(bytes.TrimSpace(out))
 	}
 	if exec.Command(py, "-m", "pip", "--version").Run() != nil {
 		t.Skip("no pip")
