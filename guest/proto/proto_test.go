@@ -65,3 +65,21 @@ func TestVersionOf(t *testing.T) {
 		t.Errorf("MinVersion %d: version 1 snapshots may still exist (see doc.go)", proto.MinVersion)
 	}
 }
+
+func TestEnvdPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/health":                        "/envd/health",
+		"/files":                         "/envd/files",
+		"/envs":                          "/envd/envs",
+		"/process.Process/Start":         "/process.Process/Start",
+		"/filesystem.Filesystem/ListDir": "/filesystem.Filesystem/ListDir",
+		"/exec":                          "/envd/exec",
+		"/resume":                        "/envd/resume",
+		"/envd/files":                    "/envd/envd/files",
+		"/":                              "/envd/",
+	} {
+		if got := proto.EnvdPath(in); got != want {
+			t.Errorf("EnvdPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
