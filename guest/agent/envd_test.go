@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,6 +45,7 @@ var envdEnv = map[string]string{"SANDBOX_VAR": "from-sandbox", "SHARED": "sandbo
 // reaches it: through agentclient.EnvdTransport.
 type envdAgent struct {
 	addr string
+	log  *syncBuffer // the agent's log
 	ac   *agentclient.Client // torpor's protocol
 	hc   *http.Client        // envd's paths, rewritten; Authorization: Basic root: unless set
 	// proc and fs are Connect clients with the JSON codec (what E2B's SDK uses)
@@ -80,12 +83,13 @@ func startEnvd(t *testing.T, runDir string) *envdAgent {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	lg := &syncBuffer{}
 	go func() {
-		done <- agent.Serve(ctx, ln, agent.Options{Env: envdEnv, RunDir: runDir})
+		done <- agent.Serve(ctx, ln, agent.Options{Env: envdEnv, RunDir: runDir, Log: log.New(lg, "", log.Lmicroseconds)})
 	}()
 	dial := agentclient.TCPDialer(ln.Addr().String())
 	tr := agentclient.NewEnvdTransport(dial)
-	a := &envdAgent{addr: ln.Addr().String(), ac: agentclient.New(dial),
+	a := &envdAgent{addr: ln.Addr().String(), log: lg, ac: agentclient.New(dial),
 		hc: &http.Client{Transport: asUser{tr, "root"}}}
 	a.proc = processconnect.NewProcessClient(a.hc, envdURL, connect.WithProtoJSON())
 	a.binProc = processconnect.NewProcessClient(a.hc, envdURL)
@@ -211,8 +215,11 @@ func start(t *testing.T, ctx context.Context, pc processconnect.ProcessClient, r
 	return ev, ev.pid()
 }
 
+// shell runs script with bash. E2B's SDK sends "/bin/bash -l -c"; the tests
+// leave out -l, which on a test host reads its login profile (pyenv's rehash
+// lock there can stall a login shell for a minute).
 func shell(script string) *process.ProcessConfig {
-	return &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", script}}
+	return &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", script}}
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -223,7 +230,7 @@ func TestEnvdStart(t *testing.T) {
 		ctx := ctxT(t, 30*time.Second)
 		req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{
 			Cmd:  "/bin/bash",
-			Args: []string{"-l", "-c", `echo out; echo err >&2; echo "$SANDBOX_VAR $SHARED $REQ_VAR $HOME $USER $LOGNAME"; pwd; exit 3`},
+			Args: []string{"-c", `echo out; echo err >&2; echo "$SANDBOX_VAR $SHARED $REQ_VAR $HOME $USER $LOGNAME"; pwd; exit 3`},
 			Envs: map[string]string{"SHARED": "request", "REQ_VAR": "r"},
 			Cwd:  ptr("/tmp"),
 		}, Stdin: ptr(false)})
@@ -996,6 +1003,24 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	if c := cev.until(func(c *collected) bool { return strings.Contains(c.stdout, "tick") }); !strings.Contains(c.stdout, "tick") {
 		t.Fatalf("re-attached after the resume: %q (%v)", c.stdout, c.err)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {

@@ -485,9 +485,34 @@ func NewEnvdTransport(dial func(ctx context.Context) (net.Conn, error)) *EnvdTra
 	return &EnvdTransport{tr: newTransport(dial, 30*time.Second)}
 }
 
+// maxBufferedEnvdBody is the largest request body EnvdTransport reads whole
+// before sending it (every Connect unary and server-streaming call, small
+// uploads); larger and unsized bodies (client streams, uploads) are streamed.
+const maxBufferedEnvdBody = 1 << 20
+
 // RoundTrip sends req to the agent with its path rewritten (req is not changed).
+//
+// A small request body of known length is read whole first. envd answers a
+// server-streaming call as soon as it has read the request's one message; when
+// the answer comes before net/http's transport has finished with the body it
+// closes the body, and a body owned by an incoming request (a front forwarding
+// it) then fails the transport's last read, which cuts the answer's connection
+// mid-stream. A body held in memory cannot fail that way.
 func (t *EnvdTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength > 0 && req.ContentLength <= maxBufferedEnvdBody {
+		// Exactly ContentLength bytes: waiting for EOF would wait for a
+		// writer (connect-go's request pipe) that closes only later.
+		b := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(req.Body, b); err != nil {
+			req.Body.Close()
+			return nil, err
+		}
+		req.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		r.ContentLength = int64(len(b))
+	}
 	u := *req.URL
 	u.Scheme, u.Host = "http", "torpor-agent"
 	u.Path, u.RawPath = proto.EnvdPath(req.URL.Path), ""

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/guest/proto"
 )
 
@@ -81,5 +82,12 @@ func TestEnvdPath(t *testing.T) {
 		if got := proto.EnvdPath(in); got != want {
 			t.Errorf("EnvdPath(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The agent's default envd user is the one the E2B control plane documents.
+func TestEnvdDefaultUser(t *testing.T) {
+	if proto.EnvdDefaultUser != e2b.DefaultUser {
+		t.Fatalf("proto.EnvdDefaultUser %q, e2b.DefaultUser %q", proto.EnvdDefaultUser, e2b.DefaultUser)
 	}
 }
