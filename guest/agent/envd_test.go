@@ -45,7 +45,7 @@ var envdEnv = map[string]string{"SANDBOX_VAR": "from-sandbox", "SHARED": "sandbo
 // reaches it: through agentclient.EnvdTransport.
 type envdAgent struct {
 	addr string
-	log  *syncBuffer // the agent's log
+	log  *syncBuffer         // the agent's log
 	ac   *agentclient.Client // torpor's protocol
 	hc   *http.Client        // envd's paths, rewritten; Authorization: Basic root: unless set
 	// proc and fs are Connect clients with the JSON codec (what E2B's SDK uses)
