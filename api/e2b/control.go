@@ -395,6 +395,9 @@ func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 			_, _ = s.cfg.Manager.Update(context.WithoutCancel(r.Context()), id, sandbox.PolicyUpdate{HibernationMode: &back})
 		}()
 	}
+	if n := s.cutEnvd(id); n > 0 {
+		s.log.Debug("pause: cut envd connections", "sandbox", id, "connections", n)
+	}
 	_, unchanged, err := s.cfg.Manager.HibernateCall(r.Context(), id, manager.HibernateOptions{})
 	if err != nil {
 		s.fail(w, r, err)

@@ -24,7 +24,7 @@ import (
 // refused (409) until connect resumes it. Answers are streamed frame by frame
 // (Connect's server streams). Errors are E2B's {"code", "message"}: 400 for a
 // malformed route, 404 for an unknown sandbox, 502 when nothing listens on
-// the port.
+// the port, 501 for envd when the sandbox's agent predates it (serveEnvd).
 func (s *Service) Front(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		route, ok, err := RouteOf(r.Header, r.Host, s.cfg.Domain)
@@ -54,13 +54,14 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 	r.Header.Del(HeaderSandboxID)
 	r.Header.Del(HeaderSandboxPort)
 	r.Header.Del(HeaderAccessToken)
-	t := ingress.Target{Path: r.URL.Path, Fail: func(w http.ResponseWriter, r *http.Request, err error) { s.fail(w, r, err) }}
 	if route.Port == EnvdPort {
-		t.Dial = func(ctx context.Context) (net.Conn, error) { return s.dialEnvd(ctx, id) }
-		t.Path = envdPath(r.URL.Path)
-	} else {
-		port := route.Port
-		t.Dial = func(ctx context.Context) (net.Conn, error) { return s.cfg.Manager.DialPort(ctx, id, port) }
+		s.serveEnvd(w, r, id)
+		return
 	}
-	s.cfg.Ingress.Serve(w, r, t)
+	port := route.Port
+	s.cfg.Ingress.Serve(w, r, ingress.Target{
+		Path: r.URL.Path,
+		Dial: func(ctx context.Context) (net.Conn, error) { return s.cfg.Manager.DialPort(ctx, id, port) },
+		Fail: func(w http.ResponseWriter, r *http.Request, err error) { s.fail(w, r, err) },
+	})
 }

@@ -54,8 +54,9 @@ type Config struct {
 // and every other port) to the sandboxes, over the same manager as torpor's
 // REST API v1. docs/e2b.md says what maps to what.
 type Service struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	envd envdConns
 }
 
 // New returns a Service. Errors: a Secret shorter than 32 bytes, no Manager.

@@ -110,6 +110,150 @@ await check("list with a metadata filter, three pages", async () => {
   for (const s of more) await s.kill();
 });
 
+// envd: commands, PTY and files on sbx (template base: user "user", /home/user).
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+
+await check("commands.run: output, exit code, default user user, user root, cwd, envs", async () => {
+  const r = await sbx.commands.run('echo out; echo err >&2; whoami; pwd; echo "$A $B"', { envs: { B: "2" } });
+  assert(r.exitCode === 0 && r.stdout === "out\nuser\n/home/user\n1 2\n" && r.stderr === "err\n", `run ${JSON.stringify(r)}`);
+  const root = await sbx.commands.run("whoami; pwd", { user: "root", cwd: "/tmp" });
+  assert(root.stdout === "root\n/tmp\n", `as root in /tmp: ${JSON.stringify(root.stdout)}`);
+});
+
+await check("commands.run: a failing command throws CommandExitError", async () => {
+  try {
+    await sbx.commands.run("echo partial; exit 7");
+    throw new Error("no error");
+  } catch (e) {
+    assert(e instanceof sdk.CommandExitError && e.exitCode === 7 && e.stdout === "partial\n", `threw ${e.constructor.name} ${e.exitCode} ${JSON.stringify(e.stdout)}`);
+  }
+});
+
+await check("commands.run: timeoutMs ends a long command", async () => {
+  const t0 = Date.now();
+  const e = await errName(() => sbx.commands.run("sleep 30", { timeoutMs: 1_000 }));
+  const took = Date.now() - t0;
+  assert(e === "TimeoutError" && took < 10_000, `threw ${e} after ${took} ms`);
+  const left = await sbx.commands.run("pgrep -x sleep || true");
+  assert(left.stdout === "", `sleep still runs: ${JSON.stringify(left.stdout)}`);
+});
+
+await check("background command: stdin via sendStdin, list, connect by pid, kill", async () => {
+  const cat = await sbx.commands.run("cat", { background: true, stdin: true });
+  const procs = await sbx.commands.list();
+  assert(procs.some((p) => p.pid === cat.pid), `list ${JSON.stringify(procs.map((p) => p.pid))} lacks ${cat.pid}`);
+  let seen = "";
+  const again = await sbx.commands.connect(cat.pid, { onStdout: (d) => (seen += d) });
+  await sbx.commands.sendStdin(cat.pid, "piped\n");
+  await waitFor("the piped line on the connected handle", async () => seen.includes("piped\n"), 10_000);
+  assert((await sbx.commands.kill(cat.pid)) === true, "kill did not return true");
+  const end = await errName(() => again.wait());
+  assert(end === "CommandExitError", `wait after kill threw ${end}`);
+  assert((await sbx.commands.kill(cat.pid)) === false, "second kill did not return false");
+  assert(!(await sbx.commands.list()).some((p) => p.pid === cat.pid), "killed process still listed");
+});
+
+await check("pty: create, sendInput, resize, output seen", async () => {
+  let out = "";
+  const term = await sbx.pty.create({ cols: 90, rows: 20, onData: (d) => (out += dec.decode(d)) });
+  await sbx.pty.sendInput(term.pid, enc.encode("stty size\n"));
+  await waitFor("stty size 20 90", async () => out.includes("20 90"), 10_000);
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 });
+  await sbx.pty.sendInput(term.pid, enc.encode("stty size; whoami; exit\n"));
+  await term.wait().catch(() => {});
+  assert(out.includes("30 100") && out.includes("user"), `pty output ${JSON.stringify(out)}`);
+});
+
+await check("files: write/read text, bytes, a stream; getInfo; exists", async () => {
+  const w = await sbx.files.write("notes/a.txt", "hello files");
+  assert(w.path === "/home/user/notes/a.txt" && w.name === "a.txt", `write ${JSON.stringify(w)}`);
+  assert((await sbx.files.read("/home/user/notes/a.txt")) === "hello files", "text read back differs");
+  const bytes = new Uint8Array(256).map((_, i) => i);
+  await sbx.files.write("notes/b.bin", bytes.buffer);
+  const got = await sbx.files.read("notes/b.bin", { format: "bytes" });
+  assert(got.length === 256 && got.every((v, i) => v === i), `bytes read back: ${got.length}`);
+  const big = "x".repeat(300_000);
+  const stream = new ReadableStream({ start(c) { c.enqueue(enc.encode(big.slice(0, 100_000))); c.enqueue(enc.encode(big.slice(100_000))); c.close(); } });
+  await sbx.files.write("notes/c.txt", stream);
+  const rs = await sbx.files.read("notes/c.txt", { format: "stream" });
+  let n = 0;
+  for await (const chunk of rs) n += chunk.length;
+  assert(n === big.length, `streamed ${n} bytes back, want ${big.length}`);
+  const info = await sbx.files.getInfo("notes/a.txt");
+  assert(info.name === "a.txt" && info.type === "file" && info.size === 11 && info.owner === "user", `getInfo ${JSON.stringify(info)}`);
+  assert((await sbx.files.exists("notes/a.txt")) === true && (await sbx.files.exists("notes/none")) === false, "exists");
+  const missing = await errName(() => sbx.files.read("notes/none"));
+  assert(missing === "FileNotFoundError" || missing === "NotFoundError", `read of a missing file threw ${missing}`);
+});
+
+await check("files: makeDir, list with depth, rename, remove", async () => {
+  assert((await sbx.files.makeDir("tree/sub/deeper")) === true, "makeDir did not return true");
+  assert((await sbx.files.makeDir("tree/sub/deeper")) === false, "second makeDir did not return false");
+  await sbx.files.write("tree/sub/f.txt", "f");
+  const one = (await sbx.files.list("tree")).map((e) => e.name);
+  assert(one.length === 1 && one[0] === "sub", `list depth 1: ${one}`);
+  const two = (await sbx.files.list("tree", { depth: 3 })).map((e) => e.path.slice("/home/user/tree/".length) + ":" + e.type).sort();
+  assert(JSON.stringify(two) === JSON.stringify(["sub/deeper:dir", "sub/f.txt:file", "sub:dir"]), `list depth 3: ${two}`);
+  const moved = await sbx.files.rename("tree/sub/f.txt", "tree/g.txt");
+  assert(moved.path === "/home/user/tree/g.txt" && (await sbx.files.read("tree/g.txt")) === "f", `rename ${JSON.stringify(moved)}`);
+  await sbx.files.remove("tree/sub");
+  assert(!(await sbx.files.exists("tree/sub")) && (await sbx.files.exists("tree/g.txt")), "remove");
+});
+
+await check("files: watchDir sees a file written after the watch started", async () => {
+  await sbx.files.makeDir("watched");
+  const events = [];
+  const h = await sbx.files.watchDir("watched", (ev) => events.push(ev));
+  try {
+    await sbx.files.write("watched/new.txt", "new");
+    await waitFor("an event for new.txt", async () => events.some((e) => e.name === "new.txt"), 10_000);
+  } finally {
+    await h.stop();
+  }
+});
+
+await check("pause, connect: a counting process goes on and a Python process keeps its value", async () => {
+  const m = await Sandbox.create("base", { timeoutMs: 300_000 });
+  try {
+    const counter = await m.commands.run('i=0; while :; do i=$((i+1)); echo "$$ $i" > /tmp/count; sleep 0.05; done', { background: true });
+    // [pid of the counting shell, its count]
+    const readCount = async (s) => (await s.files.read("/tmp/count")).trim().split(" ").map(Number);
+    let py = "";
+    const holder = await m.commands.run(`python3 -u -c 'import random, sys
+v = random.getrandbits(62)
+for _ in sys.stdin: print("value", v)'`, { background: true, stdin: true, onStdout: (d) => (py += d) });
+    await m.commands.sendStdin(holder.pid, "\n");
+    await waitFor("the Python value", async () => /value \d+\n/.test(py), 10_000);
+    const value = py.match(/value (\d+)/)[1];
+    await sleep(300);
+    const [pid, before] = await readCount(m);
+    assert(before > 1, `count before the pause ${before}`);
+    // The open streams (the two background commands) do not hold the pause.
+    const t0 = Date.now();
+    assert((await m.pause()) === true, "pause did not return true");
+    const took = Date.now() - t0;
+    assert(took < 8_000, `pause with two background commands took ${took} ms`);
+    assert((await Sandbox.getInfo(m.sandboxId)).state === "paused", "not paused");
+    const c = await Sandbox.connect(m.sandboxId);
+    const [pid2, after] = await readCount(c);
+    // The same shell, not restarted (from 1): on from where it was (it ran
+    // until the checkpoint).
+    assert(pid2 === pid && after >= before && after < before + 200, `shell ${pid} count ${before} before the pause, shell ${pid2} count ${after} after the connect`);
+    await sleep(300);
+    const [, later] = await readCount(c);
+    assert(later > after, `count stopped at ${after} (${later} later)`);
+    assert((await c.commands.list()).some((p) => p.pid === counter.pid), "the counter is not listed after the connect");
+    let py2 = "";
+    await c.commands.connect(holder.pid, { onStdout: (d) => (py2 += d) });
+    await c.commands.sendStdin(holder.pid, "\n");
+    await waitFor("the Python value after the connect", async () => /value \d+\n/.test(py2), 10_000);
+    assert(py2.match(/value (\d+)/)[1] === value, `value ${value} before the pause, ${py2} after`);
+  } finally {
+    await m.kill();
+  }
+});
+
 await check("setTimeout", async () => {
   await sbx.setTimeout(60_000);
   const left = (await sbx.getInfo()).endAt.getTime() - Date.now();

@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/api/e2b"
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/guest/proto"
+	"github.com/torpor/torpor/server/servertest"
+)
+
+// connectFrames splits a Connect streaming body into its messages: each is
+// a flags byte, a 4-byte big-endian length and the message; the last one
+// (flags 0x02) is the end of stream.
+func connectFrames(t *testing.T, b []byte) (msgs []json.RawMessage, end json.RawMessage) {
+	t.Helper()
+	for len(b) > 0 {
+		if len(b) < 5 {
+			t.Fatalf("Connect stream: %d stray bytes %q", len(b), b)
+		}
+		n := binary.BigEndian.Uint32(b[1:5])
+		if uint32(len(b)-5) < n {
+			t.Fatalf("Connect stream: frame of %d bytes, %d left", n, len(b)-5)
+		}
+		m := json.RawMessage(b[5 : 5+n])
+		if b[0]&0x02 != 0 {
+			end = m
+		} else {
+			msgs = append(msgs, m)
+		}
+		b = b[5+n:]
+	}
+	return msgs, end
+}
+
+// connectEnvelope is one Connect streaming request message of v as JSON.
+func connectEnvelope(t *testing.T, v any) []byte {
+	t.Helper()
+	j, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 5, 5+len(j))
+	binary.BigEndian.PutUint32(b[1:], uint32(len(j)))
+	return append(b, j...)
+}
+
+// startEvent is the JSON of a process.StartResponse (protojson names; bytes
+// in base64).
+type startEvent struct {
+	Event struct {
+		Start *struct{ Pid uint32 }
+		Data  *struct{ Stdout, Stderr []byte }
+		End   *struct {
+			ExitCode int32
+			Exited   bool
+			Status   string
+		}
+	}
+}
+
+// TestE2BEnvd drives envd through the E2B front over plain HTTP, as E2B's
+// SDKs do: routed by headers or by host name, with the sandbox's
+// X-Access-Token, a Connect JSON server stream (process.Process/Start) answers
+// start, data and end; /files writes and reads as the user "user" of template
+// base (image e2b-base); /health and /envs answer; a path envd does not serve
+// is 404; a missing or wrong token is 401.
+func TestE2BEnvd(t *testing.T) {
+	srv := startE2B(t, servertest.Options{})
+	sb := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", EnvVars: map[string]string{"GREETING": "hello envd"}})
+	id := sb.SandboxID
+	if img := get(t, srv.Client, id).Image; img != "e2b-base" {
+		t.Errorf("template base made a sandbox of image %q, want e2b-base", img)
+	}
+	port := fmt.Sprint(e2b.EnvdPort)
+	byHeaders := []string{e2b.HeaderSandboxID, id, e2b.HeaderSandboxPort, port, e2b.HeaderAccessToken, sb.EnvdAccessToken}
+	byHost := []string{"Host", port + "-" + id + "." + e2bDomain, e2b.HeaderAccessToken, sb.EnvdAccessToken}
+
+	for _, route := range [][]string{byHeaders, byHost} {
+		hdr := append([]string{"Content-Type", "application/connect+json", "Connect-Protocol-Version", "1"}, route...)
+		body := connectEnvelope(t, map[string]any{"process": map[string]any{
+			"cmd": "/bin/bash", "args": []string{"-l", "-c", `echo out; echo err >&2; id -un; pwd; echo "$GREETING"; exit 3`}}})
+		a := e2bCall(t, srv, "POST", "/process.Process/Start", body, hdr...)
+		if a.Status != http.StatusOK || a.Header.Get("Content-Type") != "application/connect+json" {
+			t.Fatalf("Start via %v: %d %s %s", route[:2], a.Status, a.Header.Get("Content-Type"), a.Body)
+		}
+		msgs, end := connectFrames(t, a.Body)
+		var stdout, stderr strings.Builder
+		var pid uint32
+		var exit *int32
+		for i, m := range msgs {
+			var ev startEvent
+			if err := json.Unmarshal(m, &ev); err != nil {
+				t.Fatalf("event %s: %v", m, err)
+			}
+			switch e := ev.Event; {
+			case e.Start != nil:
+				if i != 0 {
+					t.Errorf("start event at %d", i)
+				}
+				pid = e.Start.Pid
+			case e.Data != nil:
+				stdout.Write(e.Data.Stdout)
+				stderr.Write(e.Data.Stderr)
+			case e.End != nil:
+				if i != len(msgs)-1 || !e.End.Exited {
+					t.Errorf("end event %s at %d of %d", m, i, len(msgs))
+				}
+				exit = &e.End.ExitCode
+			}
+		}
+		if pid == 0 || exit == nil || *exit != 3 || stdout.String() != "out\nuser\n/home/user\nhello envd\n" || stderr.String() != "err\n" {
+			t.Errorf("Start via %v: pid %d exit %v stdout %q stderr %q (frames %d)", route[:2], pid, exit, stdout.String(), stderr.String(), len(msgs))
+		}
+		if string(end) != "{}" {
+			t.Errorf("end of stream %s, want {}", end)
+		}
+	}
+
+	// Files: an upload as the default user, then a download; a missing file is 404.
+	data := []byte("written through the front\n")
+	a := e2bCall(t, srv, "POST", "/files?path=notes/front.txt", data, append([]string{"Content-Type", "application/octet-stream"}, byHeaders...)...)
+	var written []struct{ Path, Name, Type string }
+	if a.Status != http.StatusOK || json.Unmarshal(a.Body, &written) != nil || len(written) != 1 || written[0].Path != "/home/user/notes/front.txt" {
+		t.Errorf("POST /files: %d %s", a.Status, a.Body)
+	}
+	if got := sh(t, srv.Client, id, "stat -c %U /home/user/notes/front.txt; cat /home/user/notes/front.txt"); got != "user\n"+string(data) {
+		t.Errorf("the uploaded file: %q", got)
+	}
+	if a := e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, byHost...); a.Status != http.StatusOK || !bytes.Equal(a.Body, data) {
+		t.Errorf("GET /files: %d %q", a.Status, a.Body)
+	}
+	root := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))
+	if a := e2bCall(t, srv, "GET", "/files?path=front.txt", nil, append([]string{"Authorization", root}, byHeaders...)...); a.Status != http.StatusNotFound {
+		t.Errorf("GET /files of root's missing ~/front.txt: %d %s, want 404", a.Status, a.Body)
+	}
+
+	// /health, /envs, and a path envd does not serve.
+	if a := e2bCall(t, srv, "GET", "/health", nil, byHeaders...); a.Status != http.StatusNoContent {
+		t.Errorf("GET /health: %d %s", a.Status, a.Body)
+	}
+	var env map[string]string
+	if a := e2bCall(t, srv, "GET", "/envs", nil, byHeaders...); a.Status != http.StatusOK || json.Unmarshal(a.Body, &env) != nil || env["GREETING"] != "hello envd" {
+		t.Errorf("GET /envs: %d %s", a.Status, a.Body)
+	}
+	if a := e2bCall(t, srv, "GET", "/nothing", nil, byHeaders...); a.Status != http.StatusNotFound {
+		t.Errorf("GET /nothing: %d %s, want 404", a.Status, a.Body)
+	}
+
+	// The token: missing, another sandbox's, a wrong one.
+	other := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
+	for _, tok := range []string{"", other.EnvdAccessToken, strings.Repeat("0", 64)} {
+		e2bCall(t, srv, "GET", "/health", nil, e2b.HeaderSandboxID, id, e2b.HeaderSandboxPort, port, e2b.HeaderAccessToken, tok).
+			wantError(t, fmt.Sprintf("envd with token %q", tok), http.StatusUnauthorized, e2b.HeaderAccessToken)
+	}
+
+	// No agent connection is left open once the answers are done: a hibernate
+	// does not wait for its drain.
+	t0 := time.Now()
+	hibernate(t, srv.Client, id)
+	if d := time.Since(t0); d > 8*time.Second {
+		t.Errorf("hibernate after envd requests took %v: an agent connection held its drain?", d)
+	}
+}
+
+// TestE2BEnvdOldAgent: a sandbox whose guest agent predates envd (built from
+// the repository's history, as TestResumeOldestAgentSnapshot does) answers
+// envd requests through the front at once with 501 and the reason; the port
+// proxy and torpor's API still reach it.
+func TestE2BEnvdOldAgent(t *testing.T) {
+	oldAgent := buildAgentAt(t, oldestAgentCommit)
+	srv := startE2B(t, servertest.Options{AgentPath: oldAgent})
+	sb := create(t, srv.Client, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	if v := agentVersion(t, srv, sb.ID); v >= proto.EnvdMinVersion {
+		t.Fatalf("agent of commit %s speaks protocol version %d", oldestAgentCommit, v)
+	}
+	tok := e2bInfo(t, srv, sb.ID).EnvdAccessToken
+	for _, path := range []string{"/health", "/files?path=/etc/hostname"} {
+		t0 := time.Now()
+		e2bCall(t, srv, "GET", path, nil, e2b.HeaderSandboxID, sb.ID, e2b.HeaderSandboxPort, fmt.Sprint(e2b.EnvdPort), e2b.HeaderAccessToken, tok).
+			wantError(t, "envd of an old agent: "+path, http.StatusNotImplemented, "predates")
+		if d := time.Since(t0); d > 5*time.Second {
+			t.Errorf("%s: refused after %v, want at once", path, d)
+		}
+	}
+	if out := sh(t, srv.Client, sb.ID, "echo still"); out != "still\n" {
+		t.Errorf("exec through torpor's API: %q", out)
+	}
+}
