@@ -196,6 +196,26 @@ func TestValidation(t *testing.T) {
 			t.Errorf("Build(packages %q): %v, want ErrInvalid", p, err)
 		}
 	}
+	// A built-in image's name is taken: building it with other packages would
+	// point every later default create at them (a new-user trial rebuilt base
+	// with no packages, and python3 was gone). Nothing is stored.
+	for _, n := range Builtins() {
+		for _, pkgs := range [][]string{nil, {"git"}, BasePackages} {
+			err := CheckBuild(n, pkgs)
+			if sandbox.KindOf(err) != sandbox.Conflict || !strings.Contains(err.Error(), "built-in image") {
+				t.Errorf("CheckBuild(%q, %q): %v, want a conflict naming the built-in image", n, pkgs, err)
+			}
+			if _, err := s.Build(ctx, n, pkgs, nil); sandbox.KindOf(err) != sandbox.Conflict {
+				t.Errorf("Build(%q, %q): %v, want a conflict", n, pkgs, err)
+			}
+		}
+		if _, _, err := s.Get(ctx, n); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q) after the refused builds: %v, want not found", n, err)
+		}
+	}
+	if err := CheckBuild("mine", nil); err != nil {
+		t.Errorf("CheckBuild(mine, no packages): %v; minbase alone is a valid image", err)
+	}
 	if _, _, err := s.Get(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `image "nope" not found`) {
 		t.Errorf("Get(nope): %v", err)
 	}

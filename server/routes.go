@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,10 +28,6 @@ import (
 // maxJSONBody bounds request bodies that are JSON documents (1 MiB; an exec's
 // stdin travels inside its JSON body, so it is bounded by this too).
 const maxJSONBody = 1 << 20
-
-// debPackageRE is Debian's package name syntax (Debian Policy 5.6.1), checked
-// before an image build starts streaming its answer.
-var debPackageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -387,15 +382,11 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if !image.ValidName(req.Name) {
-		s.fail(w, r, invalidArgument("image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", req.Name))
+	// Before the 200 of the build stream: a bad name or package, or a built-in
+	// image's name (409), is the call's status.
+	if err := image.CheckBuild(req.Name, req.Packages); err != nil {
+		s.fail(w, r, err)
 		return
-	}
-	for _, p := range req.Packages {
-		if !debPackageRE.MatchString(strings.TrimSpace(p)) {
-			s.fail(w, r, invalidArgument("package %q: not a Debian package name", p))
-			return
-		}
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
