@@ -57,10 +57,10 @@ func (a *app) serveCommand() *cobra.Command {
 			default:
 				return usagef("--store %q: want plain, chunked or s3", cfg.Store.Kind)
 			}
-			switch server.AuthMode(cfg.Auth) {
-			case server.AuthAuto, server.AuthRequired, server.AuthNone:
-			default:
-				return usagef("--auth %q: want required, none or auto", cfg.Auth)
+			// An unknown mode, and none off loopback, are wrong command lines
+			// (exit 2), found before anything is set up.
+			if _, err := server.ResolveAuth(server.AuthMode(cfg.Auth), cfg.Listen); err != nil {
+				return usageError{err}
 			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
@@ -78,7 +78,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of E2B's in-sandbox host names, <port>-<sandbox id>.DOMAIN (sandbox.getHost; needs wildcard DNS to this server), sent to E2B's SDKs as the sandboxes' domain; empty: in-sandbox requests are routed by the E2b-Sandbox-Id/-Port headers only (E2B_SANDBOX_URL)")
-	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with `torpor key create`), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
+	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with: torpor key create), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }

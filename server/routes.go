@@ -294,14 +294,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			code := 255
-			msg := "exec stream broken: " + err.Error()
-			// The usual cause: a hibernate cut the stream after its drain
-			// (the sandbox is hibernating or hibernated by now).
-			if sb, gerr := s.Manager.Get(context.WithoutCancel(r.Context()), r.PathValue("id")); gerr == nil &&
-				(sb.State == sandbox.StateHibernating || sb.State == sandbox.StateHibernated) {
-				msg = fmt.Sprintf("exec stream broken: cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
-			}
-			enc.Encode(apiv1.ExecEvent{Error: msg, ExitCode: &code})
+			enc.Encode(apiv1.ExecEvent{Error: s.execCutMessage(r.Context(), r.PathValue("id"), err), ExitCode: &code})
 			return
 		}
 		if err := enc.Encode(apiv1.ExecEvent(ev)); err != nil {
@@ -311,6 +304,26 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 	}
+}
+
+// execCutMessage says why sandbox id's exec stream broke with err before the
+// command's exit status, from the sandbox's state after the cut: the manager
+// records a delete, a hibernate or the death of the sandbox's process before it
+// closes the connections to the guest agent, so the state names the cause.
+// Only a cut it cannot explain carries err's own text.
+func (s *Server) execCutMessage(ctx context.Context, id string, err error) string {
+	const prefix = "exec stream broken: "
+	sb, gerr := s.Manager.Get(context.WithoutCancel(ctx), id)
+	switch {
+	case sandbox.KindOf(gerr) == sandbox.NotFound:
+		return prefix + "the sandbox was deleted while the command ran"
+	case gerr != nil:
+	case sb.State == sandbox.StateHibernating || sb.State == sandbox.StateHibernated:
+		return fmt.Sprintf(prefix+"cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
+	case sb.State == sandbox.StateError:
+		return prefix + "the sandbox stopped while the command ran and is in state error: " + sb.Error
+	}
+	return prefix + "the connection to the sandbox's guest agent ended before the command's exit status: " + err.Error()
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
