@@ -331,6 +331,11 @@ func TestImportRejects(t *testing.T) {
 		"escape":   makeTar(t, []tarEntry{{name: "ok", body: "x"}, {name: "../escape", body: "x"}}),
 		"escape2":  makeTar(t, []tarEntry{{name: "a/../../escape", body: "x"}}),
 		"hardlink": makeTar(t, []tarEntry{{name: "a", typ: tar.TypeLink, link: "../../etc/passwd"}}),
+		// Out through a symlink the archive made (os.Root refuses; a new-user
+		// trial got 500 "path escapes from parent" for it).
+		"symlink-abs": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/tmp"}, {name: "esc/file", body: "x"}}),
+		"symlink-rel": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "../../.."}, {name: "esc/escape", body: "x"}}),
+		"symlink-dir": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/"}, {name: "esc/sub/", typ: tar.TypeDir}}),
 		"notar":    []byte("this is just some text, not a tar archive at all\n"),
 		"empty":    nil,
 		"zstd":     {0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0},
@@ -344,6 +349,9 @@ func TestImportRejects(t *testing.T) {
 		t.Logf("%s: %v", n, err)
 		if n == "notar" && !strings.HasPrefix(err.Error(), "import notar: not a tar archive: ") {
 			t.Errorf("%s: message %q", n, err)
+		}
+		if strings.HasPrefix(n, "symlink-") && !strings.Contains(err.Error(), "leads out of the image through a symlink") {
+			t.Errorf("%s: message %q, want it to say the path leads out through a symlink", n, err)
 		}
 		if _, _, err := s.Get(ctx, n); !errors.Is(err, ErrNotFound) {
 			t.Errorf("%s: Get after failed import: %v", n, err)

@@ -343,8 +343,12 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
 		// An upload cut short leaves its body unread, perhaps by a client that
-		// sends nothing more: end that read now.
+		// sends nothing more: end that read now. A read ended so cancels the
+		// connection's context (net/http's connReader), and every later
+		// request on it would start cancelled (503 "context canceled" after a
+		// refused PUT, found by TestFileErrorsOfThePath): close it.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close")
 		s.fail(w, r, err)
 		return
 	}
