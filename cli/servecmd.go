@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/quickstart"
 	"github.com/torpor/torpor/server"
 )
 
@@ -115,8 +117,17 @@ func defaultAgent() string {
 func (a *app) quickstartCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "quickstart",
-		Short: "Walk through create, exec, hibernate, resume and fork against a running server",
-		Args:  usageArgs(cobra.NoArgs),
+		Short: "Walk through create, hibernate and resume on request (starts a server if none answers)",
+		Long: `Walk through torpor's core promise: create a sandbox from image "base", start a
+Python server in it holding a counter and 64 MiB of random data, hibernate the
+sandbox, wake it with the next request through the port proxy, show the counter
+continuing and the data's checksum unchanged, and delete the sandbox.
+
+It uses the server at --url (else $TORPOR_URL, else ` + client.DefaultURL + `). If none
+answers there, it starts one itself, as root: torpor serve --data-dir ` + quickstart.DefaultDataDir + `
+--listen <that address>, its log in ` + quickstart.DefaultDataDir + `/quickstart-serve.log, and
+stops it at the end.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runQuickstart(cmd.Context(), a.serverURL(), a.stdout)
 		},
