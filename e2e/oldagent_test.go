@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/guest/proto"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
@@ -156,6 +158,15 @@ func TestResumeOldestAgentSnapshot(t *testing.T) {
 			}
 			t.Errorf("cycle %d: read of a missing file: %v, want not_found", k, err)
 		}
+		// E2B's envd is refused at once, with the reason, not forwarded to an
+		// agent that does not serve it.
+		t0 := time.Now()
+		if conn, err := srv.Manager.DialAgent(ctx, id); !errors.Is(err, agentclient.ErrNoEnvd) || time.Since(t0) > 5*time.Second {
+			if conn != nil {
+				conn.Close()
+			}
+			t.Errorf("cycle %d: DialAgent for envd to the old agent: %v after %v, want ErrNoEnvd at once", k, err, time.Since(t0))
+		}
 		// A snapshot taken on this host still holds the old agent.
 		h = hibernate(t, c, id)
 	}
@@ -167,5 +178,10 @@ func TestResumeOldestAgentSnapshot(t *testing.T) {
 	}
 	if got := strings.Fields(sh(t, c, fresh.ID, "sha256sum /.torpor/torpor-agent"))[0]; got == agentSum {
 		t.Errorf("new sandbox runs the old agent %s", got)
+	}
+	if conn, err := srv.Manager.DialAgent(ctx, fresh.ID); err != nil {
+		t.Errorf("DialAgent for envd to the current agent: %v", err)
+	} else {
+		conn.Close()
 	}
 }

@@ -93,7 +93,13 @@ func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 			defer eln.Close()
 		}
 	}
+	// HTTP/1.1 for torpor's protocol and envd's Connect clients; cleartext
+	// HTTP/2 (prior knowledge) as well, for envd's gRPC clients.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
+		Protocols:         &protocols,
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       10 * time.Minute,
@@ -123,6 +129,7 @@ type server struct {
 	log    *log.Logger
 	resume *resumer // nil without Options.RunDir
 	root   string   // Options.Root
+	envd   *envd
 }
 
 func newServer(opts Options) *server {
@@ -139,7 +146,9 @@ func newServer(opts Options) *server {
 			}
 		}
 	}
-	return &server{env: env, reaper: getReaper(opts.ReapAll, lg), log: lg, root: opts.Root}
+	s := &server{env: env, reaper: getReaper(opts.ReapAll, lg), log: lg, root: opts.Root}
+	s.envd = newEnvd(s)
+	return s
 }
 
 func (s *server) handler() http.Handler {
@@ -149,6 +158,7 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
 	mux.HandleFunc("POST /resume", s.handleResume)
+	s.envd.mount(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health", "/exec", "/files", "/resume":

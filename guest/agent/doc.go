@@ -10,7 +10,7 @@
 //
 //	GET  /health
 //	     200 proto.Health {"ok":true,"pid":<agent pid>,"started_at":"<RFC3339Nano>",
-//	         "protocol_version":2,"agent":"torpor-agent <version> vcs.revision=…"}
+//	         "protocol_version":3,"agent":"torpor-agent <version> vcs.revision=…"}
 //	     (protocol_version and agent since protocol version 2)
 //
 //	POST /exec            body: proto.ExecRequest
@@ -69,6 +69,53 @@
 //	     ok is false when a step failed, a subscriber timed out or a hook failed or
 //	     overran; the answer is 200 in every case. With "start" (first boot) the
 //	     event is named "start", nobody is waited for and no hook runs.
+//
+// E2B's envd (protocol version 3; guest/proto's envd.go has the paths and the
+// host's rewrite rule, api/e2b/envd/proto the services):
+//
+//	/process.Process/*         Start, Connect, List, SendInput, StreamInput,
+//	                           CloseStdin, SendSignal, Update
+//	/filesystem.Filesystem/*   Stat, ListDir, MakeDir, Move, Remove, WatchDir,
+//	                           CreateWatcher, GetWatcherEvents, RemoveWatcher
+//	GET  /envd/health          204
+//	GET  /envd/files?path=&username=   the file's bytes (gzip if accepted);
+//	                           404/400 {"code":<status>,"message":"…"}
+//	POST /envd/files?path=&username=   octet-stream or multipart ("file"
+//	                           parts, each at ?path= or its file name; gzip
+//	                           bodies too): [{"path","name","type":"file"}]
+//	GET  /envd/envs            the sandbox env as a JSON object
+//
+// The user of a call is "Authorization: Basic base64(<user>:)" (for /files,
+// ?username= first), else "user"; a user missing from the sandbox's
+// /etc/passwd is invalid_argument. Commands run as that user (uid, gid,
+// supplementary groups) with the environment PATH/HOME/LANG defaults < the
+// sandbox env < HOME, USER, LOGNAME of the user < the request's envs, in the
+// user's home unless cwd is given; relative paths are taken from the home and
+// "~" is the home. Files and directories are changed with the agent's rights
+// (as E2B's envd does) and what a call creates is owned by its user.
+//
+// A process started with Start stays in the agent's process table until it
+// exits, whether or not a stream follows it: closing the Start stream detaches,
+// Connect (by pid or tag) re-attaches to its output from then on, and the
+// output produced while nobody follows it is not kept (as E2B's envd). Each
+// process leads its own process group (its own session, with the terminal as
+// controlling terminal, with a pty); SendSignal signals the group. stdin: true
+// or absent keeps a pipe open for SendInput/StreamInput until CloseStdin;
+// false gives /dev/null. The Start call's timeout (Connect-Timeout-Ms, gRPC's
+// grpc-timeout) kills the process when it passes, as E2B's envd does; no
+// timeout, no kill. Quiet streams get a keepalive event every
+// Keepalive-Ping-Interval seconds (default DefaultKeepalive). The end event
+// reads like Go's os.ProcessState: exited with exit_code and status "exit
+// status N", or exited false, exit_code -1 and status "signal: killed"; error
+// is the status unless the process exited 0.
+//
+// The process table lives in sandbox memory, so a memory hibernate keeps it:
+// after the resume List shows the processes and Connect re-attaches. The
+// streams open at the checkpoint are cut: the host closes its ends when the
+// sandbox exits, and the agent ends every envd stream opened before a resume
+// when POST /resume announces it (their goroutines do not wait for a write to
+// fail); no envd request reaches the agent before the resume contract ran,
+// since the host forwards requests only after its resume returned.
 //
 // Events socket /run/torpor/events (unix stream, mode 0666): one JSON object per
 // line. On connect the agent sends {"event":"hello","generation":N}; on every

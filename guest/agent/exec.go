@@ -66,8 +66,17 @@ func (o *ndjson) flush() {
 
 // childEnv merges defaults < sandbox env < request env into a sorted "K=V" list.
 func (s *server) childEnv(req map[string]string) ([]string, string) {
+	return s.mergeEnv(nil, req)
+}
+
+// mergeEnv merges defaults < sandbox env < over < request env into a sorted
+// "K=V" list, and returns the PATH it holds.
+func (s *server) mergeEnv(over, req map[string]string) ([]string, string) {
 	m := map[string]string{"PATH": DefaultPath, "HOME": "/root", "LANG": "C.UTF-8"}
 	for k, v := range s.env {
+		m[k] = v
+	}
+	for k, v := range over {
 		m[k] = v
 	}
 	for k, v := range req {

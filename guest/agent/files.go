@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/torpor/torpor/guest/proto"
+	"github.com/torpor/torpor/internal/atomicfile"
 )
 
 // maxUnsizedRead bounds files whose stat size is 0 (procfs and the like), read whole.
@@ -99,45 +100,14 @@ func (s *server) handlePutFile(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// writeFileAtomic replaces p with the bytes of src: temporary file in p's directory,
-// fsync, chmod, rename, fsync of the directory. Missing parents are created 0755.
+// writeFileAtomic replaces p with the bytes of src (atomicfile.WriteFrom:
+// temporary file in p's directory, fsync, rename, fsync of the directory),
+// mode mode. Missing parents are created 0755.
 func writeFileAtomic(p string, src io.Reader, mode os.FileMode) error {
-	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".torpor-put-*")
-	if err != nil {
-		return err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, src); err != nil {
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return err
-	}
-	ok = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.WriteFrom(p, src, mode)
 }
 
 func fileError(w http.ResponseWriter, err error) {

@@ -262,6 +262,12 @@ func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "deadlines must be >= 0")
 		return
 	}
+	if !rq.Start {
+		// The host's ends of envd's streams did not survive the checkpoint.
+		if n := s.envd.cutStreams(); n > 0 {
+			s.log.Printf("resume: cut %d envd streams opened before the hibernate", n)
+		}
+	}
 	if s.resume == nil {
 		writeError(w, http.StatusNotFound, proto.CodeNotFound, "resume contract not enabled (no run dir)")
 		return

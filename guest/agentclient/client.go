@@ -9,8 +9,10 @@
 // extra round trip per call), exposes it as ProtocolVersion, refuses a version
 // outside proto.MinVersion..proto.Version (ErrUnsupportedVersion), and serves
 // each call on the path the agent's version has. Every call of this package is
-// served by every supported version: protocol version 2 added only the version
-// report itself.
+// served by every supported version (protocol version 2 added only the version
+// report itself), except E2B's envd, which protocol version 3 added: Envd
+// tells whether the agent serves it (ErrNoEnvd, at once, for an older agent),
+// and EnvdTransport carries envd's requests to it.
 package agentclient
 
 import (
@@ -48,16 +50,22 @@ type Client struct {
 // connection to the sandbox IP, port 49983, made from the sandbox's network namespace).
 // Connections are kept alive, at most 4 idle ones.
 func New(dial func(ctx context.Context) (net.Conn, error)) *Client {
-	tr := &http.Transport{
+	tr := newTransport(dial, 90*time.Second)
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+// newTransport is an HTTP/1.1 transport whose connections dial makes, keeping
+// at most 4 idle ones for idle each, with no compression of its own.
+func newTransport(dial func(ctx context.Context) (net.Conn, error), idle time.Duration) *http.Transport {
+	return &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
 		},
 		MaxIdleConns:        4,
 		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idle,
 		DisableCompression:  true,
 	}
-	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
 }
 
 // TCPDialer returns a dial function for New that makes TCP connections to addr
@@ -421,3 +429,97 @@ func (c *Client) Resume(ctx context.Context, req proto.ResumeRequest) (proto.Res
 	io.Copy(io.Discard, resp.Body)
 	return rep, nil
 }
+
+// ErrNoEnvd is the error (via errors.Is) of an envd call to an agent older
+// than proto.EnvdMinVersion: a sandbox started, or resumed from a snapshot
+// taken, before the agent served E2B's envd.
+var ErrNoEnvd = errors.New("this sandbox's agent predates E2B's envd")
+
+// EnvdVersionError names the agent that cannot serve envd. It matches
+// ErrNoEnvd.
+type EnvdVersionError struct {
+	Version int    // the agent's protocol version
+	Agent   string // its build, as it reported it ("" before version 2)
+}
+
+func (e *EnvdVersionError) Error() string {
+	s := fmt.Sprintf("%v: its guest agent speaks torpor protocol version %d", ErrNoEnvd, e.Version)
+	if e.Agent != "" {
+		s += " (" + e.Agent + ")"
+	}
+	return s + fmt.Sprintf(" and envd needs version %d or later; the sandbox still serves torpor's own API "+
+		"(exec, files); a sandbox created from an image, or from a snapshot taken, on this host serves envd", proto.EnvdMinVersion)
+}
+
+func (e *EnvdVersionError) Is(target error) bool { return target == ErrNoEnvd }
+
+// Envd returns nil if the agent serves E2B's envd (protocol version
+// proto.EnvdMinVersion or later, as learnt by WaitReady), else an
+// *EnvdVersionError (ErrNoEnvd). Before WaitReady succeeded it is an error too
+// (version 0). It makes no request.
+func (c *Client) Envd() error {
+	if v := c.ProtocolVersion(); v < proto.EnvdMinVersion {
+		return &EnvdVersionError{Version: v, Agent: c.AgentBuild()}
+	}
+	return nil
+}
+
+// EnvdTransport is an http.RoundTripper for requests to one sandbox's envd,
+// written with envd's own paths ("/files", "/process.Process/Start", …): it
+// rewrites each path with proto.EnvdPath and sends the request to the agent
+// over connections made by dial, HTTP/1.1, with no compression of its own (a
+// client's Accept-Encoding is passed on). The request's host name is not used.
+// A host front forwarding E2B's SDK can use it as an httputil.ReverseProxy's
+// Transport; Connect's unary, server-streaming and client-streaming calls work
+// over it (bidirectional streams and gRPC need HTTP/2: dial the agent with an
+// HTTP/2 cleartext transport instead).
+type EnvdTransport struct {
+	tr *http.Transport
+}
+
+// NewEnvdTransport returns an EnvdTransport dialling with dial (for a sandbox:
+// the manager's connection to the sandbox's agent, which waits for a resume to
+// finish and is cut when the sandbox hibernates). At most 4 idle connections
+// are kept, each for at most 30 s.
+func NewEnvdTransport(dial func(ctx context.Context) (net.Conn, error)) *EnvdTransport {
+	return &EnvdTransport{tr: newTransport(dial, 30*time.Second)}
+}
+
+// maxBufferedEnvdBody is the largest request body EnvdTransport reads whole
+// before sending it (every Connect unary and server-streaming call, small
+// uploads); larger and unsized bodies (client streams, uploads) are streamed.
+const maxBufferedEnvdBody = 1 << 20
+
+// RoundTrip sends req to the agent with its path rewritten (req is not changed).
+//
+// A small request body of known length is read whole first. envd answers a
+// server-streaming call as soon as it has read the request's one message; when
+// the answer comes before net/http's transport has finished with the body it
+// closes the body, and a body owned by an incoming request (a front forwarding
+// it) then fails the transport's last read, which cuts the answer's connection
+// mid-stream. A body held in memory cannot fail that way.
+func (t *EnvdTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength > 0 && req.ContentLength <= maxBufferedEnvdBody {
+		// Exactly ContentLength bytes: waiting for EOF would wait for a
+		// writer (connect-go's request pipe) that closes only later.
+		b := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(req.Body, b); err != nil {
+			req.Body.Close()
+			return nil, err
+		}
+		req.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		r.ContentLength = int64(len(b))
+	}
+	u := *req.URL
+	u.Scheme, u.Host = "http", "torpor-agent"
+	u.Path, u.RawPath = proto.EnvdPath(req.URL.Path), ""
+	r.URL, r.Host = &u, ""
+	return t.tr.RoundTrip(r)
+}
+
+// CloseIdleConnections closes the transport's idle connections (before the
+// sandbox hibernates: an idle connection to it counts as a request in flight).
+func (t *EnvdTransport) CloseIdleConnections() { t.tr.CloseIdleConnections() }

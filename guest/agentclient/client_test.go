@@ -202,3 +202,81 @@ func TestVersions(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvdVersion: an agent before protocol version 3 (a sandbox resumed from an
+// old snapshot) is refused for envd at once, with an error that says why; a
+// version 3 agent is accepted.
+func TestEnvdVersion(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		health string
+		ok     bool
+	}{
+		{"version 1", v1Health, false},
+		{"version 2", `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05Z","protocol_version":2,"agent":"torpor-agent old"}`, false},
+		{"version 3", `{"ok":true,"pid":1,"started_at":"2026-01-02T03:04:05Z","protocol_version":3,"agent":"torpor-agent new"}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, f := startFake(t, tc.health)
+			if err := c.Envd(); !errors.Is(err, agentclient.ErrNoEnvd) {
+				t.Fatalf("Envd() before WaitReady = %v, want ErrNoEnvd", err)
+			}
+			if err := c.WaitReady(context.Background(), 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Envd()
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("Envd() = %v, want nil", err)
+				}
+				return
+			}
+			var ve *agentclient.EnvdVersionError
+			if !errors.Is(err, agentclient.ErrNoEnvd) || !errors.As(err, &ve) || ve.Version != proto.VersionOf(mustHealth(t, tc.health)) {
+				t.Fatalf("Envd() = %v, want an EnvdVersionError naming the version", err)
+			}
+			if !strings.Contains(err.Error(), "predates E2B's envd") {
+				t.Fatalf("Envd() = %q: does not say why", err)
+			}
+			if n := f.count("GET /health"); n != 1 {
+				t.Fatalf("Envd made requests: %d health checks, want the one of WaitReady", n)
+			}
+		})
+	}
+}
+
+func mustHealth(t *testing.T, body string) proto.Health {
+	var h proto.Health
+	if err := json.Unmarshal([]byte(body), &h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestEnvdTransport: envd's paths reach the agent rewritten by proto.EnvdPath,
+// the query kept.
+func TestEnvdTransport(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.RequestURI())
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(hs.Close)
+	tr := agentclient.NewEnvdTransport(agentclient.TCPDialer(strings.TrimPrefix(hs.URL, "http://")))
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr}
+	for _, p := range []string{"/health", "/files?path=%2Ftmp%2Fa+b&username=root", "/envs", "/process.Process/Start", "/exec"} {
+		resp, err := hc.Get("http://sbx-1.example.org:49983" + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	want := []string{"GET /envd/health", "GET /envd/files?path=%2Ftmp%2Fa+b&username=root", "GET /envd/envs", "GET /process.Process/Start", "GET /envd/exec"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("agent got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

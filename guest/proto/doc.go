@@ -23,6 +23,14 @@
 //     them once, when it waits for the agent to be ready, and exec keeps its
 //     single round trip. Nothing else changed: every version 1 call is served
 //     unchanged, with the same paths and field names.
+//   - Version 3: the agent also serves E2B's envd (envd.go): the Connect
+//     services process.Process and filesystem.Filesystem at their own paths
+//     ("/process.Process/Start", …; Connect JSON and binary over HTTP/1.1, gRPC
+//     over cleartext HTTP/2 too) and envd's plain routes under EnvdPrefix
+//     (/envd/health, /envd/files, /envd/envs). A host forwarding envd requests
+//     rewrites their paths with EnvdPath and must not forward them to an agent
+//     below EnvdMinVersion (agentclient.Client.Envd names the error). Every
+//     version 2 call is served unchanged.
 //
 // # Rules
 //

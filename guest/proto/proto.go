@@ -8,10 +8,14 @@ const (
 	Version1 = 1
 	// Version2 adds the protocol version and agent build to the health answer.
 	Version2 = 2
+	// Version3 adds E2B's envd services (EnvdMinVersion): the Connect services
+	// process.Process and filesystem.Filesystem and the plain HTTP routes under
+	// EnvdPrefix.
+	Version3 = 3
 
 	// Version is the protocol this tree's agent speaks and the newest this
 	// tree's host knows.
-	Version = Version2
+	Version = Version3
 	// MinVersion is the oldest protocol the host still speaks. It is never
 	// raised while snapshots taken with an agent of an older version may exist.
 	MinVersion = Version1

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/guest/proto"
 )
 
@@ -63,5 +64,30 @@ func TestVersionOf(t *testing.T) {
 	}
 	if proto.MinVersion > proto.Version1 {
 		t.Errorf("MinVersion %d: version 1 snapshots may still exist (see doc.go)", proto.MinVersion)
+	}
+}
+
+func TestEnvdPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/health":                        "/envd/health",
+		"/files":                         "/envd/files",
+		"/envs":                          "/envd/envs",
+		"/process.Process/Start":         "/process.Process/Start",
+		"/filesystem.Filesystem/ListDir": "/filesystem.Filesystem/ListDir",
+		"/exec":                          "/envd/exec",
+		"/resume":                        "/envd/resume",
+		"/envd/files":                    "/envd/envd/files",
+		"/":                              "/envd/",
+	} {
+		if got := proto.EnvdPath(in); got != want {
+			t.Errorf("EnvdPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The agent's default envd user is the one the E2B control plane documents.
+func TestEnvdDefaultUser(t *testing.T) {
+	if proto.EnvdDefaultUser != e2b.DefaultUser {
+		t.Fatalf("proto.EnvdDefaultUser %q, e2b.DefaultUser %q", proto.EnvdDefaultUser, e2b.DefaultUser)
 	}
 }

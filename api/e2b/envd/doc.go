@@ -13,6 +13,6 @@
 //
 // Names and field numbers are E2B's, so that the SDKs' JSON and binary messages
 // decode into these types; the tests check them against the descriptors the npm SDK
-// embeds and against the SDK itself. Serving them from torpor's guest agent is the next
-// step; docs/e2b.md is the design.
+// embeds and against the SDK itself. torpor's guest agent serves them (package
+// guest/agent, protocol version 3); docs/e2b.md describes how.
 package envd

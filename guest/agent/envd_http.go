@@ -1,0 +1,284 @@
+package agent
+
+import (
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"connectrpc.com/connect"
+)
+
+// envdHTTPError writes envd's error body {"code":<status>,"message":"…"}, which
+// E2B's SDK reads (404 → FileNotFoundError for files, 400 → InvalidArgumentError).
+func envdHTTPError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{status, msg})
+}
+
+// envdHTTPFail writes err (a connect error from the user or path checks, or a
+// filesystem error) with the matching HTTP status.
+func (e *envd) envdHTTPFail(w http.ResponseWriter, err error) {
+	ce := new(connect.Error)
+	if !errors.As(e.fsError(err), &ce) {
+		envdHTTPError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	status := http.StatusInternalServerError
+	switch ce.Code() {
+	case connect.CodeNotFound:
+		status = http.StatusNotFound
+	case connect.CodeInvalidArgument, connect.CodeAlreadyExists:
+		status = http.StatusBadRequest
+	case connect.CodePermissionDenied:
+		status = http.StatusForbidden
+	case connect.CodeResourceExhausted:
+		status = http.StatusInsufficientStorage
+	}
+	envdHTTPError(w, status, ce.Message())
+}
+
+// httpUser is the user of a /files request: ?username=, else the Basic
+// authorization header, else the default user.
+func httpUser(r *http.Request) (*envdUser, error) {
+	if n := r.URL.Query().Get("username"); n != "" {
+		return lookupUser(n)
+	}
+	return userOf(r.Header)
+}
+
+// handleEnvs answers the sandbox env (envd's GET /envs).
+func (e *envd) handleEnvs(w http.ResponseWriter, r *http.Request) {
+	env := e.srv.env
+	if env == nil {
+		env = map[string]string{}
+	}
+	writeJSON(w, http.StatusOK, env)
+}
+
+// handleGetFile answers a file's bytes (envd's GET /files?path=&username=),
+// gzip-encoded when the request accepts gzip.
+func (e *envd) handleGetFile(w http.ResponseWriter, r *http.Request) {
+	u, err := httpUser(r)
+	if err != nil {
+		e.envdHTTPFail(w, err)
+		return
+	}
+	p, err := u.resolve(r.URL.Query().Get("path"))
+	if err != nil {
+		e.envdHTTPFail(w, err)
+		return
+	}
+	hp := e.host(p)
+	f, err := os.Open(hp)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			envdHTTPError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
+			return
+		}
+		e.envdHTTPFail(w, err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		e.envdHTTPFail(w, err)
+		return
+	}
+	if st.IsDir() {
+		envdHTTPError(w, http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", p))
+		return
+	}
+	w.Header().Set("Vary", "Accept-Encoding")
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) && r.Header.Get("Range") == "" {
+		ct := mime.TypeByExtension(filepath.Ext(p))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		w.Header().Set("Content-Type", ct)
+		w.Header().Set("Content-Encoding", "gzip")
+		gw := gzip.NewWriter(w)
+		if _, err := io.Copy(gw, f); err != nil {
+			e.srv.log.Printf("envd: get %s: %v", p, err)
+		}
+		gw.Close()
+		return
+	}
+	if !st.Mode().IsRegular() {
+		// procfs and devices: no seek, no size.
+		w.Header().Set("Content-Type", "application/octet-stream")
+		io.Copy(w, io.LimitReader(f, maxUnsizedRead))
+		return
+	}
+	http.ServeContent(w, r, filepath.Base(p), st.ModTime(), f)
+}
+
+// acceptsGzip reports whether an Accept-Encoding value lists gzip with a
+// non-zero quality.
+func acceptsGzip(v string) bool {
+	for _, part := range strings.Split(v, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if !strings.EqualFold(strings.TrimSpace(name), "gzip") {
+			continue
+		}
+		q := strings.ReplaceAll(strings.TrimSpace(params), " ", "")
+		return q != "q=0" && q != "q=0.0" && q != "q=0.00" && q != "q=0.000"
+	}
+	return false
+}
+
+// writtenFile is one entry of the answer of POST /files.
+type writtenFile struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// handlePostFiles writes files (envd's POST /files?path=&username=): the body
+// of an application/octet-stream request is the file at ?path=; a
+// multipart/form-data body carries one file per "file" part, at ?path= or, when
+// it is absent, at the part's file name (which may hold directories). The body
+// may be gzip-encoded (Content-Encoding: gzip). Missing parent directories are
+// created; what is created is owned by the user. It answers
+// [{"path","name","type":"file"}].
+func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
+	u, err := httpUser(r)
+	if err != nil {
+		e.envdHTTPFail(w, err)
+		return
+	}
+	body := io.Reader(r.Body)
+	if strings.EqualFold(strings.TrimSpace(r.Header.Get("Content-Encoding")), "gzip") {
+		gz, err := gzip.NewReader(r.Body)
+		if err != nil {
+			envdHTTPError(w, http.StatusBadRequest, "gzip body: "+err.Error())
+			return
+		}
+		defer gz.Close()
+		body = gz
+	}
+	query := r.URL.Query()
+	hasPath := query.Has("path") && query.Get("path") != ""
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []writtenFile
+	write := func(path string, src io.Reader) bool {
+		p, err := u.resolve(path)
+		if err != nil {
+			e.envdHTTPFail(w, err)
+			return false
+		}
+		for _, f := range out {
+			if f.Path == p {
+				envdHTTPError(w, http.StatusBadRequest, fmt.Sprintf("two files of one upload name the same path '%s'", p))
+				return false
+			}
+		}
+		if err := e.writeAs(e.host(p), src, u); err != nil {
+			e.srv.log.Printf("envd: write %s: %v", p, err)
+			e.envdHTTPFail(w, err)
+			return false
+		}
+		out = append(out, writtenFile{Path: p, Name: filepath.Base(p), Type: "file"})
+		return true
+	}
+	switch {
+	case mt == "application/octet-stream":
+		if !hasPath {
+			envdHTTPError(w, http.StatusBadRequest, "path query parameter is required for an application/octet-stream upload")
+			return
+		}
+		if !write(query.Get("path"), body) {
+			return
+		}
+	case strings.HasPrefix(mt, "multipart/"):
+		if params["boundary"] == "" {
+			envdHTTPError(w, http.StatusBadRequest, "multipart body without a boundary")
+			return
+		}
+		mr := multipart.NewReader(body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				envdHTTPError(w, http.StatusBadRequest, "multipart body: "+err.Error())
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			path := query.Get("path")
+			if !hasPath {
+				path = partFileName(part.Header.Get("Content-Disposition"))
+				if path == "" {
+					part.Close()
+					envdHTTPError(w, http.StatusBadRequest, "a file part without a file name, and no path query parameter")
+					return
+				}
+			}
+			ok := write(path, part)
+			part.Close()
+			if !ok {
+				return
+			}
+		}
+	default:
+		envdHTTPError(w, http.StatusBadRequest, fmt.Sprintf("unsupported content type %q: send multipart/form-data or application/octet-stream", r.Header.Get("Content-Type")))
+		return
+	}
+	if out == nil {
+		out = []writtenFile{}
+	}
+	b, _ := json.Marshal(out)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+}
+
+// partFileName is the filename of a Content-Disposition value with its
+// directories (mime/multipart's FileName keeps only the base name).
+func partFileName(cd string) string {
+	_, params, err := mime.ParseMediaType(cd)
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
+// writeAs writes src to host path hp in place, as E2B's envd does (an existing
+// file keeps its mode; a new one gets 0666 less the umask): missing parents are
+// created owned by u, and the file is owned by u.
+func (e *envd) writeAs(hp string, src io.Reader, u *envdUser) error {
+	if err := mkdirAllAs(filepath.Dir(hp), u); err != nil {
+		return err
+	}
+	if st, err := os.Stat(hp); err == nil && st.IsDir() {
+		return &fs.PathError{Op: "write", Path: hp, Err: syscall.EISDIR}
+	}
+	f, err := os.OpenFile(hp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
+	if err != nil {
+		return err
+	}
+	if err := chown(hp, u); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
