@@ -186,10 +186,43 @@ func (a *app) message(err error) string {
 	}
 	var ue *url.Error
 	var oe *net.OpError
-	if errors.As(err, &ue) && errors.As(err, &oe) && strings.HasPrefix(ue.URL, a.serverURL()) {
-		return fmt.Sprintf("cannot reach the torpor server at %s (is `torpor serve` running? set --url or TORPOR_URL): %v", a.serverURL(), oe)
+	if errors.As(err, &ue) && strings.HasPrefix(ue.URL, a.serverURL()) {
+		// The request went out and the connection ended without an answer (the
+		// server crashed or was killed mid-call): what the call did is unknown.
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || (errors.As(err, &oe) && oe.Op == "read") {
+			what := strings.ToUpper(ue.Op) + " " + strings.TrimPrefix(ue.URL, a.serverURL())
+			return fmt.Sprintf("the torpor server at %s closed the connection before answering %s: the call may or may not have taken effect (check with `torpor ls` or `torpor inspect ID`)", a.serverURL(), what)
+		}
+		if errors.As(err, &oe) {
+			return fmt.Sprintf("cannot reach the torpor server at %s (is `torpor serve` running? set --url or TORPOR_URL): %v", a.serverURL(), oe)
+		}
 	}
 	return strings.TrimPrefix(err.Error(), "torpor: ")
+}
+
+// reportFor prints the error of one of several arguments (rm ID…): "torpor:
+// <arg>: <message>", without the "<arg>: " when the message names arg already
+// (the server's `sandbox "x": not found`).
+func (a *app) reportFor(arg string, err error) {
+	msg := a.message(err)
+	if !strings.Contains(msg, arg) {
+		msg = arg + ": " + msg
+	}
+	fmt.Fprintf(a.stderr, "torpor: %s\n", msg)
+}
+
+// distinct is args without repeats, in their first order (`torpor key rm X X`
+// removes X once, and does not fail on the second).
+func distinct(args []string) []string {
+	seen := make(map[string]bool, len(args))
+	out := args[:0:0]
+	for _, s := range args {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // isTerminal reports whether f is an *os.File on a terminal.
@@ -298,3 +331,15 @@ func humanAge(d time.Duration) string {
 }
 
 func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
+
+// size is bytes in a unit that shows it: B under 1 KiB, KiB under 1 MiB (a
+// filesystem-mode snapshot of a few files), else MiB.
+func size(bytes int64) string {
+	switch {
+	case bytes < 1<<10:
+		return fmt.Sprintf("%d B", bytes)
+	case bytes < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(bytes)/(1<<10))
+	}
+	return mib(bytes)
+}

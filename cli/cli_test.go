@@ -17,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/torpor/torpor/apiv1"
 )
 
@@ -30,6 +33,7 @@ type fakeServer struct {
 	files     map[string][]byte // "id:/path"
 	images    []apiv1.Image
 	lastExec  apiv1.ExecRequest
+	lastFork  apiv1.ForkRequest
 	lastReq   *http.Request
 	next      int
 }
@@ -97,6 +101,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 		var req apiv1.ForkRequest
 		json.NewDecoder(r.Body).Decode(&req)
+		f.lastFork = req
 		var out apiv1.ForkResponse
 		for range req.Count {
 			f.next++
@@ -477,13 +482,25 @@ func TestHibernateResumeForkRm(t *testing.T) {
 	if out := f.mustRun("fork", "sb1", "--count", "3"); out != "sb2\nsb3\nsb4\n" {
 		t.Fatalf("fork: %q", out)
 	}
-	if out := f.mustRun("fork", "sb1"); out != "sb5\n" {
-		t.Fatalf("fork default: %q", out)
+	if out := f.mustRun("fork", "sb1"); out != "sb5\n" || f.lastFork.Volumes != "" {
+		t.Fatalf("fork default: %q, volumes %q", out, f.lastFork.Volumes)
+	}
+	// --volumes is the fork call's "volumes" (clones of a sandbox with volumes).
+	if out := f.mustRun("fork", "sb1", "--volumes", "copy"); out != "sb6\n" || f.lastFork != (apiv1.ForkRequest{Count: 1, Volumes: "copy"}) {
+		t.Fatalf("fork --volumes copy: %q, sent %+v", out, f.lastFork)
+	}
+	if r := f.run("", "fork", "sb1", "--volumes", "share"); r.code != 2 || !strings.Contains(r.stderr, `--volumes "share": want copy`) {
+		t.Fatalf("fork --volumes share: %+v", r)
 	}
 
-	r := f.run("", "rm", "sb2", "nope", "sb3")
-	if r.code != 1 || r.stdout != "sb2\nsb3\n" || r.stderr != "torpor: nope: sandbox nope not found\n" {
+	// The server's message names the id: it is printed once; a repeated id is
+	// deleted once.
+	r := f.run("", "rm", "sb2", "nope", "sb3", "sb2")
+	if r.code != 1 || r.stdout != "sb2\nsb3\n" || r.stderr != "torpor: sandbox nope not found\n" {
 		t.Fatalf("rm: %+v", r)
+	}
+	if err := f.mustRun("rm", "sb6"); err != "sb6\n" {
+		t.Fatalf("rm sb6: %q", err)
 	}
 	if _, ok := f.sandboxes["sb3"]; ok {
 		t.Fatal("sb3 not deleted")
@@ -637,4 +654,72 @@ func sameJSON(a, b string) bool {
 		return false
 	}
 	return reflect.DeepEqual(va, vb)
+}
+
+// TestFlagUsagesHaveNoBackticks: pflag takes text in backticks in a flag's
+// usage as the name of its value, so `serve --help` once showed
+// "--auth torpor key create".
+func TestFlagUsagesHaveNoBackticks(t *testing.T) {
+	a := &app{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.LocalFlags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) {
+				if strings.Contains(f.Usage, "`") {
+					name, _ := pflag.UnquoteUsage(f)
+					t.Errorf("%s --%s: usage has a backtick (help shows it as --%s %s): %q", c.CommandPath(), f.Name, f.Name, name, f.Usage)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(a.rootCommand())
+}
+
+// TestLsShortensDigestsAndSizes: a sandbox created by image digest shows the
+// digest as image ls does (sha256: + 12 hex), and a small snapshot (filesystem
+// mode) shows KiB, not "0.0 MiB".
+func TestLsShortensDigestsAndSizes(t *testing.T) {
+	f := newFakeServer(t)
+	digest := "sha256:" + strings.Repeat("0123456789abcdef", 4)
+	id := strings.TrimSpace(f.mustRun("create", "--image", digest))
+	f.mu.Lock()
+	f.sandboxes[id].State = apiv1.StateHibernated
+	f.sandboxes[id].Snapshot = &apiv1.Snapshot{ID: "snap-fs", Bytes: 6 << 10}
+	f.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(f.mustRun("ls"), "\n"), "\n")
+	if len(lines) != 2 || strings.Join(strings.Fields(lines[1]), " ") != id+" hibernated sha256:0123456789ab 512MiB 1 snap-fs (6.0 KiB) 1m" {
+		t.Fatalf("ls:\n%s", strings.Join(lines, "\n"))
+	}
+	for _, c := range []struct {
+		bytes int64
+		want  string
+	}{{0, "0 B"}, {1023, "1023 B"}, {1 << 10, "1.0 KiB"}, {(1 << 20) - 1, "1024.0 KiB"}, {1 << 20, "1.0 MiB"}, {150 << 20, "150.0 MiB"}} {
+		if got := size(c.bytes); got != c.want {
+			t.Errorf("size(%d) = %q, want %q", c.bytes, got, c.want)
+		}
+	}
+}
+
+// TestServerClosedMidCall: a call whose connection ends without an answer (the
+// server was killed mid-call) says so and that its effect is unknown, instead
+// of `Post "http://…/hibernate": EOF`.
+func TestServerClosedMidCall(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+	}))
+	defer srv.Close()
+	r := runTorpor("--url", srv.URL, "hibernate", "sb1")
+	if r.code != 1 || !strings.Contains(r.stderr, "closed the connection before answering POST /v1/sandboxes/sb1/hibernate") ||
+		!strings.Contains(r.stderr, "may or may not have taken effect") || strings.Contains(r.stderr, "EOF") {
+		t.Errorf("hibernate cut by the server: %+v", r)
+	}
 }

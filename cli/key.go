@@ -146,7 +146,7 @@ func (a *app) keyCommand() *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			for _, id := range args {
+			for _, id := range distinct(args) {
 				if err := db.DeleteAPIKey(cmd.Context(), id); err != nil {
 					if errors.Is(err, metadata.ErrNotFound) {
 						return fmt.Errorf("no key %s (torpor key ls lists them)", id)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -88,7 +89,8 @@ func TestKeyCommands(t *testing.T) {
 		}
 	}
 
-	if r := runTorpor("key", "rm", "--data-dir", dir, id); r.code != 0 || r.stdout != "removed "+id+"\n" {
+	// The same id twice removes it once, without failing on the repeat.
+	if r := runTorpor("key", "rm", "--data-dir", dir, id, id); r.code != 0 || r.stdout != "removed "+id+"\n" {
 		t.Fatalf("rm: %+v", r)
 	}
 	if r := runTorpor("key", "rm", "--data-dir", dir, id); r.code != 1 || !strings.Contains(r.stderr, "no key "+id) {
@@ -140,8 +142,13 @@ func TestServeAuthFlag(t *testing.T) {
 	if r := runTorpor("serve", "--auth", "maybe"); r.code != 2 || !strings.Contains(r.stderr, "--auth \"maybe\"") {
 		t.Errorf("serve --auth maybe: %+v", r)
 	}
-	r := runTorpor("serve", "--auth", "none", "--listen", "0.0.0.0:0", "--data-dir", t.TempDir())
-	if r.code != 1 || !strings.Contains(r.stderr, "--auth none on 0.0.0.0:0: refused") {
+	// A wrong command line like --auth maybe: exit 2, nothing set up.
+	dir := filepath.Join(t.TempDir(), "data")
+	r := runTorpor("serve", "--auth", "none", "--listen", "0.0.0.0:0", "--data-dir", dir)
+	if r.code != 2 || !strings.Contains(r.stderr, "--auth none on 0.0.0.0:0: refused") {
 		t.Errorf("serve --auth none off loopback: %+v", r)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("the refused serve made its data directory %s", dir)
 	}
 }

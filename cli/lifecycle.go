@@ -207,10 +207,10 @@ func (a *app) volumeCommand() *cobra.Command {
 		Args:    usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			failed := 0
-			for _, n := range args {
+			for _, n := range distinct(args) {
 				if err := a.client().DeleteVolume(cmd.Context(), n); err != nil {
 					failed++
-					fmt.Fprintf(a.stderr, "torpor: %s: %s\n", n, a.message(err))
+					a.reportFor(n, err)
 					continue
 				}
 				fmt.Fprintln(a.stdout, n)

@@ -75,14 +75,14 @@ func (a *app) lsCommand() *cobra.Command {
 			for _, sb := range sbs {
 				snap := "-"
 				if sb.Snapshot != nil {
-					snap = fmt.Sprintf("%s (%s)", sb.Snapshot.ID, mib(sb.Snapshot.Bytes))
+					snap = fmt.Sprintf("%s (%s)", sb.Snapshot.ID, size(sb.Snapshot.Bytes))
 				}
 				state := string(sb.State)
 				if sb.State == apiv1.StateError && sb.Error != "" {
 					state += ": " + truncate(sb.Error, 40)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%dMiB\t%d\t%s\t%s\n",
-					sb.ID, state, sb.Image, sb.MemoryMiB, sb.Generation, snap, humanAge(now.Sub(sb.CreatedAt)))
+					sb.ID, state, shortDigest(sb.Image), sb.MemoryMiB, sb.Generation, snap, humanAge(now.Sub(sb.CreatedAt)))
 			}
 			return tw.Flush()
 		},
@@ -153,7 +153,7 @@ func (a *app) hibernateCommand() *cobra.Command {
 				durable = " (not durable yet: uploading in the background)"
 			}
 			_, err = fmt.Fprintf(a.stdout, "hibernated %s: snapshot %s, %s, %d ms%s\n",
-				sb.ID, sb.Snapshot.ID, mib(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS, durable)
+				sb.ID, sb.Snapshot.ID, size(sb.Snapshot.Bytes), sb.Snapshot.HibernateMS, durable)
 			if err == nil && sb.ExpiresAt != nil && !sb.ExpiresAt.After(time.Now()) {
 				fmt.Fprintf(a.stderr, "torpor: warning: %s expired at %s; retention deletes it and its snapshot within seconds (torpor set %s --expires-at never keeps it)\n",
 					sb.ID, sb.ExpiresAt.UTC().Format(time.RFC3339), sb.ID)
@@ -198,19 +198,23 @@ func (a *app) resumeCommand() *cobra.Command {
 
 func (a *app) forkCommand() *cobra.Command {
 	var (
-		count  int
-		asJSON bool
+		count   int
+		volumes string
+		asJSON  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "fork ID [--count N]",
+		Use:   "fork ID [--count N] [--volumes copy]",
 		Short: "Start new sandboxes from a sandbox's snapshot; prints their ids",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if count < 1 {
 				return usagef("--count %d: want at least 1", count)
 			}
+			if volumes != "" && volumes != "copy" {
+				return usagef("--volumes %q: want copy (the only option of the fork call's \"volumes\")", volumes)
+			}
 			sp := a.newSpinner("forking " + args[0])
-			sbs, err := a.client().Fork(cmd.Context(), args[0], count)
+			sbs, err := a.client().ForkWith(cmd.Context(), args[0], apiv1.ForkRequest{Count: count, Volumes: volumes})
 			sp.done()
 			if err != nil {
 				return err
@@ -227,6 +231,7 @@ func (a *app) forkCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of clones")
+	cmd.Flags().StringVar(&volumes, "volumes", "", "what clones of a sandbox with volumes get: copy (each clone a copy of every volume, named <volume>-<clone id suffix>); without it such a fork is refused, as clones never share a read-write volume")
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the fork call's answer: {"sandboxes": [sandbox…]}`)
 	return cmd
 }
@@ -239,10 +244,10 @@ func (a *app) rmCommand() *cobra.Command {
 		Args:    usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			failed := 0
-			for _, id := range args {
+			for _, id := range distinct(args) {
 				if err := a.client().DeleteSandbox(cmd.Context(), id); err != nil {
 					failed++
-					fmt.Fprintf(a.stderr, "torpor: %s: %s\n", id, a.message(err))
+					a.reportFor(id, err)
 					if err := cmd.Context().Err(); err != nil {
 						return err
 					}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/quickstart"
 	"github.com/torpor/torpor/server"
 )
 
@@ -57,10 +59,10 @@ func (a *app) serveCommand() *cobra.Command {
 			default:
 				return usagef("--store %q: want plain, chunked or s3", cfg.Store.Kind)
 			}
-			switch server.AuthMode(cfg.Auth) {
-			case server.AuthAuto, server.AuthRequired, server.AuthNone:
-			default:
-				return usagef("--auth %q: want required, none or auto", cfg.Auth)
+			// An unknown mode, and none off loopback, are wrong command lines
+			// (exit 2), found before anything is set up.
+			if _, err := server.ResolveAuth(server.AuthMode(cfg.Auth), cfg.Listen); err != nil {
+				return usageError{err}
 			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
@@ -78,7 +80,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of E2B's in-sandbox host names, <port>-<sandbox id>.DOMAIN (sandbox.getHost; needs wildcard DNS to this server), sent to E2B's SDKs as the sandboxes' domain; empty: in-sandbox requests are routed by the E2b-Sandbox-Id/-Port headers only (E2B_SANDBOX_URL)")
-	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with `torpor key create`), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
+	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with: torpor key create), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	return cmd
 }
@@ -115,8 +117,17 @@ func defaultAgent() string {
 func (a *app) quickstartCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "quickstart",
-		Short: "Walk through create, exec, hibernate, resume and fork against a running server",
-		Args:  usageArgs(cobra.NoArgs),
+		Short: "Walk through create, hibernate and resume on request (starts a server if none answers)",
+		Long: `Walk through torpor's core promise: create a sandbox from image "base", start a
+Python server in it holding a counter and 64 MiB of random data, hibernate the
+sandbox, wake it with the next request through the port proxy, show the counter
+continuing and the data's checksum unchanged, and delete the sandbox.
+
+It uses the server at --url (else $TORPOR_URL, else ` + client.DefaultURL + `). If none
+answers there, it starts one itself, as root: torpor serve --data-dir ` + quickstart.DefaultDataDir + `
+--listen <that address>, its log in ` + quickstart.DefaultDataDir + `/quickstart-serve.log, and
+stops it at the end.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runQuickstart(cmd.Context(), a.serverURL(), a.stdout)
 		},

@@ -100,6 +100,10 @@ func TestBadInput(t *testing.T) {
 		}
 		add(400, "PUT", p+"/files?path=/tmp/a%00b", "application/octet-stream", "data")
 		add(400, "PUT", p+"/files?path=/.torpor/x", "application/octet-stream", "data")
+		// A name longer than 255 bytes (refused before the agent: the sandbox
+		// stays hibernated).
+		add(400, "GET", p+"/files?path=/tmp/"+strings.Repeat("n", 256), "", "")
+		add(400, "PUT", p+"/files?path=/tmp/"+strings.Repeat("n", 256)+"/x", "application/octet-stream", "data")
 		for _, port := range []string{"0", "99999", "abc", "-1", "49983"} {
 			add(400, "GET", p+"/ports/"+port+"/", "", "")
 		}
@@ -182,4 +186,45 @@ func engineJSON(t *testing.T, srv *servertest.Server) string {
 	}
 	b, _ := json.Marshal(infos)
 	return string(b)
+}
+
+// TestFileErrorsOfThePath: file calls that fail because of their path answer
+// 400 invalid_argument naming the path, not 500 internal (a new-user trial): a
+// PUT through a symlink into the read-only /.torpor (the direct path is refused
+// by the host), a path over the guest's PATH_MAX (each name within 255 bytes,
+// so the guest answers), and a symlink loop, read and written through. A
+// refused PUT leaves the client's connection usable for the calls after it. The guest's errors are mapped on
+// the host, so agents in older snapshots are answered the same way.
+func TestFileErrorsOfThePath(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	sh(t, c, sb.ID, "ln -s /.torpor /tmp/l && ln -s /tmp/loop /tmp/loop")
+	long := strings.Repeat("/"+strings.Repeat("d", 250), 20) // 5020 bytes
+	p := srv.URL + "/v1/sandboxes/" + sb.ID + "/files?path="
+	for _, cl := range []struct {
+		method, path, want string
+	}{
+		{"PUT", "/tmp/l/x", "read-only"},
+		{"PUT", "/tmp/l/sub/x", "read-only"},
+		{"GET", long, "too long"},
+		{"GET", "/tmp/loop", "symbolic links"},
+		{"PUT", "/tmp/loop/x", "no directory"},
+	} {
+		var body []byte
+		if cl.method == "PUT" {
+			body = []byte("data")
+		}
+		res := rawCall(t, cl.method, p+cl.path, "application/octet-stream", body)
+		if res.Status != 400 || res.Err.Code != apiv1.CodeInvalidArgument || !strings.Contains(res.Err.Message, cl.want) ||
+			!strings.Contains(res.Err.Message, fmt.Sprintf("path %q", cl.path)) {
+			t.Errorf("%s %.60s: HTTP %d %+v; want 400 invalid_argument naming the path and %q", cl.method, cl.path, res.Status, res.Err, cl.want)
+		}
+	}
+	if got := wantState(t, c, sb.ID, apiv1.StateRunning); got.Error != "" {
+		t.Errorf("after the refused calls: %+v", got)
+	}
+	if err := c.DeleteSandbox(ctxFor(t, time.Minute), sb.ID); err != nil {
+		t.Error(err)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,4 +194,59 @@ print(n)`
 		t.Fatalf("process count %q: %v", out, err)
 	}
 	return n
+}
+
+// TestExecCutSaysWhy: an exec stream cut by a delete of its sandbox, or by the
+// death of the sandbox's process (killed, as the host's OOM killer would), says
+// which, exit 255, rather than the raw "read tcp …: use of closed network
+// connection" a new-user trial got.
+func TestExecCutSaysWhy(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 3*time.Minute)
+	cut := func(id string, act func()) (int, error) {
+		t.Helper()
+		type result struct {
+			code int
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			_, _, code, err := c.ExecCollect(ctx, id, apiv1.ExecRequest{Cmd: []string{"sleep", "60"}})
+			done <- result{code, err}
+		}()
+		time.Sleep(time.Second)
+		act()
+		r := <-done
+		t.Logf("cut exec: exit %d, %v", r.code, r.err)
+		return r.code, r.err
+	}
+
+	deleted := create(t, c, apiv1.CreateSandboxRequest{})
+	code, err := cut(deleted.ID, func() {
+		if err := c.DeleteSandbox(ctx, deleted.ID); err != nil {
+			t.Error(err)
+		}
+	})
+	if code != 255 || err == nil || !strings.Contains(err.Error(), "the sandbox was deleted while the command ran") {
+		t.Errorf("exec cut by a delete: exit %d, %v; want 255 saying the sandbox was deleted", code, err)
+	}
+
+	died := create(t, c, apiv1.CreateSandboxRequest{})
+	code, err = cut(died.ID, func() {
+		_, _, pids := instancesOf(t, srv, died.ID)
+		if len(pids) != 1 {
+			t.Fatalf("engine pids of %s: %v, want one", died.ID, pids)
+		}
+		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if code != 255 || err == nil || !strings.Contains(err.Error(), "the sandbox stopped while the command ran and is in state error") ||
+		!strings.Contains(err.Error(), "memory limit") || strings.Contains(err.Error(), "closed network connection") {
+		t.Errorf("exec cut by the sandbox's death: exit %d, %v; want 255 naming state error and its reason", code, err)
+	}
+	if err := c.DeleteSandbox(ctx, died.ID); err != nil {
+		t.Error(err)
+	}
 }

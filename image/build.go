@@ -46,6 +46,30 @@ func normalizePackages(name string, packages []string) ([]string, error) {
 	return slices.Compact(pkgs), nil
 }
 
+// CheckBuild checks the arguments of Build without building anything (the API
+// answers with it before its build stream starts). name must be valid (see
+// ValidName) and not a built-in image (see Builtins): those are built from
+// their fixed recipes on first use, and a build under their name would point
+// every later default create at other packages. packages may be empty (Debian's
+// minbase alone: bash, coreutils, apt; no python3); each must be a Debian
+// package name. Errors wrap ErrInvalid for a bad name or package name; a
+// built-in name is a sandbox.Conflict error.
+func CheckBuild(name string, packages []string) error {
+	_, err := checkBuild(name, packages)
+	return err
+}
+
+// checkBuild is CheckBuild, returning the packages sorted and de-duplicated.
+func checkBuild(name string, packages []string) ([]string, error) {
+	if !ValidName(name) {
+		return nil, invalidf("build image %q: invalid name (want %s)", name, nameRE)
+	}
+	if IsBuiltin(name) {
+		return nil, sandbox.Errorf(sandbox.Conflict, "build image %q: %q is a built-in image, built by torpor from fixed packages on first use; build yours under another name (e.g. %s-custom) and create sandboxes with --image NAME", name, name, name)
+	}
+	return normalizePackages(name, packages)
+}
+
 // Build builds the image name from Debian bookworm (mmdebstrap
 // --variant=minbase) plus packages, stores it and points name at it. The
 // output of mmdebstrap and mkfs.erofs goes to progress (nil: discarded). A
@@ -56,13 +80,10 @@ func normalizePackages(name string, packages []string) ([]string, error) {
 // new image replaces the name's old digest; the old file stays in the store.
 // Builds of the same name run one at a time.
 //
-// Errors wrap ErrInvalid for a bad name (see ValidName) or package name; a
+// Errors are CheckBuild's (a bad name or package name, a built-in name); a
 // failed mmdebstrap (e.g. an unknown package) is reported with its last output.
 func (s *Store) Build(ctx context.Context, name string, packages []string, progress io.Writer) (sandbox.Image, error) {
-	if !ValidName(name) {
-		return sandbox.Image{}, invalidf("build image %q: invalid name (want %s)", name, nameRE)
-	}
-	pkgs, err := normalizePackages(name, packages)
+	pkgs, err := checkBuild(name, packages)
 	if err != nil {
 		return sandbox.Image{}, err
 	}

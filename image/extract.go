@@ -46,9 +46,14 @@ func cleanEntryName(name string) (string, error) {
 // directories, regular files, symlinks and hard links. Device nodes and fifos
 // are skipped (and listed in the stats). A later entry replaces an earlier one
 // of the same path, as in tar. Errors from reading r that show it is not a tar
-// archive wrap ErrInvalid.
-func extractTar(ctx context.Context, r io.Reader, dir string) (extractStats, error) {
-	var st extractStats
+// archive wrap ErrInvalid, as do entries whose path leads out of dir through a
+// symlink of the archive (esc -> /tmp, then esc/file), which os.Root refuses.
+func extractTar(ctx context.Context, r io.Reader, dir string) (st extractStats, err error) {
+	defer func() {
+		if escapesRoot(err) {
+			err = invalidf("%v: the entry's path leads out of the image through a symlink the archive made", err)
+		}
+	}()
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return st, err
@@ -189,6 +194,14 @@ func extractTar(ctx context.Context, r io.Reader, dir string) (extractStats, err
 		}
 	}
 	return st, nil
+}
+
+// escapesRoot reports whether err is os.Root's refusal of a path that leaves
+// the root. Package os does not export that error; its text is matched (and
+// TestImportRejects fails if it changes).
+func escapesRoot(err error) bool {
+	var pe *fs.PathError
+	return errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent"
 }
 
 // mkdirAll creates dir and its parents (0755) inside root, replacing any

@@ -196,6 +196,26 @@ func TestValidation(t *testing.T) {
 			t.Errorf("Build(packages %q): %v, want ErrInvalid", p, err)
 		}
 	}
+	// A built-in image's name is taken: building it with other packages would
+	// point every later default create at them (a new-user trial rebuilt base
+	// with no packages, and python3 was gone). Nothing is stored.
+	for _, n := range Builtins() {
+		for _, pkgs := range [][]string{nil, {"git"}, BasePackages} {
+			err := CheckBuild(n, pkgs)
+			if sandbox.KindOf(err) != sandbox.Conflict || !strings.Contains(err.Error(), "built-in image") {
+				t.Errorf("CheckBuild(%q, %q): %v, want a conflict naming the built-in image", n, pkgs, err)
+			}
+			if _, err := s.Build(ctx, n, pkgs, nil); sandbox.KindOf(err) != sandbox.Conflict {
+				t.Errorf("Build(%q, %q): %v, want a conflict", n, pkgs, err)
+			}
+		}
+		if _, _, err := s.Get(ctx, n); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q) after the refused builds: %v, want not found", n, err)
+		}
+	}
+	if err := CheckBuild("mine", nil); err != nil {
+		t.Errorf("CheckBuild(mine, no packages): %v; minbase alone is a valid image", err)
+	}
 	if _, _, err := s.Get(ctx, "nope"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), `image "nope" not found`) {
 		t.Errorf("Get(nope): %v", err)
 	}
@@ -311,6 +331,11 @@ func TestImportRejects(t *testing.T) {
 		"escape":   makeTar(t, []tarEntry{{name: "ok", body: "x"}, {name: "../escape", body: "x"}}),
 		"escape2":  makeTar(t, []tarEntry{{name: "a/../../escape", body: "x"}}),
 		"hardlink": makeTar(t, []tarEntry{{name: "a", typ: tar.TypeLink, link: "../../etc/passwd"}}),
+		// Out through a symlink the archive made (os.Root refuses; a new-user
+		// trial got 500 "path escapes from parent" for it).
+		"symlink-abs": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/tmp"}, {name: "esc/file", body: "x"}}),
+		"symlink-rel": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "../../.."}, {name: "esc/escape", body: "x"}}),
+		"symlink-dir": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/"}, {name: "esc/sub/", typ: tar.TypeDir}}),
 		"notar":    []byte("this is just some text, not a tar archive at all\n"),
 		"empty":    nil,
 		"zstd":     {0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0},
@@ -324,6 +349,9 @@ func TestImportRejects(t *testing.T) {
 		t.Logf("%s: %v", n, err)
 		if n == "notar" && !strings.HasPrefix(err.Error(), "import notar: not a tar archive: ") {
 			t.Errorf("%s: message %q", n, err)
+		}
+		if strings.HasPrefix(n, "symlink-") && !strings.Contains(err.Error(), "leads out of the image through a symlink") {
+			t.Errorf("%s: message %q, want it to say the path leads out through a symlink", n, err)
 		}
 		if _, _, err := s.Get(ctx, n); !errors.Is(err, ErrNotFound) {
 			t.Errorf("%s: Get after failed import: %v", n, err)

@@ -2,6 +2,9 @@ package manager
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/torpor/torpor/guest/agentclient"
@@ -69,4 +72,44 @@ func (m *Manager) AgentProtocolVersion(id string) (int, error) {
 		return 0, sandboxConflict(id, "sandbox %s: no guest agent connection", id)
 	}
 	return c.ProtocolVersion(), nil
+}
+
+// pathErrnos are the errors of a file call on path that the path itself
+// causes, with what they mean for it. Guest agents (every version, as they live
+// on in snapshots) answer them as internal errors whose message is Go's
+// *fs.PathError text, "<op> <file>: <errno text>"; agentErr answers them as
+// invalid arguments.
+var pathErrnos = []struct {
+	errno syscall.Errno
+	why   string
+}{
+	{syscall.EROFS, "it is in a read-only place (a symlink on the path may lead into one, such as /.torpor)"},
+	{syscall.ENAMETOOLONG, "it or a name in it is too long"},
+	{syscall.ELOOP, "it has too many levels of symbolic links"},
+	// A PUT's missing parent that cannot be made: a name on the path is a
+	// symlink that leads nowhere (or into a loop).
+	{syscall.EEXIST, "a name on its path exists but is no directory (a dangling or looping symlink?)"},
+}
+
+// agentErr maps the guest agent's error answer to a file call on path to the
+// manager's kinds: not_found and invalid_argument as they are, and an internal
+// error that path caused (pathErrnos) as sandbox.InvalidArgument naming path.
+// Other errors are returned as they are.
+func agentErr(path string, err error) error {
+	var ae *agentclient.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case proto.CodeNotFound:
+			return &sandbox.Error{Kind: sandbox.NotFound, Err: errors.New(ae.Message)}
+		case proto.CodeInvalidArgument:
+			return &sandbox.Error{Kind: sandbox.InvalidArgument, Err: errors.New(ae.Message)}
+		case proto.CodeInternal:
+			for _, pe := range pathErrnos {
+				if strings.HasSuffix(ae.Message, ": "+pe.errno.Error()) {
+					return invalid("path %q: %s (%s)", path, pe.why, ae.Message)
+				}
+			}
+		}
+	}
+	return err
 }

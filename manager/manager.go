@@ -1261,8 +1261,18 @@ func checkPath(p string) error {
 	if c := filepath.Clean(p); c == "/.torpor" || strings.HasPrefix(c, "/.torpor/") {
 		return invalid("path %q: /.torpor is torpor's read-only guest directory", p)
 	}
+	for _, name := range strings.Split(p, "/") {
+		if len(name) > MaxFileNameBytes {
+			return invalid("path %q: the name %.40q… has %d bytes; a file or directory name has at most %d", p, name, len(name), MaxFileNameBytes)
+		}
+	}
 	return nil
 }
+
+// MaxFileNameBytes is the longest name of one file or directory in a sandbox
+// (Linux's NAME_MAX, which gVisor keeps): a path with a longer component is
+// refused before it reaches the guest agent.
+const MaxFileNameBytes = 255
 
 // ReadFile opens a file in the sandbox (waking it if hibernated). It returns the
 // content and its size in bytes; sandbox.ErrNotFound for a missing file.
@@ -1276,7 +1286,7 @@ func (m *Manager) ReadFile(ctx context.Context, id, path string) (io.ReadCloser,
 	}
 	defer unlock()
 	r, n, err := c.ReadFile(ctx, path)
-	return r, n, agentErr(err)
+	return r, n, agentErr(path, err)
 }
 
 // WriteFile writes a file in the sandbox atomically (waking it if hibernated).
@@ -1321,7 +1331,7 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 		}
 		return sandboxConflict(id, "sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
 	}
-	return agentErr(err)
+	return agentErr(path, err)
 }
 
 // releaseOnRead calls release before its first Read.
@@ -1333,19 +1343,6 @@ type releaseOnRead struct {
 func (b *releaseOnRead) Read(p []byte) (int, error) {
 	b.release()
 	return b.r.Read(p)
-}
-
-func agentErr(err error) error {
-	var ae *agentclient.Error
-	if errors.As(err, &ae) {
-		switch ae.Code {
-		case "not_found":
-			return &sandbox.Error{Kind: sandbox.NotFound, Err: errors.New(ae.Message)}
-		case "invalid_argument":
-			return &sandbox.Error{Kind: sandbox.InvalidArgument, Err: errors.New(ae.Message)}
-		}
-	}
-	return err
 }
 
 // DialAgent connects to the sandbox's guest agent for E2B's envd (requests

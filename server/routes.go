@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,10 +28,6 @@ import (
 // maxJSONBody bounds request bodies that are JSON documents (1 MiB; an exec's
 // stdin travels inside its JSON body, so it is bounded by this too).
 const maxJSONBody = 1 << 20
-
-// debPackageRE is Debian's package name syntax (Debian Policy 5.6.1), checked
-// before an image build starts streaming its answer.
-var debPackageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -299,14 +294,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			code := 255
-			msg := "exec stream broken: " + err.Error()
-			// The usual cause: a hibernate cut the stream after its drain
-			// (the sandbox is hibernating or hibernated by now).
-			if sb, gerr := s.Manager.Get(context.WithoutCancel(r.Context()), r.PathValue("id")); gerr == nil &&
-				(sb.State == sandbox.StateHibernating || sb.State == sandbox.StateHibernated) {
-				msg = fmt.Sprintf("exec stream broken: cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
-			}
-			enc.Encode(apiv1.ExecEvent{Error: msg, ExitCode: &code})
+			enc.Encode(apiv1.ExecEvent{Error: s.execCutMessage(r.Context(), r.PathValue("id"), err), ExitCode: &code})
 			return
 		}
 		if err := enc.Encode(apiv1.ExecEvent(ev)); err != nil {
@@ -316,6 +304,26 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 	}
+}
+
+// execCutMessage says why sandbox id's exec stream broke with err before the
+// command's exit status, from the sandbox's state after the cut: the manager
+// records a delete, a hibernate or the death of the sandbox's process before it
+// closes the connections to the guest agent, so the state names the cause.
+// Only a cut it cannot explain carries err's own text.
+func (s *Server) execCutMessage(ctx context.Context, id string, err error) string {
+	const prefix = "exec stream broken: "
+	sb, gerr := s.Manager.Get(context.WithoutCancel(ctx), id)
+	switch {
+	case sandbox.KindOf(gerr) == sandbox.NotFound:
+		return prefix + "the sandbox was deleted while the command ran"
+	case gerr != nil:
+	case sb.State == sandbox.StateHibernating || sb.State == sandbox.StateHibernated:
+		return fmt.Sprintf(prefix+"cut by a hibernate of the sandbox after its %v drain; the command is ended when the sandbox resumes (run work that must outlive a hibernate with \"background\": true)", manager.HibernateDrain)
+	case sb.State == sandbox.StateError:
+		return prefix + "the sandbox stopped while the command ran and is in state error: " + sb.Error
+	}
+	return prefix + "the connection to the sandbox's guest agent ended before the command's exit status: " + err.Error()
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
@@ -335,8 +343,12 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
 		// An upload cut short leaves its body unread, perhaps by a client that
-		// sends nothing more: end that read now.
+		// sends nothing more: end that read now. A read ended so cancels the
+		// connection's context (net/http's connReader), and every later
+		// request on it would start cancelled (503 "context canceled" after a
+		// refused PUT, found by TestFileErrorsOfThePath): close it.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close")
 		s.fail(w, r, err)
 		return
 	}
@@ -387,15 +399,11 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if !image.ValidName(req.Name) {
-		s.fail(w, r, invalidArgument("image name %q: must match [a-z0-9][a-z0-9._-]{0,62}", req.Name))
+	// Before the 200 of the build stream: a bad name or package, or a built-in
+	// image's name (409), is the call's status.
+	if err := image.CheckBuild(req.Name, req.Packages); err != nil {
+		s.fail(w, r, err)
 		return
-	}
-	for _, p := range req.Packages {
-		if !debPackageRE.MatchString(strings.TrimSpace(p)) {
-			s.fail(w, r, invalidArgument("package %q: not a Debian package name", p))
-			return
-		}
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)

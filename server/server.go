@@ -336,20 +336,28 @@ func tuneGC() {
 }
 
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
-// (in-flight requests get 10 s).
+// (in-flight requests get 10 s). It listens before New sets up the data
+// directory: an address it cannot listen on (in use) is an error with nothing
+// created there.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
 	}
+	// The address first: a server that cannot listen (the port is taken)
+	// fails before it creates or changes anything in the data directory.
+	if _, err := ResolveAuth(cfg.Auth, cfg.Listen); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
 	s, err := New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
 	scope := ""
 	if hs, ok := s.Engine.(engine.HostScoper); ok {
 		scope = hs.HostScope()

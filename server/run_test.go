@@ -1,0 +1,29 @@
+package server
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestRunBusyAddressSetsUpNothing: a server whose address is in use fails
+// before it makes its data directory (a new-user trial's second `torpor serve`
+// on a busy port created the database, guest files and images first).
+func TestRunBusyAddressSetsUpNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := filepath.Join(t.TempDir(), "data")
+	err = Run(context.Background(), Config{DataDir: dir, Listen: busy.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("Run on a busy address: %v, want address already in use", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the data directory %s exists after the failed start (%v)", dir, err)
+	}
+}
