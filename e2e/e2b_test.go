@@ -298,7 +298,7 @@ func TestE2BControlPlane(t *testing.T) {
 		}
 	}
 	e2bCall(t, srv, "GET", "/", nil, "Host", "9999-"+id+"."+e2bDomain).wantError(t, "a port nothing listens on", http.StatusBadGateway)
-	e2bCall(t, srv, "GET", "/", nil, "Host", "8080-sbx-000000000000."+e2bDomain).wantError(t, "an unknown sandbox", http.StatusNotFound)
+	e2bCall(t, srv, "GET", "/", nil, "Host", "8080-sbx-000000000000."+e2bDomain).wantError(t, "an unknown sandbox", http.StatusBadGateway, "not found")
 
 	// Snapshot, a sandbox from it, each with its own later writes.
 	a = e2bCall(t, srv, "POST", "/sandboxes/"+id+"/snapshots", e2b.SnapshotRequest{Name: "cp-snap"})
@@ -467,7 +467,7 @@ func TestE2BTimeouts(t *testing.T) {
 	}
 	// No autoResume: refused, still paused, until connect.
 	e2bCall(t, srv, "GET", "/", nil, "Host", fmt.Sprintf("%d-%s.%s", workload.Port, stay.SandboxID, e2bDomain)).
-		wantError(t, "request to a paused sandbox without autoResume", http.StatusConflict, "resume")
+		wantError(t, "request to a paused sandbox without autoResume", http.StatusBadGateway, "resume")
 	if d := e2bInfo(t, srv, stay.SandboxID); d.State != e2b.StatePaused {
 		t.Errorf("after the refused request: %s, want paused", d.State)
 	}

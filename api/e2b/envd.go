@@ -53,7 +53,7 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 				replyError(w, http.StatusNotImplemented, fmt.Sprintf("%v; a sandbox made by this server's torpor serves envd (the commands, files and PTY of E2B's SDKs); torpor's own API still reaches this one", err))
 				return
 			}
-			s.fail(w, r, err)
+			s.failInSandbox(w, r, err)
 		},
 	}
 	rp.ServeHTTP(w, r)

@@ -311,6 +311,18 @@ await check("getMetrics", async () => {
   assert(ms.length === 1 && ms[0].memUsed > 0 && ms[0].memTotal === 512 * 1024 * 1024 && ms[0].cpuCount >= 1, `metrics ${JSON.stringify(ms)}`);
 });
 
+await check("isRunning: true running, false paused (not woken) and killed; calls to a killed sandbox say so", async () => {
+  const s = await Sandbox.create("base");
+  assert((await s.isRunning()) === true, "isRunning of a running sandbox is not true");
+  assert((await s.pause()) === true, "pause did not return true");
+  assert((await s.isRunning()) === false, "isRunning of a paused sandbox is not false");
+  assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "isRunning woke the paused sandbox");
+  assert((await s.kill()) === true, "kill did not return true");
+  assert((await s.isRunning()) === false, "isRunning of a killed sandbox is not false");
+  const e = await s.files.read("/etc/hostname").then(() => null, (err) => err);
+  assert(e && e.name !== "FileNotFoundError", `files.read on a killed sandbox: ${e && e.name}: ${e && e.message}`);
+});
+
 await check("kill twice (second false)", async () => {
   assert((await sbx.kill()) === true, "kill did not return true");
   assert((await Sandbox.kill(sbx.sandboxId)) === false, "second kill did not return false");
