@@ -336,9 +336,9 @@ func TestImportRejects(t *testing.T) {
 		"symlink-abs": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/tmp"}, {name: "esc/file", body: "x"}}),
 		"symlink-rel": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "../../.."}, {name: "esc/escape", body: "x"}}),
 		"symlink-dir": makeTar(t, []tarEntry{{name: "esc", typ: tar.TypeSymlink, link: "/"}, {name: "esc/sub/", typ: tar.TypeDir}}),
-		"notar":    []byte("this is just some text, not a tar archive at all\n"),
-		"empty":    nil,
-		"zstd":     {0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0},
+		"notar":       []byte("this is just some text, not a tar archive at all\n"),
+		"empty":       nil,
+		"zstd":        {0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0},
 	}
 	for n, data := range cases {
 		_, err := s.Import(ctx, n, bytes.NewReader(data), nil)

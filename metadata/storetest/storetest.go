@@ -85,7 +85,7 @@ func fullSandbox(id string) *metadata.Sandbox {
 			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
 			ExpiresAt: tp(at(100)), ResumeOnRequest: true},
 		Metadata: map[string]string{"user": "abc", "my key": "a&b=c"},
-		Meter: metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
+		Meter:    metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
 		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",
 			Steps:       []sandbox.ResumeStep{{Name: "reseed", MS: 0.25, OK: true, Detail: "d"}},
 			Clock:       sandbox.ResumeClock{SkewMS: -3.5, Corrected: "offset-file"},
