@@ -323,6 +323,30 @@ await check("isRunning: true running, false paused (not woken) and killed; calls
   assert(e && e.name !== "FileNotFoundError", `files.read on a killed sandbox: ${e && e.name}: ${e && e.message}`);
 });
 
+await check("envd calls to a paused (no autoResume) or killed sandbox: the SDK's error classes, with the reason", async () => {
+  const s = await Sandbox.create("base");
+  const bg = await s.commands.run("sleep 600", { background: true });
+  const caught = (p) => p.then(() => null, (e) => e);
+  const describe = (e) => (e ? `${e.constructor.name}: ${e.message}` : "no error");
+  assert((await s.pause()) === true, "pause did not return true");
+  // Paused: a SandboxError (not a NotFoundError, not false) naming autoResume.
+  for (const [what, p] of [["commands.run", caught(s.commands.run("true"))], ["files.list", caught(s.files.list("/"))],
+    ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.SandboxError && !(e instanceof sdk.NotFoundError) && e.message.includes("autoResume"), `${what} on a paused sandbox: ${describe(e)}`);
+  }
+  assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "the refused calls woke the sandbox");
+  assert((await s.kill()) === true, "kill did not return true");
+  // Killed: commands raise SandboxNotFoundError; other calls the SDK's
+  // not-running TimeoutError, with the server's message; none answers false.
+  const run = await caught(s.commands.run("true"));
+  assert(run instanceof sdk.SandboxNotFoundError, `commands.run on a killed sandbox: ${describe(run)}`);
+  for (const [what, p] of [["files.list", caught(s.files.list("/"))], ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.TimeoutError && e.message.includes(s.sandboxId), `${what} on a killed sandbox: ${describe(e)}`);
+  }
+});
+
 await check("kill twice (second false)", async () => {
   assert((await sbx.kill()) === true, "kill did not return true");
   assert((await Sandbox.kill(sbx.sandboxId)) === false, "second kill did not return false");
