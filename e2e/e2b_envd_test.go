@@ -239,7 +239,9 @@ func TestE2BEnvdRefused(t *testing.T) {
 				continue
 			}
 			msgs, end := connectFrames(t, a.Body)
-			var eos struct{ Error *struct{ Code, Message string } }
+			var eos struct {
+				Error *struct{ Code, Message string }
+			}
 			if len(msgs) != 0 || json.Unmarshal(end, &eos) != nil || eos.Error == nil || eos.Error.Code != c.code {
 				t.Errorf("Start (%s) to %s: %d messages, end of stream %s; want only an end of stream with error %s", ctype, c.what, len(msgs), end, c.code)
 				continue
