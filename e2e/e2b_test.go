@@ -186,6 +186,22 @@ func TestE2BBadInput(t *testing.T) {
 		{"list, bad state", "GET", "/v2/sandboxes?state=asleep", nil, 400, []string{"state"}},
 		{"list, bad limit", "GET", "/v2/sandboxes?limit=1000", nil, 400, []string{"limit"}},
 		{"list, bad token", "GET", "/v2/sandboxes?nextToken=xyz", nil, 400, []string{"nextToken"}},
+		{"list, undecodable metadata", "GET", "/v2/sandboxes?metadata=%%%", nil, 400, []string{"metadata"}},
+		{"list (running), undecodable metadata", "GET", "/sandboxes?metadata=%%%", nil, 400, []string{"metadata"}},
+		{"list, metadata pair without =", "GET", "/v2/sandboxes?metadata=user", nil, 400, []string{"metadata"}},
+		{"list (running), bogus state", "GET", "/sandboxes?state=bogus", nil, 400, []string{"state", "bogus"}},
+		{"list, undecodable state", "GET", "/v2/sandboxes?state=%zz", nil, 400, []string{"state"}},
+		{"list, limit not a number", "GET", "/v2/sandboxes?limit=abc", nil, 400, []string{"limit", "abc"}},
+		{"list (running), garbage token", "GET", "/sandboxes?nextToken=" + url.QueryEscape("!!not-a-token"), nil, 400, []string{"nextToken"}},
+		{"list, undecodable token", "GET", "/v2/sandboxes?nextToken=%zz", nil, 400, []string{"nextToken"}},
+		{"list, bad order", "GET", "/v2/sandboxes?order=up", nil, 400, []string{"order"}},
+		{"list, bad startedAfter", "GET", "/v2/sandboxes?startedAfter=yesterday", nil, 400, []string{"startedAfter"}},
+		{"snapshots, limit not a number", "GET", "/snapshots?limit=abc", nil, 400, []string{"limit"}},
+		{"snapshots, garbage token", "GET", "/snapshots?nextToken=garbage", nil, 400, []string{"nextToken"}},
+		{"snapshots, undecodable sandboxID", "GET", "/snapshots?sandboxID=%zz", nil, 400, []string{"sandboxID"}},
+		{"metrics, start not a number", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?start=abc", nil, 400, []string{"start", "abc"}},
+		{"metrics, end not a number", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?end=1.5", nil, 400, []string{"end"}},
+		{"metrics, start after end", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?start=2000&end=1000", nil, 400, []string{"start", "end"}},
 		{"unknown path", "GET", "/v2/whatever", nil, 404, []string{"/v2/whatever"}},
 		{"route, one header", "GET", "/health", nil, 400, []string{e2b.HeaderSandboxPort}},
 	} {
@@ -370,6 +386,17 @@ func TestE2BControlPlane(t *testing.T) {
 	e2bCall(t, srv, "GET", "/sandboxes/"+id+"/metrics", nil).decode(t, &ms)
 	if len(ms) != 1 || ms[0].MemUsed <= 0 || ms[0].MemTotal != 512<<20 || ms[0].CPUCount != 1 || ms[0].CPUUsedPct < 0 {
 		t.Errorf("metrics %+v", ms)
+	}
+	// A window holding now has the sample; one that ended before has none.
+	for _, c := range []struct {
+		query string
+		n     int
+	}{{fmt.Sprintf("?start=%d", time.Now().Add(-time.Minute).Unix()), 1}, {fmt.Sprintf("?start=1000&end=%d", time.Now().Add(-time.Minute).Unix()), 0}} {
+		var ms []e2b.Metric
+		e2bCall(t, srv, "GET", "/sandboxes/"+id+"/metrics"+c.query, nil).decode(t, &ms)
+		if len(ms) != c.n {
+			t.Errorf("metrics%s: %d samples, want %d", c.query, len(ms), c.n)
+		}
 	}
 
 	// List: a metadata filter (the SDK's triple encoding), states, three pages.

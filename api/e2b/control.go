@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,10 +260,47 @@ func (s *Service) info(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, s.detail(sb))
 }
 
-func (s *Service) list(w http.ResponseWriter, r *http.Request) {
-	q, err := ParseListQuery(r.URL.Query())
+// queryOf is r's query, parsed strictly: a parameter whose name or value is
+// not URL-decodable is an invalid-argument error naming it (r.URL.Query()
+// would drop it, and a filter the caller set would silently match all).
+func queryOf(r *http.Request) (url.Values, error) {
+	q := url.Values{}
+	for _, pair := range strings.Split(r.URL.RawQuery, "&") {
+		if pair == "" {
+			continue
+		}
+		rawKey, rawValue, _ := strings.Cut(pair, "=")
+		key, err := url.QueryUnescape(rawKey)
+		if err != nil {
+			return nil, invalid("query parameter %q: %v", rawKey, err)
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, invalid("query parameter %s=%q: %v", key, rawValue, err)
+		}
+		q.Add(key, value)
+	}
+	return q, nil
+}
+
+// listQuery is the ListQuery of r; errors are invalid-argument ones naming
+// the parameter.
+func listQuery(r *http.Request) (url.Values, ListQuery, error) {
+	q, err := queryOf(r)
 	if err != nil {
-		s.fail(w, r, invalid("%v", err))
+		return nil, ListQuery{}, err
+	}
+	lq, err := ParseListQuery(q)
+	if err != nil {
+		return nil, ListQuery{}, invalid("%v", err)
+	}
+	return q, lq, nil
+}
+
+func (s *Service) list(w http.ResponseWriter, r *http.Request) {
+	_, q, err := listQuery(r)
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	s.answerList(w, r, q)
@@ -271,12 +309,12 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 // listRunning is the list of SDKs before /v2/sandboxes: running sandboxes
 // unless the query names states.
 func (s *Service) listRunning(w http.ResponseWriter, r *http.Request) {
-	q, err := ParseListQuery(r.URL.Query())
+	raw, q, err := listQuery(r)
 	if err != nil {
-		s.fail(w, r, invalid("%v", err))
+		s.fail(w, r, err)
 		return
 	}
-	if r.URL.Query().Get("state") == "" {
+	if raw.Get("state") == "" {
 		q.States = []State{StateRunning}
 	}
 	s.answerList(w, r, q)
@@ -481,7 +519,11 @@ func snapshotInfo(snap sandbox.KeptSnapshot) SnapshotInfo {
 }
 
 func (s *Service) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, err := queryOf(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	limit := DefaultListLimit
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -581,14 +623,27 @@ func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 const cpuWindow = 200 * time.Millisecond
 
 func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
+	q, err := queryOf(r)
+	var win MetricsWindow
+	if err == nil {
+		if win, err = ParseMetricsWindow(q); err != nil {
+			err = invalid("%v", err)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if sb.State != sandbox.StateRunning {
-		reply(w, http.StatusOK, []Metric{}) // a paused sandbox uses nothing
+	// A paused sandbox uses nothing; no sample is kept, so a window that
+	// ends before now has none.
+	if sb.State != sandbox.StateRunning || !win.Holds(time.Now().Truncate(time.Second)) {
+		reply(w, http.StatusOK, []Metric{})
 		return
 	}
 	a, err := s.cfg.Manager.Sample(r.Context(), id)

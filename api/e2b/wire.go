@@ -477,6 +477,42 @@ type Metric struct {
 	DiskTotal     int64     `json:"diskTotal"`
 }
 
+// MetricsWindow is the metrics query: start and end in unix seconds, both
+// optional (zero = unbounded), start not after end.
+type MetricsWindow struct {
+	Start, End int64
+}
+
+// ParseMetricsWindow reads a MetricsWindow from the metrics call's query
+// parameters. Errors name the parameter.
+func ParseMetricsWindow(q url.Values) (MetricsWindow, error) {
+	var w MetricsWindow
+	for _, p := range []struct {
+		name string
+		to   *int64
+	}{{"start", &w.Start}, {"end", &w.End}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return MetricsWindow{}, fmt.Errorf("%s %q: want a unix time in seconds", p.name, v)
+		}
+		*p.to = n
+	}
+	if w.Start > 0 && w.End > 0 && w.Start > w.End {
+		return MetricsWindow{}, fmt.Errorf("start %d is after end %d", w.Start, w.End)
+	}
+	return w, nil
+}
+
+// Holds says whether t lies in the window (bounds included).
+func (w MetricsWindow) Holds(t time.Time) bool {
+	u := t.Unix()
+	return (w.Start == 0 || u >= w.Start) && (w.End == 0 || u <= w.End)
+}
+
 // Error is the body of every control-plane error answer. Code repeats the HTTP
 // status: the SDKs test it (DELETE 404 → kill() returns false; pause 409 → false;
 // other 404 → NotFoundError; 401 → AuthenticationError; 429 → RateLimitError, retried
