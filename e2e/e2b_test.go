@@ -167,6 +167,12 @@ func TestE2BBadInput(t *testing.T) {
 		{"create, body an array", "POST", "/sandboxes", []byte(`[]`), 400, []string{"JSON object"}},
 		{"create, timeout a string", "POST", "/v2/sandboxes", []byte(`{"timeout":"5"}`), 400, []string{"timeout"}},
 		{"create, negative timeout", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(-1)}, 400, []string{"timeout"}},
+		{"create, timeout 0", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(0)}, 400, []string{"timeout 0", "at least 1"}},
+		{"create (old path), timeout over the bound", "POST", "/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(40_000_000)}, 400, []string{"timeout 40000000", "at most"}},
+		{"timeout, over the bound", "POST", "/sandboxes/" + sb.SandboxID + "/timeout", []byte(`{"timeout": 40000000}`), 400, []string{"timeout 40000000", "at most"}},
+		{"timeout, negative", "POST", "/sandboxes/" + sb.SandboxID + "/timeout", []byte(`{"timeout": -5}`), 400, []string{"timeout -5"}},
+		{"connect, timeout over the bound", "POST", "/v2/sandboxes/" + sb.SandboxID + "/connect", []byte(`{"timeout": 40000000}`), 400, []string{"timeout 40000000", "at most"}},
+		{"fork, timeout 0", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"timeout": 0}`), 400, []string{"timeout 0", "at least 1"}},
 		{"create, unknown template", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "no-such-template"}, 404, []string{"no-such-template"}},
 		{"create, egress rules", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Network: &e2b.Network{AllowOut: []string{"1.1.1.1"}}}, 400, []string{"network"}},
 		{"create, volumes", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", VolumeMounts: []e2b.VolumeMount{{Name: "v", Path: "/v"}}}, 400, []string{"volumeMounts"}},
@@ -209,7 +215,12 @@ func TestE2BBadInput(t *testing.T) {
 		if c.what == "route, one header" {
 			hdr = []string{e2b.HeaderSandboxID, sb.SandboxID}
 		}
-		e2bCall(t, srv, c.method, c.path, c.body, hdr...).wantError(t, c.what, c.status, c.words...)
+		a := e2bCall(t, srv, c.method, c.path, c.body, hdr...)
+		a.wantError(t, c.what, c.status, c.words...)
+		// E2B's errors name E2B's fields, not torpor's.
+		if strings.Contains(string(a.Body), "timeout_s") {
+			t.Errorf("%s: %s names torpor's timeout_s", c.what, a.Body)
+		}
 	}
 	if n := countSandboxes(t, srv); n != before {
 		t.Errorf("%d sandboxes after the refused calls, want %d", n, before)
@@ -500,6 +511,32 @@ func TestE2BTimeouts(t *testing.T) {
 	}
 	if a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+stay.SandboxID+"/connect", nil); a.Status != http.StatusCreated {
 		t.Errorf("connect: %d %s", a.Status, a.Body)
+	}
+
+	// setTimeout(0) ends the sandbox at once, as in E2B: killed (within the
+	// lifecycle's next checks), or paused when it pauses on timeout.
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+stay.SandboxID+"/timeout", e2b.TimeoutRequest{Timeout: i32(0)}); a.Status != http.StatusNoContent {
+		t.Fatalf("setTimeout 0: %d %s", a.Status, a.Body)
+	}
+	late := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", Timeout: i32(300)})
+	t0 := time.Now()
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+late.SandboxID+"/timeout", e2b.TimeoutRequest{Timeout: i32(0)}); a.Status != http.StatusNoContent {
+		t.Fatalf("setTimeout 0: %d %s", a.Status, a.Body)
+	}
+	for {
+		var s e2b.SandboxDetail
+		k := e2bCall(t, srv, "GET", "/sandboxes/"+late.SandboxID, nil)
+		e2bCall(t, srv, "GET", "/sandboxes/"+stay.SandboxID, nil).decode(t, &s)
+		if k.Status == http.StatusNotFound && s.State == e2b.StatePaused {
+			break
+		}
+		if time.Since(t0) > 20*time.Second {
+			t.Fatalf("%v after setTimeout(0): the kill-on-timeout sandbox answers %d, the pause-on-timeout one is %s", time.Since(t0), k.Status, s.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("setTimeout(0) ended the sandbox after %v, want at once", d)
 	}
 }
 

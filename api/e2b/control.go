@@ -108,8 +108,9 @@ func decodeBody(r *http.Request, v any, allowEmpty bool) error {
 }
 
 // seconds turns a time to live into torpor's timeout_s: whole seconds, at
-// least 1 (E2B ends a sandbox of timeout 0 at once; torpor's 0 means none, so
-// it ends at the next lifecycle check instead).
+// least 1 (a setTimeout of 0 ends the sandbox at once in E2B; torpor's
+// timeout_s 0 means none, so it ends at the next lifecycle check instead,
+// within a second).
 func seconds(d time.Duration) int { return max(1, int(d/time.Second)) }
 
 func (s *Service) create(w http.ResponseWriter, r *http.Request) {
@@ -133,9 +134,6 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 	ttl, err := req.TTL()
 	if err != nil {
 		return sandbox.Sandbox{}, invalid("%v", err)
-	}
-	if ttl > manager.MaxTimeoutS*time.Second {
-		return sandbox.Sandbox{}, invalid("timeout %d: at most %d", int64(ttl/time.Second), manager.MaxTimeoutS)
 	}
 	idle := 0
 	resume := req.ResumesOnRequest()

@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/torpor/torpor/manager"
 )
 
 // Defaults the server applies when a request leaves a field out.
@@ -32,6 +34,9 @@ const (
 	// DefaultTemplate is the template the SDKs name when the caller names none; it is
 	// always sent, never left out.
 	DefaultTemplate = "base"
+	// MaxTimeout is the longest time to live create, connect, setTimeout and fork
+	// accept: torpor's bound on a run timeout (E2B's is its plan's, 1 or 24 hours).
+	MaxTimeout = manager.MaxTimeoutS * time.Second
 	// DefaultForkCount is how many sandboxes a fork starts when count is left out.
 	DefaultForkCount = 1
 	// MaxForkCount is the largest count a fork accepts.
@@ -111,9 +116,9 @@ type NewSandbox struct {
 }
 
 // TTL is the sandbox's time to live: Timeout seconds, DefaultTimeout when left out.
-// Timeout 0 is a TTL of 0 (E2B ends such a sandbox at once); a negative one is an
-// error.
-func (r NewSandbox) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// Errors: Timeout under 1 (E2B's API refuses 0 too: "Timeout must be greater than
+// 0") or over MaxTimeout.
+func (r NewSandbox) TTL() (time.Duration, error) { return ttl(r.Timeout, 1) }
 
 // PausesOnTimeout says whether the sandbox pauses (torpor: hibernates) rather than
 // being killed (deleted) when its time to live runs out.
@@ -381,8 +386,9 @@ type ConnectRequest struct {
 	Memory  *bool  `json:"memory,omitempty"`
 }
 
-// TTL is Timeout seconds, DefaultTimeout when left out.
-func (r ConnectRequest) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// TTL is Timeout seconds, DefaultTimeout when left out. 0 is valid (E2B's spec:
+// minimum 0): the end stays where it is. Errors: negative, over MaxTimeout.
+func (r ConnectRequest) TTL() (time.Duration, error) { return ttl(r.Timeout, 0) }
 
 // KeepsMemory says whether a resume restores memory (true unless Memory is false).
 func (r ConnectRequest) KeepsMemory() bool { return r.Memory == nil || *r.Memory }
@@ -394,12 +400,14 @@ type TimeoutRequest struct {
 	Timeout *int32 `json:"timeout"`
 }
 
-// TTL is the new time to live; an error when Timeout is missing or negative.
+// TTL is the new time to live. 0 ends the sandbox at once, as in E2B (killed, or
+// paused when it pauses on timeout). Errors: Timeout missing, negative or over
+// MaxTimeout.
 func (r TimeoutRequest) TTL() (time.Duration, error) {
 	if r.Timeout == nil {
-		return 0, errors.New("timeout is required")
+		return 0, errors.New("timeout is required (seconds from now)")
 	}
-	return ttl(r.Timeout)
+	return ttl(r.Timeout, 0)
 }
 
 // PauseRequest is POST /sandboxes/{sandboxID}/pause. 2.45 always sends memory (true
@@ -440,7 +448,8 @@ type ForkRequest struct {
 }
 
 // TTL is each fork's time to live: Timeout seconds, DefaultTimeout when left out.
-func (r ForkRequest) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// Errors as NewSandbox.TTL's.
+func (r ForkRequest) TTL() (time.Duration, error) { return ttl(r.Timeout, 1) }
 
 // N is how many sandboxes to start: Count, DefaultForkCount when left out; an error
 // outside 1 to MaxForkCount.
@@ -524,14 +533,21 @@ type Error struct {
 }
 
 // ttl turns an optional seconds field into a duration, DefaultTimeout when nil.
-func ttl(seconds *int32) (time.Duration, error) {
+// Errors (naming E2B's field, timeout): under least seconds, over MaxTimeout.
+func ttl(seconds *int32, least int32) (time.Duration, error) {
 	if seconds == nil {
 		return DefaultTimeout, nil
 	}
-	if *seconds < 0 {
-		return 0, fmt.Errorf("timeout %d: must not be negative", *seconds)
+	n := *seconds
+	switch {
+	case n < least && least > 0:
+		return 0, fmt.Errorf("timeout %d: must be at least %d second (leave it out for %d)", n, least, int(DefaultTimeout/time.Second))
+	case n < 0:
+		return 0, fmt.Errorf("timeout %d: must not be negative", n)
+	case time.Duration(n)*time.Second > MaxTimeout:
+		return 0, fmt.Errorf("timeout %d: at most %d seconds (%d days)", n, int64(MaxTimeout/time.Second), int64(MaxTimeout/(24*time.Hour)))
 	}
-	return time.Duration(*seconds) * time.Second, nil
+	return time.Duration(n) * time.Second, nil
 }
 
 // APIKeyPrefix starts every key: SDKs 2.27 to 2.45 check E2B_API_KEY client-side
