@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -140,7 +143,14 @@ func countSandboxes(t *testing.T, srv *servertest.Server) int {
 // status the SDKs map (401 AuthenticationError, 404 NotFoundError, 409, 400)
 // and changes nothing.
 func TestE2BBadInput(t *testing.T) {
-	srv := startE2B(t, servertest.Options{})
+	// The server's log goes to a file (slog's handler serializes its writes).
+	logPath := filepath.Join(t.TempDir(), "server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	srv := startE2B(t, servertest.Options{Logger: slog.New(slog.NewTextHandler(logFile, nil))})
 	sb := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
 	before := countSandboxes(t, srv)
 
@@ -165,7 +175,16 @@ func TestE2BBadInput(t *testing.T) {
 	}{
 		{"create, body not JSON", "POST", "/v2/sandboxes", []byte("templateID=base"), 400, []string{"JSON"}},
 		{"create, body an array", "POST", "/sandboxes", []byte(`[]`), 400, []string{"JSON object"}},
-		{"create, timeout a string", "POST", "/v2/sandboxes", []byte(`{"timeout":"5"}`), 400, []string{"timeout"}},
+		{"create, timeout a string", "POST", "/v2/sandboxes", []byte(`{"timeout":"5"}`), 400, []string{"timeout", "string", "integer"}},
+		{"create, timeout a fraction", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","timeout":1.5}`), 400, []string{"timeout", "integer"}},
+		{"create, templateID a number", "POST", "/v2/sandboxes", []byte(`{"templateID":5}`), 400, []string{"templateID", "string"}},
+		{"create, autoPause a string", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoPause":"yes"}`), 400, []string{"autoPause", "boolean"}},
+		{"create, autoResume a boolean", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoResume":true}`), 400, []string{"autoResume", "object"}},
+		{"create, autoResume.enabled a string", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoResume":{"enabled":"true"}}`), 400, []string{"autoResume.enabled", "boolean"}},
+		{"create, metadata value a number", "POST", "/sandboxes", []byte(`{"templateID":"base","metadata":{"a":1}}`), 400, []string{"metadata", "string"}},
+		{"create, envVars an array", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","envVars":["A=1"]}`), 400, []string{"envVars", "object"}},
+		{"pause, memory a string", "POST", "/sandboxes/" + sb.SandboxID + "/pause", []byte(`{"memory":"no"}`), 400, []string{"memory", "boolean"}},
+		{"fork, count a string", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count":"2"}`), 400, []string{"count", "integer"}},
 		{"create, negative timeout", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(-1)}, 400, []string{"timeout"}},
 		{"create, timeout 0", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(0)}, 400, []string{"timeout 0", "at least 1"}},
 		{"create (old path), timeout over the bound", "POST", "/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(40_000_000)}, 400, []string{"timeout 40000000", "at most"}},
@@ -228,6 +247,19 @@ func TestE2BBadInput(t *testing.T) {
 	if d := e2bInfo(t, srv, sb.SandboxID); d.State != e2b.StateRunning {
 		t.Errorf("sandbox %s is %s after the refused calls, want running", sb.SandboxID, d.State)
 	}
+	// Fields this server does not know are ignored, as E2B's server does,
+	// and logged.
+	a := e2bCall(t, srv, "POST", "/v2/sandboxes", []byte(`{"templateID":"base","metadata":{"k":"v"},"futureOption":{"x":1},"zFlag":true}`))
+	var extra e2b.Sandbox
+	if a.Status != http.StatusCreated || json.Unmarshal(a.Body, &extra) != nil {
+		t.Errorf("create with unknown fields: %d %s, want 201", a.Status, a.Body)
+	} else if d := e2bInfo(t, srv, extra.SandboxID); d.Metadata["k"] != "v" {
+		t.Errorf("create with unknown fields: the known ones were not applied: %+v", d)
+	}
+	if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), "fields=\"[futureOption zFlag]\"") {
+		t.Errorf("the ignored fields are not logged:\n%s", log)
+	}
+
 	// envd without, and with a wrong, access token.
 	for _, tok := range []string{"", "wrong"} {
 		e2bCall(t, srv, "GET", "/health", nil, e2b.HeaderSandboxID, sb.SandboxID, e2b.HeaderSandboxPort, "49983",

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,10 +81,12 @@ func (s *Service) authorized(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// decodeBody reads a JSON object body into v. An empty body leaves v as it is
-// when allowEmpty. Fields the wire types do not name are ignored (a newer SDK
-// may send more), but every field they name must have its type.
-func decodeBody(r *http.Request, v any, allowEmpty bool) error {
+// decodeBody reads a JSON object body into v (a pointer to a wire struct).
+// An empty body leaves v as it is when allowEmpty. Every field the wire type
+// names must have its JSON type (else invalid argument naming the field, as
+// E2B's request validation answers); top-level fields it does not name are
+// ignored, as E2B's server does (a newer SDK may send more), and logged.
+func (s *Service) decodeBody(r *http.Request, v any, allowEmpty bool) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
 		return invalid("reading body: %v", err)
@@ -102,9 +105,72 @@ func decodeBody(r *http.Request, v any, allowEmpty bool) error {
 		return invalid("the body must be a JSON object")
 	}
 	if err := json.Unmarshal(b, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return invalid("body field %s: a JSON %s where %s is wanted", te.Field, te.Value, jsonKind(te.Type))
+		}
 		return invalid("malformed JSON body: %v", err)
 	}
+	if un := unknownFields(b, v); len(un) > 0 {
+		s.log.Info("e2b: ignoring body fields this server does not know", "method", r.Method, "path", r.URL.Path, "fields", un)
+	}
 	return nil
+}
+
+// jsonKind names the JSON type that decodes into t.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("an integer (%s)", t.Kind())
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return t.String()
+}
+
+// unknownFields are the top-level keys of the JSON object b that the struct
+// v points to has no field for, sorted.
+func unknownFields(b []byte, v any) []string {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return nil
+	}
+	known := map[string]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+				walk(f.Type)
+			case name == "":
+				known[strings.ToLower(f.Name)] = true
+			case name != "-":
+				known[strings.ToLower(name)] = true
+			}
+		}
+	}
+	walk(reflect.TypeOf(v).Elem())
+	var out []string
+	for k := range top {
+		// encoding/json matches names without regard to case.
+		if !known[strings.ToLower(k)] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // seconds turns a time to live into torpor's timeout_s: whole seconds, at
@@ -115,7 +181,7 @@ func seconds(d time.Duration) int { return max(1, int(d/time.Second)) }
 
 func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	var req NewSandbox
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -378,7 +444,7 @@ func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 	var req TimeoutRequest
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := s.decodeBody(r, &req, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -401,7 +467,7 @@ func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 	var req PauseRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -448,7 +514,7 @@ func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	var req ConnectRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -488,7 +554,7 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req SnapshotRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -572,7 +638,7 @@ func (s *Service) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 	var req ForkRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
