@@ -647,10 +647,6 @@ func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalid("%v", err))
 		return
 	}
-	if n > manager.MaxForkCount {
-		s.fail(w, r, invalid("count %d: this server forks at most %d sandboxes at once", n, manager.MaxForkCount))
-		return
-	}
 	ttl, err := req.TTL()
 	if err != nil {
 		s.fail(w, r, invalid("%v", err))

@@ -39,8 +39,9 @@ const (
 	MaxTimeout = manager.MaxTimeoutS * time.Second
 	// DefaultForkCount is how many sandboxes a fork starts when count is left out.
 	DefaultForkCount = 1
-	// MaxForkCount is the largest count a fork accepts.
-	MaxForkCount = 100
+	// MaxForkCount is the largest count a fork accepts: the manager's limit on
+	// the clones of one snapshot (E2B's API allows 100).
+	MaxForkCount = manager.MaxForkCount
 	// DefaultListLimit and MaxListLimit bound a list page (limit).
 	DefaultListLimit = 100
 	MaxListLimit     = 100
@@ -458,7 +459,7 @@ func (r ForkRequest) N() (int, error) {
 		return DefaultForkCount, nil
 	}
 	if *r.Count < 1 || *r.Count > MaxForkCount {
-		return 0, fmt.Errorf("count %d: want 1 to %d", *r.Count, MaxForkCount)
+		return 0, fmt.Errorf("count %d: want 1 to %d (this server forks at most %d sandboxes at once)", *r.Count, MaxForkCount, MaxForkCount)
 	}
 	return int(*r.Count), nil
 }
