@@ -254,6 +254,20 @@ for _ in sys.stdin: print("value", v)'`, { background: true, stdin: true, onStdo
   }
 });
 
+await check("/dev/shm is writable by user, also after pause and connect", async () => {
+  const m = await Sandbox.create("base");
+  try {
+    const r = await m.commands.run("stat -c %a /dev/shm; touch /dev/shm/x; python3 -c 'import multiprocessing as m; print(m.Lock().acquire())'");
+    assert(r.stdout === "1777\nTrue\n", `as user: ${JSON.stringify(r.stdout)}`);
+    assert((await m.pause()) === true, "pause did not return true");
+    const c = await Sandbox.connect(m.sandboxId);
+    const again = await c.commands.run("touch /dev/shm/y; ls /dev/shm");
+    assert(again.stdout === "x\ny\n", `after the connect: ${JSON.stringify(again.stdout)}`);
+  } finally {
+    await m.kill();
+  }
+});
+
 await check("setTimeout", async () => {
   await sbx.setTimeout(60_000);
   const left = (await sbx.getInfo()).endAt.getTime() - Date.now();
