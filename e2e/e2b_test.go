@@ -229,6 +229,10 @@ func TestE2BBadInput(t *testing.T) {
 		{"metrics, end not a number", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?end=1.5", nil, 400, []string{"end"}},
 		{"metrics, start after end", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?start=2000&end=1000", nil, 400, []string{"start", "end"}},
 		{"unknown path", "GET", "/v2/whatever", nil, 404, []string{"/v2/whatever"}},
+		{"template build", "POST", "/v3/templates", []byte(`{"name":"t"}`), 501, []string{"template builds", "torpor image build"}},
+		{"template build status", "GET", "/templates/t/builds/b/status", nil, 501, []string{"template builds"}},
+		{"network rules", "PUT", "/sandboxes/" + sb.SandboxID + "/network", []byte(`{"allowOut":["1.1.1.1"]}`), 501, []string{"network rules"}},
+		{"volumes", "POST", "/volumes", []byte(`{"name":"v"}`), 501, []string{"volumes"}},
 		{"route, one header", "GET", "/health", nil, 400, []string{e2b.HeaderSandboxPort}},
 	} {
 		var hdr []string

@@ -28,8 +28,9 @@ const maxBody = 1 << 20
 // Register adds E2B's control-plane routes to mux. Every route checks the
 // caller's X-API-KEY first. None of E2B's paths (/sandboxes…, /v2/sandboxes…,
 // /snapshots, /templates/…) is under torpor's /v1/, so both APIs share one
-// mux; a path under /sandboxes/, /v2/ or /templates/ that no route serves is
-// answered 404 in E2B's form.
+// mux; a path under /sandboxes/ or /v2/ that no route serves is answered 404
+// in E2B's form, and the calls of features torpor does not serve yet 501
+// naming the feature (see unsupported).
 func (s *Service) Register(mux *http.ServeMux) {
 	routes := map[string]http.HandlerFunc{
 		"POST /v2/sandboxes":              s.create,
@@ -55,9 +56,31 @@ func (s *Service) Register(mux *http.ServeMux) {
 	unknown := s.authorized(func(w http.ResponseWriter, r *http.Request) {
 		replyError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	for _, prefix := range []string{"/sandboxes/", "/v2/", "/templates/"} {
+	for _, prefix := range []string{"/sandboxes/", "/v2/"} {
 		mux.Handle(prefix, unknown)
 	}
+	for _, u := range unsupported {
+		msg := u.feature + " are not supported by this server yet: " + u.instead + " (docs/e2b.md)"
+		for _, pattern := range u.patterns {
+			mux.Handle(pattern, s.authorized(func(w http.ResponseWriter, r *http.Request) {
+				replyError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, msg))
+			}))
+		}
+	}
+}
+
+// unsupported are E2B's calls of features torpor does not serve yet, by the
+// mux patterns that catch them (every method), with what to do instead.
+// DELETE /templates/{id} (deleteSnapshot) is served.
+var unsupported = []struct {
+	feature  string
+	patterns []string
+	instead  string
+}{
+	{"template builds", []string{"/v3/", "/v2/templates", "/v2/templates/", "/templates", "/templates/"},
+		"build an image with `torpor image build` or take a snapshot (createSnapshot), and name it as the templateID"},
+	{"network rules", []string{"/sandboxes/{id}/network"}, "sandboxes have no internet access"},
+	{"volumes", []string{"/volumes", "/volumes/"}, "torpor's own API mounts host directories (volumes in a create of /v1/sandboxes)"},
 }
 
 // authorized checks X-API-KEY with the server's key verifier before h (when
