@@ -146,10 +146,19 @@ func classify(err error) (int, string) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := classify(err)
-	if status >= 500 {
+	if status >= 500 && manager.RetryAfterSeconds(err) == 0 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	setRetryAfter(w, err)
 	writeError(w, status, code, err.Error())
+}
+
+// setRetryAfter sets Retry-After on the answer to a call that admission
+// control refused (503: the host's memory is full).
+func setRetryAfter(w http.ResponseWriter, err error) {
+	if n := manager.RetryAfterSeconds(err); n > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(n))
+	}
 }
 
 // decode reads a JSON object body into v: other JSON values (null, arrays),
@@ -450,6 +459,7 @@ func (s *Server) proxy() http.Handler {
 		if status == http.StatusInternalServerError && isDialError(err) {
 			status, code = http.StatusBadGateway, apiv1.CodeBadGateway
 		}
+		setRetryAfter(w, err)
 		writeError(w, status, code, err.Error())
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
