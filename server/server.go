@@ -125,6 +125,7 @@ type Server struct {
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
 	keys         *apikey.Verifier
+	idem         idempotency // idempotent creates and forks (idempotency.go)
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -213,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
-		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
+		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
 		return fail(err)
