@@ -132,7 +132,7 @@ type AdmissionError struct {
 }
 
 func (e *AdmissionError) Error() string {
-	return fmt.Sprintf("host memory full: %d MiB more would exceed the %d MiB admitted (host memory × overcommit %g); sandboxes holding memory have %d MiB of limits",
+	return fmt.Sprintf("host memory full: %d MiB more would exceed the %d MiB admitted (host memory × overcommit %.3g); sandboxes holding memory have %d MiB of limits",
 		e.NeedMiB, e.CapMiB, e.Overcommit, e.UsedMiB)
 }
 

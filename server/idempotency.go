@@ -135,6 +135,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		}
 		ids = rec.SandboxIDs
 	}
+	faultPoint("idempotency-claimed")
 	status, v, err := c.run(ctx, ids)
 	wctx := context.WithoutCancel(ctx)
 	if err != nil {
