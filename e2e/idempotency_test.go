@@ -29,6 +29,29 @@ type serveProc struct {
 	cmd  *exec.Cmd
 	done chan error
 	up   bool // started and not yet seen to end
+	// args are added to the command line; with tls the server is https
+	// and trusted through the CA file ca.
+	args []string
+	ca   string
+}
+
+// url is the server's base URL.
+func (p *serveProc) url() string {
+	if p.ca != "" {
+		return "https://" + p.addr
+	}
+	return "http://" + p.addr
+}
+
+// client is a Go client of the server.
+func (p *serveProc) client() *client.Client {
+	c := client.New(p.url())
+	if p.ca != "" {
+		if err := c.TrustCA(p.ca); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	return c
 }
 
 // buildTorpor builds the torpor binary of this checkout into a temporary
@@ -67,6 +90,7 @@ func (p *serveProc) start(env ...string) {
 	}
 	p.cmd = exec.Command(p.bin, "serve", "--data-dir", dataDir, "--listen", p.addr, "--auth", "none", "--store", "chunked",
 		"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t))
+	p.cmd.Args = append(p.cmd.Args, p.args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
@@ -76,7 +100,7 @@ func (p *serveProc) start(env ...string) {
 	p.done = make(chan error, 1)
 	p.up = true
 	go func() { p.done <- p.cmd.Wait() }()
-	c := client.New("http://" + p.addr)
+	c := p.client()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -173,7 +197,7 @@ func TestIdempotentForkAcrossCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.start()
-	c := client.New("http://" + p.addr)
+	c := p.client()
 	c.Retries = 8 // up to 64 s of waits: room for a restart
 	ctx := ctxFor(t, 10*time.Minute)
 	never := 0

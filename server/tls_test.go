@@ -1,57 +1,17 @@
 package server
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-)
 
-// selfSigned writes a self-signed certificate for 127.0.0.1 and
-// *.sandbox.test with serial number serial, and its key, to dir; it returns
-// the two paths and the certificate.
-func selfSigned(t *testing.T, dir string, serial int64) (certFile, keyFile string, cert *x509.Certificate) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "torpor test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true, IsCA: true,
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"*.sandbox.test"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ = x509.ParseCertificate(der)
-	return certFile, keyFile, cert
-}
+	"github.com/torpor/torpor/internal/testcert"
+)
 
 // servedSerial connects to addr trusting roots and returns the serial number
 // of the certificate the server presented.
@@ -70,7 +30,7 @@ func servedSerial(t *testing.T, addr string, roots *x509.CertPool) int64 {
 // reloaded (by Reload, then by SIGHUP); a bad pair keeps the one in use.
 func TestCertReload(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, first := selfSigned(t, dir, 1)
+	certFile, keyFile, first := testcert.Write(t, dir, 1, "*.sandbox.test")
 	certs, err := NewCertReloader(certFile, keyFile, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +49,7 @@ func TestCertReload(t *testing.T) {
 		t.Fatalf("served serial %d, want 1", got)
 	}
 
-	_, _, second := selfSigned(t, dir, 2) // the same two files, replaced
+	_, _, second := testcert.Write(t, dir, 2) // the same two files, replaced
 	roots.AddCert(second)
 	if got := servedSerial(t, addr, roots); got != 1 {
 		t.Errorf("before the reload: serial %d, want 1 (still the loaded pair)", got)
@@ -103,7 +63,7 @@ func TestCertReload(t *testing.T) {
 
 	// A broken pair (a key that is not the certificate's) is refused and
 	// the certificate in use stays.
-	_, otherKey, _ := selfSigned(t, t.TempDir(), 3)
+	_, otherKey, _ := testcert.Write(t, t.TempDir(), 3)
 	kb, _ := os.ReadFile(otherKey)
 	if err := os.WriteFile(keyFile, kb, 0o600); err != nil {
 		t.Fatal(err)
@@ -116,7 +76,7 @@ func TestCertReload(t *testing.T) {
 	}
 
 	// SIGHUP reloads.
-	_, _, fourth := selfSigned(t, dir, 4)
+	_, _, fourth := testcert.Write(t, dir, 4)
 	roots.AddCert(fourth)
 	stop := reloadOnSIGHUP(certs)
 	defer stop()
