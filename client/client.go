@@ -34,9 +34,10 @@ type Client struct {
 	APIKey string
 	// Retries is how many times CreateSandbox and Fork send their call again,
 	// with the same Idempotency-Key, when its answer was lost (the
-	// connection refused, reset or closed before the whole answer: a server
-	// restarting or crashed); 250 ms, then each wait twice the last. New
-	// sets DefaultRetries; 0: no retry.
+	// connection reset or closed before the whole answer, then refused while
+	// the server restarts; a first connection refused is not retried: no
+	// server listens there); 250 ms, then each wait twice the last. New sets
+	// DefaultRetries; 0: no retry.
 	Retries int
 }
 

@@ -32,7 +32,8 @@ func NewIdempotencyKey() string {
 }
 
 // callIdempotent is call with an Idempotency-Key, retried with the same key
-// while the answer is lost (lostAnswer), c.Retries times at most.
+// while the answer is lost (lostAnswer), c.Retries times at most; a first
+// attempt whose connection is refused is not retried (no server listens).
 func (c *Client) callIdempotent(ctx context.Context, method, path string, in, out any) error {
 	key, _ := ctx.Value(idempotencyKey{}).(string)
 	if key == "" {
@@ -40,11 +41,19 @@ func (c *Client) callIdempotent(ctx context.Context, method, path string, in, ou
 	}
 	hdr := http.Header{apiv1.IdempotencyKeyHeader: {key}}
 	wait := 250 * time.Millisecond
+	reached := false // an attempt reached the server (its answer was lost)
 	for attempt := 0; ; attempt++ {
 		err := c.callHeader(ctx, method, path, in, out, hdr)
 		if err == nil || attempt >= c.Retries || ctx.Err() != nil || !lostAnswer(err) {
 			return err
 		}
+		// A refused connection before any attempt reached the server means
+		// no server there (nothing to retry); after one, a server restarting.
+		refused := errors.Is(err, syscall.ECONNREFUSED)
+		if refused && !reached {
+			return err
+		}
+		reached = reached || !refused
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():

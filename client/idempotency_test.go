@@ -106,6 +106,13 @@ func TestIdempotentRetry(t *testing.T) {
 	if d := time.Since(t0); d < 700*time.Millisecond {
 		t.Errorf("two retries took %v, want the 250+500 ms waits", d)
 	}
+	// No server at all: refused at once, not retried.
+	gone := New("http://" + f.srv.Listener.Addr().String())
+	f.srv.Close()
+	t0 = time.Now()
+	if _, err := gone.CreateSandbox(ctx, apiv1.CreateSandboxRequest{}); err == nil || time.Since(t0) > 200*time.Millisecond {
+		t.Errorf("create with no server: %v after %v, want a refusal at once", err, time.Since(t0))
+	}
 }
 
 // TestTrustCA: a client trusts an https server whose certificate is in the
