@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -68,15 +69,20 @@ func buildTorpor(t *testing.T) string {
 	return bin
 }
 
-// freeAddr returns a loopback address no one listens on now.
+// freeAddr returns a loopback address no one listens on now, on a port
+// below the kernel's ephemeral range (32768 and up), so that no outgoing
+// connection takes it while the server restarts.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port in 20000-31999")
+	return ""
 }
 
 // start starts the server process with env added to its environment

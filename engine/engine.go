@@ -68,14 +68,17 @@ type Spec struct {
 	// in the sandbox: beyond it fork and clone fail with EAGAIN inside the
 	// sandbox; 0 = no limit.
 	PidsLimit int
-	// WritableMiB bounds, in MiB, what the sandbox's writable layer may hold
-	// when it lives in sandbox memory: beyond it writes fail with ENOSPC
-	// inside the sandbox instead of the sandbox being killed for its memory;
-	// 0 = no bound but the memory limit.
+	// WritableMiB bounds, in MiB, what the sandbox's writable layer (its root
+	// file system's changes) may hold when it lives in sandbox memory, and
+	// TmpMiB what /tmp may hold when it is a memory file system: beyond them
+	// writes fail with ENOSPC inside the sandbox instead of the sandbox being
+	// killed for its memory; 0 = no bound but the memory limit.
 	//
 	// On Restore an engine restores the limits the snapshot was taken with,
-	// whatever these two fields say (a checkpoint carries them).
+	// whatever PidsLimit, WritableMiB and TmpMiB say (a checkpoint carries
+	// them).
 	WritableMiB int
+	TmpMiB      int
 }
 
 // AgentPort is the TCP port the guest agent listens on inside every sandbox.

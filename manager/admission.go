@@ -97,11 +97,15 @@ func (m *Manager) pidsLimit(want int) (int, error) {
 	return want, nil
 }
 
-// writableMiB is the bound of a sandbox's writable layer (engine.Spec): the
-// root overlay and /tmp each live in sandbox memory and may each hold up to
-// three quarters of its memory limit, so that one runaway write fails with
-// ENOSPC rather than the sandbox being killed for its memory.
-func writableMiB(memoryMiB int) int { return memoryMiB * 3 / 4 }
+// writableMiB and tmpMiB are the bounds of a sandbox's writable layer and
+// of its /tmp (engine.Spec), both in sandbox memory: half and a quarter of
+// its memory limit, so that filling both still leaves a quarter for its
+// processes, and a runaway write fails with ENOSPC rather than the sandbox
+// being killed for its memory. (gVisor keeps memory a deleted file freed
+// for reuse inside the sandbox, so the bounds must hold together, not one
+// at a time.)
+func writableMiB(memoryMiB int) int { return memoryMiB / 2 }
+func tmpMiB(memoryMiB int) int      { return memoryMiB / 4 }
 
 // admission is the manager's admission control: the host memory reserved by
 // creates, resumes and forks in progress, on top of what the sandbox records

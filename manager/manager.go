@@ -352,6 +352,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		// A restore gets the limits its snapshot was taken with (engine.Spec).
 		PidsLimit:   s.PidsLimit,
 		WritableMiB: writableMiB(s.MemoryMiB),
+		TmpMiB:      tmpMiB(s.MemoryMiB),
 	}
 }
 

@@ -21,8 +21,8 @@ import (
 //     of several users together cannot exhaust the host's pids; reaching the
 //     backstop ends the sandbox.
 //   - WritableMiB as the size of the root overlay's upper layer (a tmpfs in
-//     sandbox memory, rootfs annotation options size=) and of the /tmp tmpfs
-//     (which runsc would otherwise mount unbounded): each may hold that much.
+//     sandbox memory, rootfs annotation options size=), TmpMiB as the size
+//     of a /tmp tmpfs (which runsc would otherwise mount unbounded).
 //
 // runsc restores a checkpoint only with the process rlimits, the mounts and
 // the gVisor annotations it was taken with (runsc/specutils/restore.go), so
@@ -37,6 +37,7 @@ const limitsFile = "torpor-limits.json"
 type limitsRecord struct {
 	PidsLimit   int `json:"pids_limit,omitempty"`
 	WritableMiB int `json:"writable_mib,omitempty"`
+	TmpMiB      int `json:"tmp_mib,omitempty"`
 }
 
 // hostPidsLimit is the host cgroup's pids.max for a sandbox whose users may
@@ -46,7 +47,7 @@ func hostPidsLimit(pidsLimit int) int64 { return 4*int64(pidsLimit) + 256 }
 
 // writeLimits records spec's limits in bundle directory b.
 func writeLimits(b string, spec engine.Spec) error {
-	rec, err := json.Marshal(limitsRecord{PidsLimit: spec.PidsLimit, WritableMiB: spec.WritableMiB})
+	rec, err := json.Marshal(limitsRecord{PidsLimit: spec.PidsLimit, WritableMiB: spec.WritableMiB, TmpMiB: spec.TmpMiB})
 	if err != nil {
 		return err
 	}
@@ -82,6 +83,6 @@ func restoredLimits(dir string, spec engine.Spec) (engine.Spec, error) {
 			return spec, fmt.Errorf("gvisor: %s: %w", filepath.Join(dir, limitsFile), err)
 		}
 	}
-	spec.PidsLimit, spec.WritableMiB = rec.PidsLimit, rec.WritableMiB
+	spec.PidsLimit, spec.WritableMiB, spec.TmpMiB = rec.PidsLimit, rec.WritableMiB, rec.TmpMiB
 	return spec, nil
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/torpor/torpor/sandboxnet"
 )
 
-// TestLimitsInSpec: a spec's pids and writable-layer limits become
+// TestLimitsInSpec: a spec's pids, writable-layer and /tmp limits become
 // RLIMIT_NPROC, the cgroup's pids.max backstop, the root overlay's size and
 // a sized /tmp; a spec without them has none of these (the spec sandboxes
 // had before limits, which their checkpoints need at restore).
@@ -20,7 +20,7 @@ func TestLimitsInSpec(t *testing.T) {
 	p := sandboxnet.For("tptest", base.ID)
 
 	with := base
-	with.PidsLimit, with.WritableMiB = 100, 192
+	with.PidsLimit, with.WritableMiB, with.TmpMiB = 100, 192, 96
 	s := e.ociSpec(with, p)
 	if !slices.Contains(s.Process.Rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: 100, Soft: 100}) {
 		t.Errorf("rlimits %+v: want RLIMIT_NPROC 100", s.Process.Rlimits)
@@ -32,8 +32,8 @@ func TestLimitsInSpec(t *testing.T) {
 		t.Errorf("rootfs options %q: want size=192m", got)
 	}
 	i := slices.IndexFunc(s.Mounts, func(m ociMount) bool { return m.Destination == "/tmp" })
-	if i < 0 || s.Mounts[i].Type != "tmpfs" || !slices.Contains(s.Mounts[i].Options, "size=192m") {
-		t.Errorf("mounts %+v: want a tmpfs /tmp of size=192m", s.Mounts)
+	if i < 0 || s.Mounts[i].Type != "tmpfs" || !slices.Contains(s.Mounts[i].Options, "size=96m") {
+		t.Errorf("mounts %+v: want a tmpfs /tmp of size=96m", s.Mounts)
 	}
 
 	s = e.ociSpec(base, p)
@@ -51,19 +51,19 @@ func TestRestoredLimits(t *testing.T) {
 	if err := os.MkdirAll(e.bundle(id), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeLimits(e.bundle(id), engine.Spec{PidsLimit: 64, WritableMiB: 96}); err != nil {
+	if err := writeLimits(e.bundle(id), engine.Spec{PidsLimit: 64, WritableMiB: 96, TmpMiB: 48}); err != nil {
 		t.Fatal(err)
 	}
 	ckpt := t.TempDir()
 	if err := e.recordLimits(id, ckpt); err != nil {
 		t.Fatal(err)
 	}
-	got, err := restoredLimits(ckpt, engine.Spec{PidsLimit: 1024, WritableMiB: 384})
-	if err != nil || got.PidsLimit != 64 || got.WritableMiB != 96 {
-		t.Errorf("restored limits %d/%d (%v), want the checkpoint's 64/96", got.PidsLimit, got.WritableMiB, err)
+	got, err := restoredLimits(ckpt, engine.Spec{PidsLimit: 1024, WritableMiB: 384, TmpMiB: 192})
+	if err != nil || got.PidsLimit != 64 || got.WritableMiB != 96 || got.TmpMiB != 48 {
+		t.Errorf("restored limits %d/%d/%d (%v), want the checkpoint's 64/96/48", got.PidsLimit, got.WritableMiB, got.TmpMiB, err)
 	}
-	got, err = restoredLimits(t.TempDir(), engine.Spec{PidsLimit: 1024, WritableMiB: 384})
-	if err != nil || got.PidsLimit != 0 || got.WritableMiB != 0 {
+	got, err = restoredLimits(t.TempDir(), engine.Spec{PidsLimit: 1024, WritableMiB: 384, TmpMiB: 192})
+	if err != nil || got.PidsLimit != 0 || got.WritableMiB != 0 || got.TmpMiB != 0 {
 		t.Errorf("restored limits from a checkpoint without a record %d/%d (%v), want none", got.PidsLimit, got.WritableMiB, err)
 	}
 	if err := os.WriteFile(filepath.Join(ckpt, limitsFile), []byte("{"), 0o644); err != nil {

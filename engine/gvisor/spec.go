@@ -126,9 +126,11 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 		{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
 	}
 	if spec.WritableMiB > 0 {
-		size := fmt.Sprintf("size=%dm", spec.WritableMiB)
-		annotations["dev.gvisor.spec.rootfs.options"] = size
-		mounts = append(mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"mode=1777", size}})
+		annotations["dev.gvisor.spec.rootfs.options"] = fmt.Sprintf("size=%dm", spec.WritableMiB)
+	}
+	if spec.TmpMiB > 0 {
+		mounts = append(mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"mode=1777", fmt.Sprintf("size=%dm", spec.TmpMiB)}})
 	}
 	// The CPU quota is not in the spec: runsc would apply it before the sandbox
 	// boots, and a restore (seccomp compilation and page loading run in parallel)
