@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
 )
 
@@ -18,6 +19,9 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Store:            store,
 		Auth:             server.AuthMode(cfg.Auth),
 		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
+		TLSCert:          cfg.TLSCert,
+		TLSKey:           cfg.TLSKey,
+		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
 	})
 }
 

@@ -38,6 +38,8 @@ type hostOpts struct {
 	timeouts manager.EngineTimeouts
 	// eng reuses an engine whose instances outlived the previous host (crash).
 	eng *fake.Engine
+	// limits are the manager's (admission.go).
+	limits manager.LimitsConfig
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -79,6 +81,7 @@ func newHost(t *testing.T, o hostOpts) *host {
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: agentBin, AgentTimeout: 5 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Lifecycle: manager.LifecycleConfig{VolumesDir: filepath.Join(dir, "volumes")},
+		Limits:    o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)
