@@ -90,10 +90,15 @@ func Create(ctx context.Context, p Pair) error {
 	return nil
 }
 
-// Delete removes both namespaces (and with them the veth pair). Missing namespaces
+// Delete removes both namespaces (and with them the veth pairs, the uplink's
+// first: the kernel removes a deleted namespace's links later, and the
+// uplink's end would hold its pool address until then). Missing namespaces
 // are not an error.
 func Delete(ctx context.Context, p Pair) error {
 	var errs []string
+	if err := detach(p); err != nil {
+		errs = append(errs, err.Error())
+	}
 	for _, n := range []string{p.Guest, p.Host} {
 		if _, err := os.Stat(netnsDir + "/" + n); err != nil {
 			continue
