@@ -9,6 +9,10 @@ import (
 func runServe(ctx context.Context, cfg serveConfig) error {
 	store := cfg.Store
 	store.CacheBytes, store.OpenBytes, store.AsyncUpload = cacheBytes(cfg.CacheBytes), cacheBytes(cfg.OpenBytes), cfg.AsyncUpload
+	egress, err := cfg.egressConfig()
+	if err != nil {
+		return err
+	}
 	return server.Run(ctx, server.Config{
 		DataDir:          cfg.DataDir,
 		Listen:           cfg.Listen,
@@ -18,6 +22,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Store:            store,
 		Auth:             server.AuthMode(cfg.Auth),
 		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
+		Egress:           egress,
 	})
 }
 

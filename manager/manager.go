@@ -341,6 +341,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		CPUs:      s.CPUs,
 		Env:       s.Env,
 		Mounts:    m.volumeMounts(s),
+		Egress:    engineEgress(s.Network),
 	}
 }
 
@@ -530,6 +531,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
+	m.writeResolvConf(ctx, s)
 	s.LastResume = m.runContract(ctx, s, s.Generation, false, true, "", launched)
 	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return sandbox.Sandbox{}, err

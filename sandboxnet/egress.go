@@ -222,15 +222,6 @@ func UplinkResolver(uplinkNetns string) netip.Addr {
 	return netip.Addr{}
 }
 
-// ResolvConf is the guests' /etc/resolv.conf for resolver dns (zero: a comment
-// saying no resolver is configured).
-func ResolvConf(dns netip.Addr) string {
-	if !dns.IsValid() {
-		return "# torpor: no resolver configured (torpor serve --dns)\n"
-	}
-	return "# written by torpor (torpor serve --dns)\nnameserver " + dns.String() + "\n"
-}
-
 const upName = "up0" // the uplink veth's end in an instance's host namespace
 
 // Attach gives the instance of pair p its way out with rules r: the second
@@ -285,7 +276,9 @@ func (e *Egress) slot(n int) (uplinkEnd, instanceEnd netip.Addr) {
 	b := e.cfg.Pool.Addr().As4()
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	v += uint32(n) * 4
-	a := func(x uint32) netip.Addr { return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)}) }
+	a := func(x uint32) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+	}
 	return a(v + 1), a(v + 2)
 }
 
