@@ -67,7 +67,8 @@ type Spec struct {
 	Mounts []Mount
 	// Egress, when set, gives the instance a way out to other networks under
 	// these rules, through the host's uplink (engines that have one:
-	// EgressProvider); nil = none. Every Start and Restore applies it anew.
+	// EgressProvider); nil = none. An Egress that reaches nothing refuses the
+	// guest's packets at once. Every Start and Restore applies it anew.
 	Egress *Egress
 }
 

@@ -77,11 +77,9 @@ func parsePrefixes(field string, in []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// engineEgress is the engine's view of n: nil unless n reaches anything.
+// engineEgress is the engine's view of n (also for a policy that reaches
+// nothing: an engine with an uplink then refuses the guest's packets at once).
 func engineEgress(n sandbox.Network) *engine.Egress {
-	if !n.Wanted() {
-		return nil
-	}
 	return &engine.Egress{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
 }
 

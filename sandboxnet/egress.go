@@ -229,12 +229,22 @@ const upName = "up0" // the uplink veth's end in an instance's host namespace
 // the pool, the default route, forwarding, masquerade and the filter. The
 // pair must exist (Create); Delete removes what Attach made with it. On error
 // the caller deletes the pair.
+//
+// Rules that reach nothing (not Wanted) get no uplink, only a filter that
+// refuses every packet from the guest at once (a TCP reset, an ICMP port
+// unreachable) instead of letting it time out.
 func (e *Egress) Attach(ctx context.Context, p Pair, r Rules) error {
 	host, err := netns.GetFromPath(netnsDir + "/" + p.Host)
 	if err != nil {
 		return fmt.Errorf("sandboxnet: egress %s: %w", p.Host, err)
 	}
 	defer host.Close()
+	if !r.Wanted() {
+		if err := refuseAll(host); err != nil {
+			return fmt.Errorf("sandboxnet: egress %s: rules: %w", p.Host, err)
+		}
+		return nil
+	}
 	hostH, err := netlink.NewHandleAt(host)
 	if err != nil {
 		return fmt.Errorf("sandboxnet: egress %s: %w", p.Host, err)

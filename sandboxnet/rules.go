@@ -28,16 +28,18 @@ import (
 //	chain refuse: tcp reset, else icmp port unreachable (the guest's call fails at once)
 //	chain input (hook input): from up0 only established,related; from veth0 only to 10.213.0.1
 //	chain postrouting (nat): oifname up0 masquerade
+//
+// Rules that reach nothing get chain refuse and refuseAll's prerouting chain
+// only.
 const hostTable = "torpor"
 
 // applyRules writes the host namespace's table for rules r.
 func applyRules(host netns.NsHandle, r Rules, refused []netip.Prefix, dns netip.Addr) error {
-	c, err := nftables.New(nftables.WithNetNSFd(int(host)))
+	c, t, _, err := hostTableConn(host)
 	if err != nil {
 		return err
 	}
 	defer c.CloseLasting()
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: hostTable})
 	drop, accept := nftables.ChainPolicyDrop, nftables.ChainPolicyAccept
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
@@ -45,14 +47,10 @@ func applyRules(host netns.NsHandle, r Rules, refused []netip.Prefix, dns netip.
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	ref := c.AddChain(&nftables.Chain{Name: "refuse", Table: t})
-
 	add := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 	}
 	toRefuse := verdict(expr.VerdictGoto, "refuse")
-	add(ref, append(l4proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})...)
-	add(ref, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3})
 
 	add(fwd, append(established(), verdict(expr.VerdictAccept, ""))...)
 	add(fwd, append(ifname(expr.MetaKeyIIFNAME, "veth0", expr.CmpOpNeq), verdict(expr.VerdictDrop, ""))...)
@@ -90,6 +88,37 @@ func applyRules(host netns.NsHandle, r Rules, refused []netip.Prefix, dns netip.
 		addrIn(dstOff, netip.MustParsePrefix(HostIP+"/32"), expr.CmpOpNeq), []expr.Any{toRefuse})...)
 
 	add(post, append(ifname(expr.MetaKeyOIFNAME, upName, expr.CmpOpEq), &expr.Masq{})...)
+	return c.Flush()
+}
+
+// hostTableConn opens an nftables connection in namespace host and adds the
+// host table with its chain refuse: tcp reset, else icmp port unreachable.
+func hostTableConn(host netns.NsHandle) (*nftables.Conn, *nftables.Table, *nftables.Chain, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(host)))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: hostTable})
+	ref := c.AddChain(&nftables.Chain{Name: "refuse", Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ref, Exprs: append(l4proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ref, Exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}}})
+	return c, t, ref, nil
+}
+
+// refuseAll writes the host table of an instance that reaches nothing: chain
+// prerouting (hook prerouting) sends every packet from veth0 not to
+// 10.213.0.1 to refuse. The namespace has no route out; without it the
+// guest's connections would time out rather than fail.
+func refuseAll(host netns.NsHandle) error {
+	c, t, _, err := hostTableConn(host)
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: concat(ifname(expr.MetaKeyIIFNAME, "veth0", expr.CmpOpEq),
+		addrIn(dstOff, netip.MustParsePrefix(HostIP+"/32"), expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictGoto, "refuse")})})
 	return c.Flush()
 }
 

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -181,33 +182,18 @@ func (p Pair) Dial(ctx context.Context, port int) (net.Conn, error) {
 
 // RunIn runs fn on an OS thread inside the pair's host namespace (for tests that
 // start a host-side server the guest can reach at HostIP).
-func (p Pair) RunIn(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open(netnsDir+"/"+p.Host, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
+func (p Pair) RunIn(fn func() error) error { return RunInNetns(p.Host, fn) }
+
+// RunInNetns runs fn on an OS thread inside the network namespace named name
+// (under /run/netns) and returns fn's error, or why the namespace could not be
+// entered. A socket fn makes stays in that namespace.
+func RunInNetns(name string, fn func() error) error {
+	ns, err := netns.GetFromPath(netnsDir + "/" + name)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return inNetns(ns, fn)
 }
 
 func ip(ctx context.Context, stdin string, args ...string) error {

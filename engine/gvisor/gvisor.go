@@ -194,10 +194,8 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	}
 	if spec.Egress != nil && e.egress != nil {
 		r := sandboxnet.Rules{InternetAccess: spec.Egress.InternetAccess, AllowOut: spec.Egress.AllowOut, DenyOut: spec.Egress.DenyOut}
-		if r.Wanted() {
-			if err := e.egress.Attach(ctx, p, r); err != nil {
-				return fmt.Errorf("gvisor: %s: %w", spec.ID, err)
-			}
+		if err := e.egress.Attach(ctx, p, r); err != nil {
+			return fmt.Errorf("gvisor: %s: %w", spec.ID, err)
 		}
 	}
 	b := e.bundle(spec.ID)

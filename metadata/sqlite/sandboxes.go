@@ -143,7 +143,7 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	return &s, nil
 }
 
-// networkJSON is how a sandbox.Network is stored (column network; '' = the
+// networkJSON is how a sandbox.Network is stored (column network; ” = the
 // zero Network).
 type networkJSON struct {
 	InternetAccess bool           `json:"internet_access"`
