@@ -147,9 +147,11 @@ func TestEgressClones(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sandboxnet.Delete(ctx, p) })
+		t0 := time.Now()
 		if err := eg.Attach(ctx, p, sandboxnet.Rules{InternetAccess: true}); err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("attach %s: %v", p.Host, time.Since(t0).Round(10*time.Microsecond))
 		pairs = append(pairs, p)
 	}
 	for _, p := range pairs {
