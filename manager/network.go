@@ -65,11 +65,12 @@ func parsePrefixes(field string, in []string) ([]netip.Prefix, error) {
 			p, err = netip.ParsePrefix(s)
 		} else {
 			var a netip.Addr
-			if a, err = netip.ParseAddr(s); err == nil {
-				p = netip.PrefixFrom(a, a.BitLen())
+			if a, err = netip.ParseAddr(s); err == nil && a.Zone() != "" {
+				err = errors.New("a zone")
 			}
+			p = netip.PrefixFrom(a, a.BitLen())
 		}
-		if err != nil || p.Addr().Zone() != "" {
+		if err != nil {
 			return nil, invalid("%s: %q is not a CIDR prefix or an IP address", field, s)
 		}
 		out = append(out, p.Masked())
