@@ -91,8 +91,10 @@ func TestEgress(t *testing.T) {
 	off := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128, InternetAccess: &no})
 	wantRefused(t, c, off.ID, "http://"+internettest.Web.String()+"/")
 
-	deny := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128, DenyOut: []string{"198.19.0.10"}})
-	if len(deny.DenyOut) != 1 || deny.DenyOut[0] != "198.19.0.10/32" {
+	// deny_out covers the resolver's network too: names still resolve (the
+	// resolver's port 53 comes before deny_out).
+	deny := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128, DenyOut: []string{"198.19.0.10", "198.18.5.0/24"}})
+	if len(deny.DenyOut) != 2 || deny.DenyOut[0] != "198.19.0.10/32" {
 		t.Errorf("deny_out in the answer: %q", deny.DenyOut)
 	}
 	allow := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128,

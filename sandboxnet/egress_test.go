@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -173,3 +174,46 @@ func TestEgressClones(t *testing.T) {
 		t.Errorf("uplink addresses after delete:\n%s", l)
 	}
 }
+
+// TestEgressUplinkInterface: with an uplink interface (torpor serve --uplink)
+// instead of a namespace, traffic leaves through that interface, masqueraded.
+// The "host" here is the stand-in's uplink namespace: NewEgress runs on a
+// thread inside it, so the interface and its forwarding setting are that
+// namespace's, and nothing of the real host's is touched.
+func TestEgressUplinkInterface(t *testing.T) {
+	tn := internettest.New(t)
+	var eg *sandboxnet.Egress
+	err := sandboxnet.RunInNetns(tn.Uplink, func() error {
+		if _, err := sandboxnet.NewEgress(tn.Scope, sandboxnet.EgressConfig{UplinkIface: "i0"}); err == nil ||
+			!strings.Contains(err.Error(), "ip_forward") {
+			t.Errorf("without forwarding: %v, want refused naming ip_forward", err)
+		}
+		if err := writeSysctl("/proc/sys/net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+		var err error
+		eg, err = sandboxnet.NewEgress(tn.Scope, sandboxnet.EgressConfig{UplinkIface: "i0", Pool: netip.MustParsePrefix("10.214.0.0/24")})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eg.Close() })
+	ctx := context.Background()
+	p := sandboxnet.For(tn.Scope, "if0")
+	if err := sandboxnet.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sandboxnet.Delete(ctx, p) })
+	if err := eg.Attach(ctx, p, sandboxnet.Rules{InternetAccess: true}); err != nil {
+		t.Fatal(err)
+	}
+	if body, err, _ := get(t, p, webIP); err != nil || body != "hello from "+webIP.String()+":80" {
+		t.Errorf("through the uplink interface: %q, %v", body, err)
+	}
+	if _, err, _ := get(t, p, privIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("private address: %v, want refused", err)
+	}
+}
+
+func writeSysctl(path, v string) error { return os.WriteFile(path, []byte(v), 0) }
