@@ -191,6 +191,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return fail(err)
 		}
 	}
+	if p, ok := engines.Default().(engine.EgressProvider); ok && cfg.Egress != nil {
+		if dns, err := p.Resolver(); err == nil && !dns.IsValid() {
+			cfg.Logger.Warn("egress: no resolver: the uplink has no IPv4 nameserver; sandboxes reach addresses but resolve no names until torpor serve --dns names one")
+		} else if err == nil {
+			cfg.Logger.Info("egress", "uplink_netns", cfg.Egress.UplinkNetns, "uplink", cfg.Egress.UplinkIface, "resolver", dns)
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mgr, err := manager.New(manager.Config{
