@@ -283,13 +283,18 @@ func (e *Egress) Attach(ctx context.Context, p Pair, r Rules) error {
 // slot returns the addresses of the pool's n-th /30: the uplink's end and the
 // instance's.
 func (e *Egress) slot(n int) (uplinkEnd, instanceEnd netip.Addr) {
-	b := e.cfg.Pool.Addr().As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += uint32(n) * 4
-	a := func(x uint32) netip.Addr {
-		return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
-	}
-	return a(v + 1), a(v + 2)
+	v := u32(e.cfg.Pool.Addr()) + uint32(n)*4
+	return fromU32(v + 1), fromU32(v + 2)
+}
+
+// u32 is IPv4 address a as a number; fromU32 its inverse.
+func u32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+func fromU32(x uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
 }
 
 // freeSlot returns the lowest /30 of the pool with no address in the uplink.
@@ -299,15 +304,10 @@ func (e *Egress) freeSlot(upH *netlink.Handle) (int, error) {
 		return 0, fmt.Errorf("uplink addresses: %w", err)
 	}
 	used := map[int]bool{}
-	base := e.cfg.Pool.Addr().As4()
-	b0 := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
-		if !ok || !e.cfg.Pool.Contains(ip) {
-			continue
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && e.cfg.Pool.Contains(ip) {
+			used[int((u32(ip)-u32(e.cfg.Pool.Addr()))/4)] = true
 		}
-		x := ip.As4()
-		used[int((uint32(x[0])<<24|uint32(x[1])<<16|uint32(x[2])<<8|uint32(x[3])-b0)/4)] = true
 	}
 	slots := 1 << (32 - e.cfg.Pool.Bits() - 2)
 	for n := 0; n < slots; n++ {
