@@ -64,6 +64,16 @@ type CreateSandboxRequest struct {
 	// hibernated, the sandbox and its snapshots are deleted. Absent or null =
 	// never (perpetual standby).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// InternetAccess: egress to public addresses through the server's uplink.
+	// Absent = true when the server has an uplink, false when it has none;
+	// true on a server without one is refused. AllowOut opens CIDR prefixes
+	// or addresses (private ranges included) even without internet access;
+	// DenyOut refuses them and wins over AllowOut; neither opens the
+	// always-refused set (docs/security.md, "Network egress"). All three are
+	// fixed for the sandbox's life and its fork clones'.
+	InternetAccess *bool    `json:"internet_access,omitempty"`
+	AllowOut       []string `json:"allow_out,omitempty"`
+	DenyOut        []string `json:"deny_out,omitempty"`
 }
 
 // Expiry is the expires_at field of PATCH /v1/sandboxes/{id}: absent = unchanged
@@ -213,6 +223,11 @@ type Sandbox struct {
 	// snapshots when it is hibernated (a running sandbox is not deleted; it is
 	// checked again once hibernated). null = never (perpetual standby).
 	ExpiresAt *time.Time `json:"expires_at"`
+	// InternetAccess, AllowOut and DenyOut are the sandbox's egress policy (see
+	// CreateSandboxRequest), the prefixes normalized (an address is a /32).
+	InternetAccess bool     `json:"internet_access"`
+	AllowOut       []string `json:"allow_out,omitempty"`
+	DenyOut        []string `json:"deny_out,omitempty"`
 }
 
 // ResumeRequest is what the host hands the guest agent (POST /resume of the agent)

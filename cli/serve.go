@@ -10,6 +10,10 @@ import (
 func runServe(ctx context.Context, cfg serveConfig) error {
 	store := cfg.Store
 	store.CacheBytes, store.OpenBytes, store.AsyncUpload = cacheBytes(cfg.CacheBytes), cacheBytes(cfg.OpenBytes), cfg.AsyncUpload
+	egress, err := cfg.egressConfig()
+	if err != nil {
+		return err
+	}
 	return server.Run(ctx, server.Config{
 		DataDir:          cfg.DataDir,
 		Listen:           cfg.Listen,
@@ -22,6 +26,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		TLSCert:          cfg.TLSCert,
 		TLSKey:           cfg.TLSKey,
 		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
+		Egress:           egress,
 	})
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/quickstart"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
 )
 
@@ -41,6 +43,40 @@ type serveConfig struct {
 	// MemoryOvercommit the admission ratio (manager.LimitsConfig).
 	PidsLimit        int
 	MemoryOvercommit float64
+	// UplinkNetns, Uplink, EgressPool and DNS: the sandboxes' way out
+	// (docs/security.md, "Network egress"; egressConfig).
+	UplinkNetns, Uplink, EgressPool, DNS string
+}
+
+// egressConfig is the uplink the flags name; nil when they name none.
+// Errors are usage errors: both uplinks, a bad pool or resolver, --dns or
+// --egress-pool without an uplink.
+func (c serveConfig) egressConfig() (*sandboxnet.EgressConfig, error) {
+	if c.UplinkNetns == "" && c.Uplink == "" {
+		if c.DNS != "" || c.EgressPool != "" {
+			return nil, usagef("--dns and --egress-pool need an uplink (--uplink-netns or --uplink)")
+		}
+		return nil, nil
+	}
+	if c.UplinkNetns != "" && c.Uplink != "" {
+		return nil, usagef("give one of --uplink-netns and --uplink")
+	}
+	eg := &sandboxnet.EgressConfig{UplinkNetns: c.UplinkNetns, UplinkIface: c.Uplink}
+	if c.EgressPool != "" {
+		p, err := netip.ParsePrefix(c.EgressPool)
+		if err != nil {
+			return nil, usagef("--egress-pool %q: %v", c.EgressPool, err)
+		}
+		eg.Pool = p
+	}
+	if c.DNS != "" {
+		a, err := netip.ParseAddr(c.DNS)
+		if err != nil || !a.Is4() {
+			return nil, usagef("--dns %q: want an IPv4 address", c.DNS)
+		}
+		eg.DNS = a
+	}
+	return eg, nil
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -80,6 +116,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.MemoryOvercommit <= 0 {
 				return usagef("--memory-overcommit %g: want a ratio above 0 (1.0: the sandboxes' memory limits may add up to the host's memory)", cfg.MemoryOvercommit)
 			}
+			if _, err := cfg.egressConfig(); err != nil {
+				return err
+			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
@@ -102,6 +141,10 @@ func (a *app) serveCommand() *cobra.Command {
 	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "default pids limit of a sandbox: the processes and threads each user may have in it (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
+	f.StringVar(&cfg.UplinkNetns, "uplink-netns", "", "network namespace (a name under /run/netns) sandbox traffic leaves through, masqueraded; with neither this nor --uplink, sandboxes reach nothing outside themselves (docs/security.md, Network egress)")
+	f.StringVar(&cfg.Uplink, "uplink", "", "interface of the host's own network namespace sandbox traffic leaves through, masqueraded behind its address (needs net.ipv4.ip_forward=1)")
+	f.StringVar(&cfg.EgressPool, "egress-pool", "", "IPv4 prefix (/8 to /29) of the sandboxes' addresses on the uplink, a /30 each, unused by any network the uplink reaches (default "+sandboxnet.DefaultPool.String()+")")
+	f.StringVar(&cfg.DNS, "dns", "", "IPv4 address of the resolver the sandboxes' /etc/resolv.conf names, reachable on port 53 whatever their rules (default: the uplink's first nameserver, from /etc/netns/NAME/resolv.conf or /etc/resolv.conf)")
 	return cmd
 }
 

@@ -40,6 +40,8 @@ type hostOpts struct {
 	eng *fake.Engine
 	// limits are the manager's (admission.go).
 	limits manager.LimitsConfig
+	// wrap, when set, is the engine the manager gets, made from the fake one.
+	wrap func(*fake.Engine) engine.Engine
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -56,7 +58,11 @@ func newHost(t *testing.T, o hostOpts) *host {
 			t.Fatal(err)
 		}
 	}
-	engines, err := engine.NewRegistry(eng.Name(), eng)
+	var used engine.Engine = eng
+	if o.wrap != nil {
+		used = o.wrap(eng)
+	}
+	engines, err := engine.NewRegistry(eng.Name(), used)
 	if err != nil {
 		t.Fatal(err)
 	}

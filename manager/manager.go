@@ -353,6 +353,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		PidsLimit:   s.PidsLimit,
 		WritableMiB: writableMiB(s.MemoryMiB),
 		TmpMiB:      tmpMiB(s.MemoryMiB),
+		Egress:      engineEgress(s.Network),
 	}
 }
 
@@ -555,6 +556,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
+	m.writeResolvConf(ctx, s)
 	s.LastResume = m.runContract(ctx, s, s.Generation, false, true, "", launched)
 	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return sandbox.Sandbox{}, err

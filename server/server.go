@@ -25,10 +25,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +48,7 @@ import (
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/sandboxnet"
 )
 
 // Config configures a server.
@@ -93,6 +96,11 @@ type Config struct {
 	// Limits are the sandboxes' limits and the host's admission control
 	// (manager.LimitsConfig: pids per sandbox, memory overcommit).
 	Limits manager.LimitsConfig
+	// Egress is the uplink sandbox traffic leaves through (docs/security.md,
+	// "Network egress"); nil = none, and no sandbox reaches anything outside
+	// itself. Listen's address, when it is a specific one, is added to the
+	// addresses no sandbox reaches.
+	Egress *sandboxnet.EgressConfig
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -190,8 +198,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	engines := cfg.Engines
 	if engines == nil {
-		if engines, err = DefaultEngines(dir, cfg.RunscPath); err != nil {
+		if engines, err = DefaultEngines(dir, cfg.RunscPath, egressFor(cfg)); err != nil {
 			return fail(err)
+		}
+	}
+	if p, ok := engines.Default().(engine.EgressProvider); ok && cfg.Egress != nil {
+		if dns, err := p.Resolver(); err == nil && !dns.IsValid() {
+			cfg.Logger.Warn("egress: no resolver: the uplink has no IPv4 nameserver; sandboxes reach addresses but resolve no names until torpor serve --dns names one")
+		} else if err == nil {
+			cfg.Logger.Info("egress", "uplink_netns", cfg.Egress.UplinkNetns, "uplink", cfg.Egress.UplinkIface, "resolver", dns)
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -242,11 +257,28 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// egressFor is cfg.Egress with the API's listen address among the refused
+// ones (nil without an uplink).
+func egressFor(cfg Config) *sandboxnet.EgressConfig {
+	if cfg.Egress == nil {
+		return nil
+	}
+	eg := *cfg.Egress
+	eg.Refuse = slices.Clone(eg.Refuse)
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !a.IsUnspecified() && !a.IsLoopback() {
+			eg.Refuse = append(eg.Refuse, netip.PrefixFrom(a, 32))
+		}
+	}
+	return &eg
+}
+
 // DefaultEngines returns the engines of a server on data directory dir: gVisor
-// with runsc at runscPath, its state in dir/gvisor. Errors: runsc missing or
-// not executable, dir/gvisor not writable.
-func DefaultEngines(dir, runscPath string) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor")})
+// with runsc at runscPath, its state in dir/gvisor, sandbox traffic leaving
+// through egress (nil: none). Errors: runsc missing or not executable,
+// dir/gvisor not writable, a bad uplink (sandboxnet.NewEgress).
+func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress})
 	if err != nil {
 		return nil, err
 	}

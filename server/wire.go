@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/sandbox"
+	"net/netip"
 )
 
 // The REST API's mapping between the domain model (package sandbox), which the
@@ -22,6 +23,8 @@ func wireSandbox(s sandbox.Sandbox) apiv1.Sandbox {
 		Hibernation: apiv1.Hibernation(s.Hibernation), OnResume: s.OnResume,
 		Volumes: wireVolumeMounts(s.Volumes), Usage: apiv1.Usage(s.Usage),
 		LastResume: wireResumeReport(s.LastResume), ExpiresAt: s.ExpiresAt,
+		InternetAccess: s.Network.InternetAccess, AllowOut: prefixStrings(s.Network.AllowOut),
+		DenyOut: prefixStrings(s.Network.DenyOut),
 	}
 	if s.Snapshot != nil {
 		snap := apiv1.Snapshot(*s.Snapshot)
@@ -82,10 +85,13 @@ func specFromWire(r apiv1.CreateSandboxRequest) sandbox.Spec {
 	return sandbox.Spec{
 		Image: r.Image, MemoryMiB: r.MemoryMiB, PidsLimit: r.PidsLimit, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
 		TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout, HibernationMode: r.HibernationMode, OnResume: r.OnResume,
-		ExpiresAt: r.ExpiresAt,
-		Volumes:   mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
+		ExpiresAt:      r.ExpiresAt,
+		Volumes:        mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
+		InternetAccess: r.InternetAccess, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
 }
+
+func prefixStrings(ps []netip.Prefix) []string { return mapList(ps, netip.Prefix.String) }
 
 // policyUpdateFromWire is the policy change of a PATCH /v1/sandboxes/{id} body.
 func policyUpdateFromWire(r apiv1.UpdateSandboxRequest) sandbox.PolicyUpdate {

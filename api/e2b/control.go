@@ -224,11 +224,16 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 	if err != nil {
 		return sandbox.Sandbox{}, invalid("%v", err)
 	}
+	internet, allowOut, denyOut, err := req.Egress()
+	if err != nil {
+		return sandbox.Sandbox{}, invalid("%v", err)
+	}
 	idle := 0
 	resume := req.ResumesOnRequest()
 	spec := sandbox.Spec{
 		Env: req.EnvVars, Metadata: req.Metadata, IdleTimeoutS: &idle, TimeoutS: seconds(ttl),
 		OnTimeout: sandbox.OnTimeoutDelete, HibernationMode: sandbox.ModeMemory, ResumeOnRequest: &resume,
+		InternetAccess: internet, AllowOut: allowOut, DenyOut: denyOut,
 	}
 	if req.PausesOnTimeout() {
 		spec.OnTimeout = sandbox.OnTimeoutHibernate
@@ -316,13 +321,13 @@ func (s *Service) listed(sb sandbox.Sandbox, now time.Time) ListedSandbox {
 }
 
 func (s *Service) detail(sb sandbox.Sandbox) SandboxDetail {
-	noInternet := false
+	internet := sb.Network.InternetAccess
 	on := OnTimeoutKill
 	if sb.OnTimeout == sandbox.OnTimeoutHibernate && sb.Hibernation.Mode != sandbox.ModeNone {
 		on = OnTimeoutPause
 	}
 	return SandboxDetail{ListedSandbox: s.listed(sb, time.Now()), EnvdAccessToken: s.AccessToken(sb.ID),
-		AllowInternetAccess: &noInternet, Domain: s.domain(),
+		AllowInternetAccess: &internet, Domain: s.domain(),
 		Lifecycle: &Lifecycle{AutoResume: sb.ResumeOnRequest, OnTimeout: on}}
 }
 

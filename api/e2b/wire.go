@@ -16,12 +16,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/torpor/torpor/manager"
+	"go4.org/netipx"
 )
 
 // Defaults the server applies when a request leaves a field out.
@@ -98,8 +100,9 @@ const (
 //     sandbox (an envdAccessToken, checked on every envd call) whatever it says.
 //   - AllowInternetAccess (allow_internet_access): ≤ 2.50 always send it (true
 //     unless the caller chose), 2.51 only when chosen; left out = true.
-//   - Network, IAM, VolumeMounts, MCP: egress rules, workload identity, volumes, the
-//     MCP gateway; not supported by torpor yet (docs/e2b.md).
+//   - Network: allowOut and denyOut map onto torpor's egress rules (Egress);
+//     the rest of it, IAM, VolumeMounts, MCP (workload identity, volumes, the
+//     MCP gateway) are not supported by torpor yet (docs/e2b.md).
 type NewSandbox struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int32            `json:"timeout,omitempty"`
@@ -141,13 +144,71 @@ func (r NewSandbox) InternetAccess() bool {
 	return r.AllowInternetAccess == nil || *r.AllowInternetAccess
 }
 
+// Egress maps E2B's egress fields onto torpor's (sandbox.Spec): internet is
+// false when allow_internet_access is false or denyOut holds 0.0.0.0/0, else
+// nil (the server's default: the SDKs ≤ 2.50 always send true); allowOut is
+// allow_out as given; E2B's allow wins over its deny, and torpor's deny_out
+// wins over allow_out, so deny_out is denyOut less allowOut (as prefixes).
+// Errors: an entry that is not an IP address or CIDR prefix (allowOut's domain
+// names are not served).
+func (r NewSandbox) Egress() (internet *bool, allowOut, denyOut []string, err error) {
+	if r.AllowInternetAccess != nil && !*r.AllowInternetAccess {
+		internet = new(bool)
+	}
+	if r.Network == nil {
+		return internet, nil, nil, nil
+	}
+	var deny, allow netipx.IPSetBuilder
+	for _, x := range r.Network.AllowOut {
+		p, err := egressPrefix(x)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		allow.AddPrefix(p)
+		allowOut = append(allowOut, p.String())
+	}
+	for _, x := range r.Network.DenyOut {
+		p, err := egressPrefix(x)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if p.Bits() == 0 {
+			internet = new(bool) // all traffic denied: only allowOut is reached
+			continue
+		}
+		deny.AddPrefix(p)
+	}
+	as, _ := allow.IPSet()
+	deny.RemoveSet(as)
+	ds, _ := deny.IPSet()
+	for _, p := range ds.Prefixes() {
+		denyOut = append(denyOut, p.String())
+	}
+	return internet, allowOut, denyOut, nil
+}
+
+func egressPrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("network: %q is not an IP address or CIDR prefix (domain names are not supported)", s)
+}
+
 // Unsupported names the fields set in r that torpor does not serve yet, in a fixed
 // order ("network", "iam", "volumeMounts", "mcp"); empty when there are none. The
 // server answers 400 naming them rather than ignoring a caller's egress rules.
 func (r NewSandbox) Unsupported() []string {
 	var out []string
-	if r.Network != nil && !r.Network.empty() {
-		out = append(out, "network")
+	if n := r.Network; n != nil {
+		// network.allowOut and denyOut are served (Egress); the rest is not.
+		rest := *n
+		rest.AllowOut, rest.DenyOut = nil, nil
+		if !rest.empty() {
+			out = append(out, "network")
+		}
 	}
 	if isSet(r.IAM) {
 		out = append(out, "iam")

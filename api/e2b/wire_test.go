@@ -27,7 +27,7 @@ func TestNewSandboxDefaults(t *testing.T) {
 		{"pause without memory, no internet", `{"templateID":"base","allow_internet_access":false,"autoPause":true,"autoPauseMemory":false}`,
 			DefaultTimeout, true, false, false, false, nil},
 		{"onTimeout kill", `{"templateID":"base","autoPause":false,"timeout":60}`, time.Minute, false, true, false, true, nil},
-		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
+		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
 			DefaultTimeout, false, true, false, true, []string{"network", "iam", "volumeMounts", "mcp"}},
 		{"empty network and null mcp", `{"templateID":"base","network":{},"mcp":null}`, DefaultTimeout, false, true, false, true, nil},
 	} {
@@ -223,5 +223,42 @@ func TestValidAPIKey(t *testing.T) {
 		if got := ValidAPIKey(key); got != want {
 			t.Errorf("ValidAPIKey(%q) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// TestNewSandboxEgress: E2B's allow_internet_access and network.allowOut and
+// denyOut map onto torpor's rules, E2B's allow winning over its deny.
+func TestNewSandboxEgress(t *testing.T) {
+	cases := []struct {
+		name, body  string
+		internet    *bool
+		allow, deny []string
+		err         bool
+	}{
+		{"left out", `{}`, nil, nil, nil, false},
+		{"true is the default", `{"allow_internet_access":true}`, nil, nil, nil, false},
+		{"off", `{"allow_internet_access":false}`, new(bool), nil, nil, false},
+		{"deny all but one", `{"network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]}}`, new(bool), []string{"1.1.1.1/32"}, nil, false},
+		{"allow carved out of deny", `{"network":{"allowOut":["10.1.0.0/17"],"denyOut":["10.1.0.0/16","8.8.8.8"]}}`, nil,
+			[]string{"10.1.0.0/17"}, []string{"8.8.8.8/32", "10.1.128.0/17"}, false},
+		{"domain", `{"network":{"allowOut":["*.example.com"]}}`, nil, nil, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var r NewSandbox
+			if err := json.Unmarshal([]byte(tc.body), &r); err != nil {
+				t.Fatal(err)
+			}
+			if un := r.Unsupported(); len(un) != 0 {
+				t.Errorf("Unsupported() = %q", un)
+			}
+			internet, allow, deny, err := r.Egress()
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v, want error %v", err, tc.err)
+			}
+			if !reflect.DeepEqual(internet, tc.internet) || !reflect.DeepEqual(allow, tc.allow) || !reflect.DeepEqual(deny, tc.deny) {
+				t.Errorf("got internet %v allow %q deny %q, want %v %q %q", internet, allow, deny, tc.internet, tc.allow, tc.deny)
+			}
+		})
 	}
 }

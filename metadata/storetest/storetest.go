@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"sync"
 	"testing"
@@ -85,7 +86,9 @@ func fullSandbox(id string) *metadata.Sandbox {
 		Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: sandbox.OnTimeoutDelete,
 			HibernationMode: sandbox.ModeFilesystem, OnResume: []string{"sh", "-c", "serve"},
 			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
-			ExpiresAt: tp(at(100)), ResumeOnRequest: true},
+			ExpiresAt: tp(at(100)), ResumeOnRequest: true,
+			Network: sandbox.Network{InternetAccess: true, AllowOut: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+				DenyOut: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("2001:db8::/32")}}},
 		Metadata: map[string]string{"user": "abc", "my key": "a&b=c"},
 		Meter:    metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
 		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",

@@ -27,6 +27,7 @@ import (
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
 )
 
@@ -84,6 +85,8 @@ type Options struct {
 	Auth server.AuthMode
 	// Limits are passed to server.Config.Limits (pids limit, admission).
 	Limits manager.LimitsConfig
+	// Egress is passed to server.Config.Egress (nil: sandboxes have no way out).
+	Egress *sandboxnet.EgressConfig
 }
 
 var (
@@ -178,7 +181,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits,
+		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits, Egress: opts.Egress,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
@@ -208,7 +211,7 @@ func (s *Server) start(t testing.TB) {
 	ctx := context.Background()
 	cfg := s.cfg
 	if s.resumeDelay > 0 {
-		engines, err := server.DefaultEngines(s.DataDir, cfg.RunscPath)
+		engines, err := server.DefaultEngines(s.DataDir, cfg.RunscPath, cfg.Egress)
 		if err != nil {
 			t.Fatalf("start server: %v", err)
 		}
