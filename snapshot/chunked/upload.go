@@ -3,7 +3,6 @@ package chunked
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -250,7 +249,7 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	if err := syncTier(ctx, s.b); err != nil {
 		return err
 	}
-	b, err := json.Marshal(d)
+	b, err := s.marshalDoc(id, d)
 	if err != nil {
 		return err
 	}
@@ -303,9 +302,8 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 	if err != nil {
 		return fmt.Errorf("chunk %s: the outbox copy: %w", cid, err)
 	}
-	data, err := s.dec.DecodeAll(comp, nil)
-	if err != nil || sha256Hex(data) != cid {
-		return fmt.Errorf("chunk %s: the outbox copy is damaged", cid)
+	if err := s.checkStored(comp, cid); err != nil {
+		return fmt.Errorf("chunk %s: the outbox copy is damaged: %w", cid, err)
 	}
 	if err := s.b.Put(ctx, chunkKey(cid), bytes.NewReader(comp), int64(len(comp))); err != nil {
 		return fmt.Errorf("chunk %s: %w", cid, err)
@@ -319,15 +317,16 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 }
 
 func (s *Store) readOutboxDoc(ctx context.Context, id string) (doc, error) {
-	var d doc
 	b, err := getAll(ctx, s.outbox, manifestKey(id))
 	if err != nil {
-		return d, err
+		return doc{}, err
 	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "outbox copy: " + err.Error()}
+	d, err := s.unmarshalDoc(id, b)
+	var ce *snapshot.CorruptError
+	if errors.As(err, &ce) {
+		ce.Reason = "outbox copy: " + ce.Reason
 	}
-	return d, nil
+	return d, err
 }
 
 // dropOutboxChunks removes the outbox packs (and loose chunks) holding d's
