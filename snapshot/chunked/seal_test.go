@@ -420,3 +420,31 @@ func TestS3EncryptedNoPlaintext(t *testing.T) {
 		t.Error("a plain manifest's sandbox id is not found in the bucket: the check cannot see anything")
 	}
 }
+
+// A store whose outbox holds a snapshot sealed with another key refuses to
+// recover (a server does so at start), naming the key, and deletes nothing.
+func TestPendingUploadWrongKeyNamed(t *testing.T) {
+	dir := t.TempDir()
+	a := newKey(t)
+	s, err := New(ctx, Config{Dir: dir, Key: a, ReadOnly: true}) // ReadOnly: no upload runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := memImage(256)
+	stageAndCommit(t, s, "snap-p", map[string][]byte{"pages.img": img}, s.CommitAsync)
+	s.Close()
+	w := openKeyed(t, dir, newKey(t))
+	err = w.Recover(ctx)
+	var ke *snapshot.KeyError
+	if !errors.As(err, &ke) || ke.KeyID != a.ID() {
+		t.Fatalf("recover with a pending snapshot under another key: %v", err)
+	}
+	w.Close()
+	s = openKeyed(t, dir, a)
+	if err := s.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDurable(t, s, "snap-p")
+	dropLocal(t, s)
+	mustOpen(t, s, "snap-p", map[string][]byte{"pages.img": img})
+}

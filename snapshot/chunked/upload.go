@@ -384,9 +384,17 @@ func (s *Store) dropOutboxLocked(ctx context.Context, cid string, l chunkLoc, st
 // outboxRefs is the set of chunks the pending manifests reference; nil when
 // one cannot be read.
 func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
+	refs, _ := s.outboxRefsErr(ctx)
+	return refs
+}
+
+// outboxRefsErr is outboxRefs with the reason it is nil: the outbox's listing
+// or the first pending manifest that cannot be read (a *snapshot.KeyError
+// when it is sealed with a key the store lacks).
+func (s *Store) outboxRefsErr(ctx context.Context) (map[string]bool, error) {
 	ids, err := s.Pending(ctx)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	refs := map[string]bool{}
 	for _, id := range ids {
@@ -395,7 +403,7 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 			continue
 		}
 		if err != nil {
-			return nil
+			return nil, err
 		}
 		for _, fc := range d.Files {
 			for _, r := range fc.Chunks {
@@ -405,7 +413,7 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 			}
 		}
 	}
-	return refs
+	return refs, nil
 }
 
 // outGeneration reads outGen: a drop of outbox packs acts only if no manifest
@@ -451,9 +459,9 @@ func (s *Store) dropOutboxAllLocked(ctx context.Context, still map[string]bool) 
 // and packs without an index (left by a crash mid-commit or mid-cleanup). Only
 // at start-up: no commit is in progress.
 func (s *Store) cleanOutbox(ctx context.Context) error {
-	still := s.outboxRefs(ctx)
-	if still == nil {
-		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable")
+	still, err := s.outboxRefsErr(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable: %w", err)
 	}
 	orphans, err := s.orphanPacks(ctx, s.outbox, s.idx.outKnown)
 	if err != nil {
