@@ -30,12 +30,15 @@ import (
 //     knows a candidate content cannot check it against the store without the
 //     key). Its stored bytes are
 //
-//     "TPS1" | key id (8 bytes) | AES-256-GCM(subkey, nonce 0, zstd(plaintext), aad = address)
+//     "TPS1" | key id (8 bytes) | nonce (12) | AES-256-GCM(subkey, nonce, zstd(plaintext), aad = address)
 //
-//     with subkey = HMAC-SHA256(chunkKey, address): one key per distinct chunk,
-//     used only ever on that chunk's content, so the zero nonce is never reused
-//     with a different plaintext. Encryption is convergent: equal chunks under
-//     one key have one address and one ciphertext, which keeps deduplication
+//     with subkey = HMAC-SHA256(chunkKey, address): one key per distinct
+//     chunk, derived from the key and the content alone. The nonce is random:
+//     a chunk is sealed again only when it is stored again (a repair of a
+//     damaged copy, two commits storing it at once), and the compressor need
+//     not give the same bytes twice, so a fixed nonce could meet two
+//     plaintexts under one subkey. Encryption is convergent: equal chunks
+//     under one key have one address, stored once, which keeps deduplication
 //     (diff snapshots, forks) and shows whoever reads the store which chunks
 //     are equal — not what they hold. Different keys give unrelated addresses.
 //   - A manifest (sandbox spec and environment, file names, chunk addresses)
@@ -154,9 +157,12 @@ func (k *Key) address(data []byte) string {
 // chunkMagic starts a sealed chunk; a plain one is a zstd frame (28 b5 2f fd).
 var chunkMagic = []byte("TPS1")
 
-const sealedChunkHeader = 4 + 8
-
-var zeroNonce [12]byte
+// A sealed chunk's header: magic [0,4), key id [4,nonceAt), nonce
+// [nonceAt,sealedChunkHeader).
+const (
+	nonceAt           = 4 + 8
+	sealedChunkHeader = nonceAt + 12
+)
 
 // chunkAEAD is the AEAD of the chunk at addr (its subkey).
 func (k *Key) chunkAEAD(addr []byte) cipher.AEAD {
@@ -177,17 +183,20 @@ func (k *Key) chunkAEAD(addr []byte) cipher.AEAD {
 // compressed bytes are z.
 func (k *Key) sealChunk(addr string, z []byte) []byte {
 	raw, _ := hex.DecodeString(addr)
-	out := make([]byte, 0, sealedChunkHeader+len(z)+16)
-	out = append(append(out, chunkMagic...), k.idRaw...)
-	return k.chunkAEAD(raw).Seal(out, zeroNonce[:], z, raw)
+	out := make([]byte, sealedChunkHeader, sealedChunkHeader+len(z)+16)
+	copy(out, chunkMagic)
+	copy(out[4:nonceAt], k.idRaw)
+	nonce := out[nonceAt:sealedChunkHeader]
+	_, _ = rand.Read(nonce)
+	return k.chunkAEAD(raw).Seal(out, nonce, z, raw)
 }
 
 // sealed reports whether stored chunk bytes are sealed, and by which key id.
 func sealedChunk(comp []byte) (keyID string, ok bool) {
-	if len(comp) < sealedChunkHeader || !bytes.Equal(comp[:4], chunkMagic) {
+	if len(comp) < sealedChunkHeader+16 || !bytes.Equal(comp[:4], chunkMagic) {
 		return "", false
 	}
-	return hex.EncodeToString(comp[4:sealedChunkHeader]), true
+	return hex.EncodeToString(comp[4:nonceAt]), true
 }
 
 // unsealChunk returns the compressed bytes of a stored chunk at address
@@ -207,7 +216,7 @@ func (s *Store) unsealChunk(comp []byte, addr string) ([]byte, *Key, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("bad address")
 	}
-	z, err := k.chunkAEAD(raw).Open(nil, zeroNonce[:], comp[sealedChunkHeader:], raw)
+	z, err := k.chunkAEAD(raw).Open(nil, comp[nonceAt:sealedChunkHeader], comp[sealedChunkHeader:], raw)
 	if err != nil {
 		return nil, nil, errors.New("authentication failed (tampered or damaged)")
 	}
