@@ -901,6 +901,8 @@ func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (s
 		return "", man, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+	case errors.As(err, new(*snapshot.KeyError)):
+		return "", man, wrongKey(op, sandboxID, err)
 	}
 	return "", man, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }

@@ -193,6 +193,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	closeStore = cs
+	if ks, ok := store.(interface{ KeyID() string }); ok && ks.KeyID() != "" {
+		cfg.Logger.Info("snapshot store: new snapshots are encrypted at rest", "key_id", ks.KeyID(), "old_keys", len(cfg.Store.OldKeyFiles))
+	}
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
