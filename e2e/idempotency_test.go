@@ -86,8 +86,31 @@ func freeAddr(t *testing.T) string {
 }
 
 // start starts the server process with env added to its environment
-// and waits until it answers /healthz.
+// and waits until it answers /healthz. A start that finds its address still
+// taken (by what, the log says: the sockets on the port are listed) is tried
+// again for up to 15 s, so that a port's slow release is not a failure.
 func (p *serveProc) start(env ...string) {
+	t := p.t
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		werr := p.startOnce(env)
+		if werr == nil {
+			return
+		}
+		text := p.logText()
+		if !strings.HasSuffix(strings.TrimSpace(text), "address already in use") || time.Now().After(deadline) {
+			t.Fatalf("torpor serve exited before it answered: %v\n%s", werr, text)
+		}
+		_, port, _ := net.SplitHostPort(p.addr)
+		ss, _ := exec.Command("ss", "-tanpe", "( sport = :"+port+" )").CombinedOutput()
+		t.Logf("torpor serve: %s still taken; sockets on the port:\n%s", p.addr, ss)
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// startOnce is one try of start: nil when the server answers, the
+// process's exit when it ended first.
+func (p *serveProc) startOnce(env []string) error {
 	t := p.t
 	t.Helper()
 	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -113,12 +136,12 @@ func (p *serveProc) start(env ...string) {
 		err := c.Health(ctx)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		select {
 		case werr := <-p.done:
 			p.up = false
-			t.Fatalf("torpor serve exited before it answered: %v\n%s", werr, p.logText())
+			return werr
 		default:
 		}
 		if time.Now().After(deadline) {
