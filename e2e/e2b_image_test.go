@@ -40,6 +40,14 @@ func TestE2BBaseImage(t *testing.T) {
 		{`runuser -u user -- sudo -n id -u`, "0\n"},
 		{`runuser -u user -- sh -c 'cd && touch made /usr/local/bin/made && stat -c %U made /usr/local/bin/made'`, "user\nuser\n"},
 		{`node -e 'console.log(6 * 7)' && python3 -c 'print(6 * 7)'`, "42\n42\n"},
+		// A login shell, as envd runs every command, gets Debian's PATH for the
+		// user and for root, from bash and from sh ...
+		{`runuser -u user -- env -i HOME=/home/user bash -l -c 'echo $PATH' && runuser -u user -- env -i HOME=/home/user sh -l -c 'echo $PATH'`,
+			"/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n"},
+		{`env -i HOME=/root bash -l -c 'echo $PATH'`, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"},
+		// ... without forking id or mesg (each process costs milliseconds
+		// under gVisor, on every command E2B's SDK runs).
+		{`{ runuser -u user -- env -i HOME=/home/user bash -l -x -c true; env -i HOME=/root bash -l -x -c true; } 2>&1 | grep -c -e 'id -u' -e mesg || true`, "0\n"},
 	} {
 		if got := sh(t, c, sb.ID, c2.script); got != c2.want {
 			t.Errorf("%s:\n got %q\nwant %q", c2.script, got, c2.want)

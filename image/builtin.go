@@ -41,12 +41,25 @@ var E2BBasePackages = []string{
 // password, and make /usr/local and /code writable by everyone. pip may install
 // outside Debian's packages (E2B's Python is not Debian's), so the
 // EXTERNALLY-MANAGED marker goes.
+//
+// E2B's envd runs every command as a login shell (bash -l -c CMD), so the
+// login start-up is on the path of every call, and each process a profile
+// forks costs several milliseconds under gVisor. Debian's profiles fork two:
+// /etc/profile's $(id -u), which bash answers from its own $EUID instead
+// (sh, which has no EUID, still runs id: the same uid either way), and root's
+// ~/.profile's `mesg n`, which only does anything on a terminal and now runs
+// only when the shell has one. PATH, HOME, USER, PS1 and the rest of the
+// login environment are what Debian's files give. Each edit is checked: a
+// Debian release whose files differ fails the build rather than silently
+// keeping the slow profile.
 var e2bSetup = []string{
 	fmt.Sprintf(`chroot "$1" useradd --create-home --home-dir %s --uid %d --user-group --groups sudo --shell /bin/bash %s`, E2BHome, E2BUID, E2BUser),
 	fmt.Sprintf(`chroot "$1" passwd --delete %s`, E2BUser),
 	fmt.Sprintf(`printf '%%s\n' '%s ALL=(ALL:ALL) NOPASSWD: ALL' > "$1/etc/sudoers.d/%s" && chmod 0440 "$1/etc/sudoers.d/%s"`, E2BUser, E2BUser, E2BUser),
 	`mkdir -p "$1/code" && find "$1/usr/local" "$1/code" -type d -exec chmod 0777 {} +`,
 	`rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED`,
+	`sed -i 's/"$(id -u)"/"${EUID:-$(id -u)}"/' "$1/etc/profile" && ! grep -q '"$(id -u)"' "$1/etc/profile" && grep -q 'EUID:-' "$1/etc/profile"`,
+	`sed -i 's/^mesg n 2> \/dev\/null || true$/if [ -t 0 ] || [ -t 1 ] || [ -t 2 ]; then mesg n 2> \/dev\/null || true; fi/' "$1/root/.profile" && grep -q '^if \[ -t 0 \]' "$1/root/.profile"`,
 }
 
 // recipe is what a build installs: Debian packages (sorted, without
