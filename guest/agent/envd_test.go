@@ -112,8 +112,8 @@ func startEnvd(t *testing.T, runDir string) *envdAgent {
 	if err := a.ac.WaitReady(context.Background(), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if v := a.ac.ProtocolVersion(); v != proto.Version3 {
-		t.Fatalf("agent protocol version %d, want %d", v, proto.Version3)
+	if v := a.ac.ProtocolVersion(); v != proto.Version {
+		t.Fatalf("agent protocol version %d, want %d", v, proto.Version)
 	}
 	if err := a.ac.Envd(); err != nil {
 		t.Fatal(err)
@@ -927,13 +927,13 @@ func TestEnvdHTTP(t *testing.T) {
 		t.Fatalf("GET /health (envd): %d %q, want 204", resp.StatusCode, b)
 	}
 	// torpor's own routes are not reachable through envd's paths.
-	for _, p := range []string{"/exec", "/resume", "/envd/health"} {
+	for _, p := range []string{"/exec", "/resume", "/envd/health", proto.PathPrepareHibernate} {
 		if resp, b := a.get(t, p, nil); resp.StatusCode != 404 {
 			t.Fatalf("GET %s through envd: %d %s, want 404", p, resp.StatusCode, b)
 		}
 	}
 	// torpor's own /health and /files are unchanged beside envd's.
-	if h, err := a.ac.Info(context.Background()); err != nil || h.ProtocolVersion != proto.Version3 {
+	if h, err := a.ac.Info(context.Background()); err != nil || h.ProtocolVersion != proto.Version {
 		t.Fatalf("torpor health: %+v, %v", h, err)
 	}
 	rc, _, err := a.ac.ReadFile(context.Background(), dir+"/gz.txt")
@@ -966,6 +966,29 @@ func TestEnvdGRPC(t *testing.T) {
 // streams opened before it (their client's connection did not survive the
 // checkpoint); the processes run on and can be re-attached.
 func TestEnvdStreamsCutOnResume(t *testing.T) {
+	testEnvdStreamsCut(t, "a resume", func(ctx context.Context, a *envdAgent) error {
+		_, err := a.ac.Resume(ctx, proto.ResumeRequest{Generation: 2, HostTime: time.Now()})
+		return err
+	})
+}
+
+// TestEnvdStreamsEndedForHibernate: POST /hibernate/prepare ends the open
+// envd streams (a command's output, a watch) and counts them; the processes
+// run on and can be re-attached, as after the resume.
+func TestEnvdStreamsEndedForHibernate(t *testing.T) {
+	testEnvdStreamsCut(t, "a hibernate's prepare", func(ctx context.Context, a *envdAgent) error {
+		n, err := a.ac.PrepareHibernate(ctx)
+		if err == nil && n != 2 {
+			err = fmt.Errorf("prepare ended %d streams, want 2 (Start and WatchDir)", n)
+		}
+		return err
+	})
+}
+
+// testEnvdStreamsCut opens a Start stream of a command that goes on printing
+// and a WatchDir stream, calls cut, and checks that both streams end with
+// unavailable within seconds and that Connect re-attaches to the command.
+func testEnvdStreamsCut(t *testing.T, what string, cut func(context.Context, *envdAgent) error) {
 	a := startEnvd(t, filepath.Join(t.TempDir(), "run"))
 	ctx := ctxT(t, 30*time.Second)
 	ev, pid := start(t, ctx, a.proc, connect.NewRequest(&process.StartRequest{Process: shell("while true; do echo tick; sleep 0.05; done")}))
@@ -976,7 +999,7 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	}
 	w.Receive()
 
-	if _, err := a.ac.Resume(ctx, proto.ResumeRequest{Generation: 2, HostTime: time.Now()}); err != nil {
+	if err := cut(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan *collected, 1)
@@ -984,15 +1007,15 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	select {
 	case c := <-done:
 		if connect.CodeOf(c.err) != connect.CodeUnavailable || c.end != nil {
-			t.Fatalf("Start stream after a resume ended with %v (end %v), want unavailable", c.err, c.end)
+			t.Fatalf("Start stream after %s ended with %v (end %v), want unavailable", what, c.err, c.end)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the Start stream was not cut by the resume")
+		t.Fatalf("the Start stream was not cut by %s", what)
 	}
 	for w.Receive() {
 	}
 	if connect.CodeOf(w.Err()) != connect.CodeUnavailable {
-		t.Fatalf("WatchDir stream after a resume ended with %v, want unavailable", w.Err())
+		t.Fatalf("WatchDir stream after %s ended with %v, want unavailable", what, w.Err())
 	}
 	cs, err := a.proc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}}))
 	if err != nil {
@@ -1001,7 +1024,7 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	cev := connectEvents(t, cs)
 	cev.pid()
 	if c := cev.until(func(c *collected) bool { return strings.Contains(c.stdout, "tick") }); !strings.Contains(c.stdout, "tick") {
-		t.Fatalf("re-attached after the resume: %q (%v)", c.stdout, c.err)
+		t.Fatalf("re-attached after %s: %q (%v)", what, c.stdout, c.err)
 	}
 }
 
