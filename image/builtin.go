@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 
@@ -100,10 +101,16 @@ func IsBuiltin(name string) bool {
 
 // EnsureBuiltin returns the built-in image name (see Builtins), building it on
 // first use (from the build cache when it holds the recipe: seconds; else
-// mmdebstrap: a minute or two); concurrent callers wait for the one build. An
-// existing image of that name is returned as it is, even if it was imported or
-// built from another recipe. Errors wrap ErrInvalid when name is no built-in
-// image; a failed build is reported as Build reports it.
+// mmdebstrap: a minute or two); concurrent callers wait for the one build.
+//
+// An existing image of that name made from another recipe (an older torpor's,
+// whose Source differs) is replaced by the current recipe's build when the
+// build cache holds it (`torpor image warm`, which `make setup` runs, puts it
+// there); sandboxes made from the old one keep it (they name its digest).
+// Without a cached build the existing image is returned as it is, so that an
+// upgrade never makes a create wait for mmdebstrap, and progress says how to
+// update it. Errors wrap ErrInvalid when name is no built-in image; a failed
+// build is reported as Build reports it.
 func (s *Store) EnsureBuiltin(ctx context.Context, name string, progress io.Writer) (sandbox.Image, error) {
 	r, ok := builtins[name]
 	if !ok {
@@ -117,7 +124,17 @@ func (s *Store) EnsureBuiltin(ctx context.Context, name string, progress io.Writ
 		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
 	}
 	defer unlock()
-	img, err := s.build(ctx, name, r, progress, true)
+	source := r.source()
+	if img, ok, err := s.lookup(ctx, name); err != nil {
+		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
+	} else if ok && img.Source != source && !s.inCache(source) {
+		if _, err := os.Stat(s.Path(img.Digest)); err == nil {
+			fmt.Fprintf(progress, "image %s: made from an older recipe (%s); `torpor image warm %s` puts the current one (%s) in the build cache, and the next use takes it\n",
+				name, img.Source, name, source)
+			return img, nil
+		}
+	}
+	img, err := s.build(ctx, name, r, progress)
 	if err != nil {
 		return sandbox.Image{}, fmt.Errorf("ensure image %q: %w", name, err)
 	}
