@@ -14,6 +14,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
+	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process/processconnect"
 	"github.com/torpor/torpor/apiv1"
@@ -199,6 +201,31 @@ func TestEnvd(t *testing.T) {
 		if _, err := pc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
 			Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}, Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("file metadata survives hibernate", func(t *testing.T) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape("/root/meta.txt"), strings.NewReader("m"))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("X-Metadata-Owner-Team", "agents")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"metadata":{"owner-team":"agents"}`) {
+			t.Fatalf("POST /files with metadata: %d %s", resp.StatusCode, b)
+		}
+		tr.CloseIdleConnections()
+		hibernate(t, c, id)
+		fc := filesystemconnect.NewFilesystemClient(hc, base, connect.WithProtoJSON())
+		st, err := fc.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/root/meta.txt"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md := st.Msg.GetEntry().GetMetadata(); len(md) != 1 || md["owner-team"] != "agents" {
+			t.Fatalf("metadata after hibernate and resume: %v", md)
 		}
 	})
 

@@ -63,6 +63,7 @@ func (e *envd) entryOf(p, hp string, st fs.FileInfo) *filesystem.EntryInfo {
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		ent.Owner, ent.Group = ownerNames(sys.Uid, sys.Gid)
 	}
+	ent.Metadata = metadataAt(hp)
 	return ent
 }
 

@@ -144,9 +144,10 @@ func acceptsGzip(v string) bool {
 
 // writtenFile is one entry of the answer of POST /files.
 type writtenFile struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"` // as read back from the file
 }
 
 // handlePostFiles writes files (envd's POST /files?path=&username=): the body
@@ -154,12 +155,18 @@ type writtenFile struct {
 // multipart/form-data body carries one file per "file" part, at ?path= or, when
 // it is absent, at the part's file name (which may hold directories). The body
 // may be gzip-encoded (Content-Encoding: gzip). Missing parent directories are
-// created; what is created is owned by the user. It answers
-// [{"path","name","type":"file"}].
+// created; what is created is owned by the user. The X-Metadata-<key>
+// headers become each file's whole metadata (envd_metadata.go). It answers
+// [{"path","name","type":"file","metadata"?}].
 func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 	u, err := httpUser(r)
 	if err != nil {
 		e.envdHTTPFail(w, err)
+		return
+	}
+	md, err := metadataOf(r.Header)
+	if err != nil {
+		envdHTTPError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	body := io.Reader(r.Body)
@@ -188,12 +195,13 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 				return false
 			}
 		}
-		if err := e.writeAs(e.host(p), src, u); err != nil {
+		hp := e.host(p)
+		if err := e.writeAs(hp, src, u, md); err != nil {
 			e.srv.log.Printf("envd: write %s: %v", p, err)
 			e.envdHTTPFail(w, err)
 			return false
 		}
-		out = append(out, writtenFile{Path: p, Name: filepath.Base(p), Type: "file"})
+		out = append(out, writtenFile{Path: p, Name: filepath.Base(p), Type: "file", Metadata: metadataAt(hp)})
 		return true
 	}
 	switch {
@@ -264,8 +272,9 @@ func partFileName(cd string) string {
 
 // writeAs writes src to host path hp in place, as E2B's envd does (an existing
 // file keeps its mode; a new one gets 0666 less the umask): missing parents are
-// created owned by u, and the file is owned by u.
-func (e *envd) writeAs(hp string, src io.Reader, u *envdUser) error {
+// created owned by u, the file is owned by u, and md becomes its whole
+// metadata (setMetadata).
+func (e *envd) writeAs(hp string, src io.Reader, u *envdUser, md map[string]string) error {
 	if err := mkdirAllAs(filepath.Dir(hp), u); err != nil {
 		return err
 	}
@@ -283,6 +292,13 @@ func (e *envd) writeAs(hp string, src io.Reader, u *envdUser) error {
 	if _, err := io.Copy(f, src); err != nil {
 		f.Close()
 		return err
+	}
+	if err := setMetadata(f, md); err != nil {
+		if !xattrUnsupported(err) {
+			f.Close()
+			return err
+		}
+		e.srv.log.Printf("envd: %v: the file is written without its metadata", err)
 	}
 	return f.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"mime/multipart"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +30,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
@@ -816,7 +819,14 @@ func (a *envdAgent) upload(t *testing.T, path, username, ctype, cenc string, bod
 
 func (a *envdAgent) get(t *testing.T, path string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, envdURL+path, nil)
+	return a.do(t, http.MethodGet, path, hdr, nil)
+}
+
+// do sends an envd request with the headers hdr and answers the response and
+// its body.
+func (a *envdAgent) do(t *testing.T, method, path string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, envdURL+path, body)
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
@@ -1050,4 +1060,88 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestEnvdFileMetadata: X-Metadata-* headers of an upload become the file's
+// metadata (user.e2b.* extended attributes, keys lower-cased), answered by the
+// upload and by Stat and ListDir; an upload replaces the whole set; bad
+// metadata is refused with 400 and writes nothing.
+func TestEnvdFileMetadata(t *testing.T) {
+	a := startEnvd(t, "")
+	ctx := ctxT(t, 30*time.Second)
+	dir := t.TempDir()
+	post := func(path string, hdr map[string]string, multi bool) (int, []map[string]any) {
+		t.Helper()
+		body, ctype := io.Reader(strings.NewReader("data")), "application/octet-stream"
+		if multi {
+			var mp bytes.Buffer
+			mw := multipart.NewWriter(&mp)
+			w, _ := mw.CreateFormFile("file", path)
+			io.WriteString(w, "data")
+			mw.Close()
+			body, ctype = &mp, mw.FormDataContentType()
+		}
+		h := map[string]string{"Content-Type": ctype}
+		for k, v := range hdr {
+			h[k] = v
+		}
+		resp, b := a.do(t, http.MethodPost, "/files?path="+url.QueryEscape(path), h, body)
+		var out []map[string]any
+		if resp.StatusCode == 200 {
+			if err := json.Unmarshal(b, &out); err != nil || len(out) != 1 {
+				t.Fatalf("upload answer %s: %v", b, err)
+			}
+		}
+		return resp.StatusCode, out
+	}
+	stat := func(path string) map[string]string {
+		t.Helper()
+		res, err := a.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: path}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetEntry().GetMetadata()
+	}
+	f := dir + "/m.txt"
+	for _, multi := range []bool{false, true} {
+		status, out := post(f, map[string]string{"X-Metadata-Author": "mish", "x-metadata-purpose": "upload test", "X-Other": "no"}, multi)
+		want := map[string]any{"author": "mish", "purpose": "upload test"}
+		if status != 200 || !reflect.DeepEqual(out[0]["metadata"], want) {
+			t.Fatalf("upload (multipart %v) with metadata: %d %v, want metadata %v", multi, status, out, want)
+		}
+		if got := stat(f); !reflect.DeepEqual(got, map[string]string{"author": "mish", "purpose": "upload test"}) {
+			t.Fatalf("Stat metadata %v", got)
+		}
+	}
+	if v, err := unix.Getxattr(f, "user.e2b.author", make([]byte, 16)); err != nil || v != 4 {
+		t.Fatalf("xattr user.e2b.author: %d bytes, %v", v, err)
+	}
+	res, err := a.fs.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: dir}))
+	if err != nil || len(res.Msg.GetEntries()) != 1 || res.Msg.GetEntries()[0].GetMetadata()["author"] != "mish" {
+		t.Fatalf("ListDir: %v %v", res.Msg.GetEntries(), err)
+	}
+
+	// Written again: the new set replaces the old one, keys left out go.
+	if status, out := post(f, map[string]string{"X-Metadata-Author": "ana"}, false); status != 200 || !reflect.DeepEqual(out[0]["metadata"], map[string]any{"author": "ana"}) {
+		t.Fatalf("second upload: %d %v", status, out)
+	}
+	if status, out := post(f, nil, false); status != 200 || out[0]["metadata"] != nil {
+		t.Fatalf("upload without metadata: %d %v, want no metadata", status, out)
+	}
+	if got := stat(f); got != nil {
+		t.Fatalf("Stat after an upload without metadata: %v", got)
+	}
+
+	for _, bad := range []map[string]string{
+		{"X-Metadata-K": "caf\u00e9"},
+		{"X-Metadata-" + strings.Repeat("k", 250): "v"},
+		{"X-Metadata-Big": strings.Repeat("v", 4100)},
+	} {
+		if status, _ := post(dir+"/bad.txt", bad, false); status != 400 {
+			t.Errorf("upload with metadata %.40v: %d, want 400", bad, status)
+		}
+	}
+	if _, err := os.Stat(dir + "/bad.txt"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused upload wrote its file: %v", err)
+	}
 }

@@ -13,7 +13,7 @@ const (
 	// EnvdPrefix.
 	Version3 = 3
 	// Version4 adds POST /hibernate/prepare (PathPrepareHibernate): the agent
-	// ends its open envd streams before a checkpoint.
+	// ends its open envd streams before a checkpoint; and envd's file metadata.
 	Version4 = 4
 
 	// Version is the protocol this tree's agent speaks and the newest this
