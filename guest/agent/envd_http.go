@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,10 @@ import (
 
 	"connectrpc.com/connect"
 )
+
+// envdIOChunk is the size of the pieces /files reads and writes: uploads
+// into the file, gzip-encoded answers onto the connection.
+const envdIOChunk = 256 << 10
 
 // envdHTTPError writes envd's error body {"code":<status>,"message":"…"}, which
 // E2B's SDK reads (404 → FileNotFoundError for files, 400 → InvalidArgumentError).
@@ -112,11 +117,15 @@ func (e *envd) handleGetFile(w http.ResponseWriter, r *http.Request) {
 		// client, and the default level spends several times the CPU of
 		// level 1 on incompressible bytes (2.5x to 5x for 1 MiB of text or
 		// of random bytes on the test machine) for little smaller output.
-		gw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		// The compressor writes a few hundred bytes at a time: buffered, the
+		// answer leaves in envdIOChunk pieces.
+		bw := bufio.NewWriterSize(w, envdIOChunk)
+		gw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
 		if _, err := io.Copy(gw, f); err != nil {
 			e.srv.log.Printf("envd: get %s: %v", p, err)
 		}
 		gw.Close()
+		bw.Flush()
 		return
 	}
 	if !st.Mode().IsRegular() {
@@ -218,7 +227,12 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 			envdHTTPError(w, http.StatusBadRequest, "multipart body without a boundary")
 			return
 		}
-		mr := multipart.NewReader(body, params["boundary"])
+		// multipart.Reader reads through a 4 KiB buffer and hands out parts
+		// in pieces of that size; under gVisor every system call costs
+		// microseconds, so the body is read, and each file written, in
+		// envdIOChunk pieces (writeAs): a 1 MiB upload took 2 to 3 times as
+		// long as the same bytes sent as application/octet-stream.
+		mr := multipart.NewReader(bufio.NewReaderSize(body, envdIOChunk), params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {
@@ -289,7 +303,13 @@ func (e *envd) writeAs(hp string, src io.Reader, u *envdUser, md map[string]stri
 		f.Close()
 		return err
 	}
-	if _, err := io.Copy(f, src); err != nil {
+	// Without its ReadFrom, f cannot take the copy over from the buffer.
+	bw := bufio.NewWriterSize(struct{ io.Writer }{f}, envdIOChunk)
+	if _, err := io.Copy(bw, src); err != nil {
+		f.Close()
+		return err
+	}
+	if err := bw.Flush(); err != nil {
 		f.Close()
 		return err
 	}
