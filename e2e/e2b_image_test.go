@@ -48,6 +48,8 @@ func TestE2BBaseImage(t *testing.T) {
 		// ... without forking id or mesg (each process costs milliseconds
 		// under gVisor, on every command E2B's SDK runs).
 		{`{ runuser -u user -- env -i HOME=/home/user bash -l -x -c true; env -i HOME=/root bash -l -x -c true; } 2>&1 | grep -c -e 'id -u' -e mesg || true`, "0\n"},
+		// C.UTF-8, the agent's default LANG, comes from a locale archive.
+		{`localedef --list-archive && LANG=C.UTF-8 python3 -c 'import locale; print(locale.setlocale(locale.LC_ALL, ""))'`, "C.utf8\nC.UTF-8\n"},
 	} {
 		if got := sh(t, c, sb.ID, c2.script); got != c2.want {
 			t.Errorf("%s:\n got %q\nwant %q", c2.script, got, c2.want)

@@ -52,7 +52,10 @@ var E2BBasePackages = []string{
 // only when the shell has one. PATH, HOME, USER, PS1 and the rest of the
 // login environment are what Debian's files give. Each edit is checked: a
 // Debian release whose files differ fails the build rather than silently
-// keeping the slow profile.
+// keeping the slow profile. Every command also runs with LANG=C.UTF-8 (the
+// agent's default), for which glibc opens and maps the twelve files of
+// /usr/lib/locale/C.utf8 in each process that sets its locale (bash,
+// Python), about 2 ms under gVisor; from a locale archive it maps one file.
 var e2bSetup = []string{
 	fmt.Sprintf(`chroot "$1" useradd --create-home --home-dir %s --uid %d --user-group --groups sudo --shell /bin/bash %s`, E2BHome, E2BUID, E2BUser),
 	fmt.Sprintf(`chroot "$1" passwd --delete %s`, E2BUser),
@@ -60,6 +63,7 @@ var e2bSetup = []string{
 	`mkdir -p "$1/code" && find "$1/usr/local" "$1/code" -type d -exec chmod 0777 {} +`,
 	`rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED`,
 	`sed -i 's/"$(id -u)"/"${EUID:-$(id -u)}"/' "$1/etc/profile" && ! grep -q '"$(id -u)"' "$1/etc/profile" && grep -q 'EUID:-' "$1/etc/profile"`,
+	`chroot "$1" localedef --add-to-archive /usr/lib/locale/C.utf8 && chroot "$1" localedef --list-archive | grep -qx C.utf8`,
 	`sed -i 's/^mesg n 2> \/dev\/null || true$/if [ -t 0 ] || [ -t 1 ] || [ -t 2 ]; then mesg n 2> \/dev\/null || true; fi/' "$1/root/.profile" && grep -q '^if \[ -t 0 \]' "$1/root/.profile"`,
 }
 
