@@ -108,8 +108,11 @@ func (n *idNames) of(uid, gid uint32) (owner, group string) {
 }
 
 // ownerNames names uid and gid from the sandbox's user database, or gives
-// their numbers.
-func ownerNames(uid, gid uint32) (owner, group string) {
+// their numbers (through userDB).
+func ownerNames(uid, gid uint32) (owner, group string) { return userDB.names(uid, gid) }
+
+// readNames is ownerNames without the cache.
+func readNames(uid, gid uint32) (owner, group string) {
 	owner, group = strconv.FormatUint(uint64(uid), 10), strconv.FormatUint(uint64(gid), 10)
 	if u, err := user.LookupId(owner); err == nil {
 		owner = u.Username
