@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -137,6 +139,19 @@ func TestE2BEnvd(t *testing.T) {
 	}
 	if a := e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, byHost...); a.Status != http.StatusOK || !bytes.Equal(a.Body, data) {
 		t.Errorf("GET /files: %d %q", a.Status, a.Body)
+	}
+	// A client on this host gets the file unencoded even when it accepts gzip
+	// (Node's fetch always asks); one behind a proxy gets gzip, as from E2B.
+	gz := []string{"Accept-Encoding", "gzip, deflate"}
+	if a := e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, append(gz, byHeaders...)...); a.Status != http.StatusOK ||
+		a.Header.Get("Content-Encoding") != "" || !bytes.Equal(a.Body, data) {
+		t.Errorf("GET /files from this host accepting gzip: %d %q, encoding %q; want it unencoded", a.Status, a.Body, a.Header.Get("Content-Encoding"))
+	}
+	a = e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, append(append(gz, "X-Forwarded-For", "203.0.113.7"), byHeaders...)...)
+	if zr, err := gzip.NewReader(bytes.NewReader(a.Body)); a.Status != http.StatusOK || a.Header.Get("Content-Encoding") != "gzip" || err != nil {
+		t.Errorf("GET /files through a proxy accepting gzip: %d, encoding %q (%v); want gzip", a.Status, a.Header.Get("Content-Encoding"), err)
+	} else if b, err := io.ReadAll(zr); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("the gzip answer decodes to %q, %v", b, err)
 	}
 	root := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))
 	if a := e2bCall(t, srv, "GET", "/files?path=front.txt", nil, append([]string{"Authorization", root}, byHeaders...)...); a.Status != http.StatusNotFound {

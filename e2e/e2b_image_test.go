@@ -34,6 +34,16 @@ func TestE2BBaseImage(t *testing.T) {
 	for _, c2 := range []struct{ script, want string }{
 		{`id user`, "uid=1000(user) gid=1000(user) groups=1000(user),27(sudo)\n"},
 		{`stat -c '%U:%G %u:%g %a' /home/user`, "user:user 1000:1000 755\n"},
+		// A login shell, as envd runs every command, gets Debian's PATH for the
+		// user and for root, from bash and from sh ...
+		{`runuser -u user -- env -i HOME=/home/user bash -l -c 'echo $PATH' && runuser -u user -- env -i HOME=/home/user sh -l -c 'echo $PATH'`,
+			"/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n"},
+		{`env -i HOME=/root bash -l -c 'echo $PATH'`, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"},
+		// ... without forking id or mesg (each process costs milliseconds
+		// under gVisor, on every command E2B's SDK runs).
+		{`{ runuser -u user -- env -i HOME=/home/user bash -l -x -c true; env -i HOME=/root bash -l -x -c true; } 2>&1 | grep -c -e 'id -u' -e mesg || true`, "0\n"},
+		// C.UTF-8, the agent's default LANG, comes from a locale archive.
+		{`localedef --list-archive && LANG=C.UTF-8 python3 -c 'import locale; print(locale.setlocale(locale.LC_ALL, ""))'`, "C.utf8\nC.UTF-8\n"},
 		// su with a login shell, as E2B's envd starts commands (bash -l).
 		{`su - user -c 'id -un; echo "$HOME"; pwd; echo "$SHELL"'`, "user\n/home/user\n/home/user\n/bin/bash\n"},
 		// sudo -n fails where a password would be asked.

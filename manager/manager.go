@@ -735,6 +735,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return undo(err)
 	}
 	if !leaveRunning {
+		m.endEnvdStreams(ctx, s.ID)
 		if conns, execs := m.drain(s.ID, HibernateDrain); conns+execs > 0 {
 			m.log.Warn("hibernate: cutting requests still in flight after the drain", "sandbox", s.ID,
 				"proxied_connections", conns, "exec_streams", execs, "drain_s", HibernateDrain.Seconds())

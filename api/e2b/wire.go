@@ -62,7 +62,7 @@ const (
 	// headers, EntryInfo.metadata); 0.6.3 WatchDir include_entry; 0.6.4 watching
 	// network mounts. torpor reports the highest version whose features it serves;
 	// docs/e2b.md says which those are.
-	EnvdVersion = "0.5.7"
+	EnvdVersion = "0.6.2"
 	// DefaultUser is the sandbox user that commands and files run as when the caller
 	// names none (its home is /home/user).
 	DefaultUser = "user"

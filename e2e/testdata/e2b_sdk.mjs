@@ -187,6 +187,25 @@ await check("files: write/read text, bytes, a stream; getInfo; exists", async ()
   assert(missing === "FileNotFoundError" || missing === "NotFoundError", `read of a missing file threw ${missing}`);
 });
 
+await check("files: metadata on write (multipart and gzip octet-stream), getInfo, list; a rewrite replaces it", async () => {
+  const sorted = (m) => JSON.stringify(Object.entries(m || {}).sort());
+  const want = sorted({ author: "torpor", purpose: "sdk test" });
+  const w = await sbx.files.write("meta/m.txt", "m", { metadata: { Author: "torpor", purpose: "sdk test" } });
+  assert(sorted(w.metadata) === want, `write answered metadata ${JSON.stringify(w.metadata)}`);
+  const g = await sbx.files.write("meta/g.txt", "g".repeat(1000), { metadata: { k: "v" }, gzip: true });
+  assert(sorted(g.metadata) === sorted({ k: "v" }) && (await sbx.files.read("meta/g.txt")).length === 1000, `gzip write ${JSON.stringify(g)}`);
+  const info = await sbx.files.getInfo("meta/m.txt");
+  assert(sorted(info.metadata) === want, `getInfo metadata ${JSON.stringify(info.metadata)}`);
+  const listed = (await sbx.files.list("meta")).find((e) => e.name === "m.txt");
+  assert(listed && sorted(listed.metadata) === want, `list metadata ${JSON.stringify(listed)}`);
+  const again = await sbx.files.write("meta/m.txt", "m2", { metadata: { author: "other" } });
+  assert(sorted(again.metadata) === sorted({ author: "other" }), `rewrite metadata ${JSON.stringify(again.metadata)}`);
+  await sbx.files.write("meta/m.txt", "m3");
+  assert((await sbx.files.getInfo("meta/m.txt")).metadata === undefined, "a write without metadata left some");
+  const bad = await errName(() => sbx.files.write("meta/bad.txt", "x", { metadata: { "bad key": "v" } }));
+  assert(bad === "InvalidArgumentError", `a key with a space threw ${bad}`);
+});
+
 await check("files: makeDir, list with depth, rename, remove", async () => {
   assert((await sbx.files.makeDir("tree/sub/deeper")) === true, "makeDir did not return true");
   assert((await sbx.files.makeDir("tree/sub/deeper")) === false, "second makeDir did not return false");

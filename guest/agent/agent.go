@@ -171,10 +171,11 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
 	mux.HandleFunc("POST /resume", s.handleResume)
+	mux.HandleFunc("POST "+proto.PathPrepareHibernate, s.handlePrepareHibernate)
 	s.envd.mount(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/health", "/exec", "/files", "/resume":
+		case "/health", "/exec", "/files", "/resume", proto.PathPrepareHibernate:
 			writeError(w, http.StatusMethodNotAllowed, proto.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
 		default:
 			writeError(w, http.StatusNotFound, proto.CodeNotFound, "no such endpoint: "+r.URL.Path)
