@@ -10,7 +10,7 @@
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
-// control.go). The
+// control.go); pause and unpause are runsc pause and runsc resume (pause.go). The
 // measured behaviour this package relies on is in docs/decisions/gvisor-engine.md:
 // systrap because the KVM platform panics here; absolute image paths; restore
 // needs the guest namespace's address and route put back first (so every restore
@@ -78,6 +78,7 @@ type Engine struct {
 var (
 	_ engine.Engine           = (*Engine)(nil)
 	_ engine.ExitCheckpointer = (*Engine)(nil)
+	_ engine.Pauser           = (*Engine)(nil)
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,59}$`)
@@ -473,7 +474,8 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 	}
 	seen := map[string]engine.Info{}
 	for _, s := range sts {
-		seen[s.ID] = engine.Info{ID: s.ID, Pid: s.Pid, Running: s.Status == "running" && alive(s.Pid)}
+		live := (s.Status == statusRunning || s.Status == statusPaused) && alive(s.Pid)
+		seen[s.ID] = engine.Info{ID: s.ID, Pid: s.Pid, Running: live, Paused: live && s.Status == statusPaused}
 	}
 	if ents, err := os.ReadDir(filepath.Join(e.cfg.StateDir, "bundles")); err == nil {
 		for _, d := range ents {
