@@ -85,6 +85,8 @@ with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys).`
 		a.cpCommand(),
 		a.hibernateCommand(),
 		a.resumeCommand(),
+		a.pauseCommand(),
+		a.unpauseCommand(),
 		a.forkCommand(),
 		a.rmCommand(),
 		a.imageCommand(),

@@ -23,6 +23,8 @@ type serveConfig struct {
 	AgentPath string
 	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
 	IdleCPUThreshold float64
+	// StandbyMemory is the --standby-memory flag: "auto", "0" or a size.
+	StandbyMemory string
 	// Store is the snapshot store: Kind chunked (filesystem; the default for a
 	// new data directory), s3 (chunked, S3) or plain ("" = the kind the data
 	// directory records), and the S3 connection (addStoreFlags).
@@ -76,6 +78,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
+	f.StringVar(&cfg.StandbyMemory, "standby-memory", "auto", "budget of paused sandboxes, counted at their memory limits (4GiB, 2048MiB); beyond it the ones paused longest are hibernated; auto = half of the host's memory, 0 = no budget (docs/lifecycle.md)")
 	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
