@@ -392,10 +392,16 @@ func Run(t *testing.T, s Setup) {
 // /root/n every 50 ms.
 var counter = []string{"sh", "-c", "(i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.05; done) >/dev/null 2>&1 &"}
 
+// count reads the counter (0 before its first write).
 func count(t *testing.T, c *agentclient.Client) int {
 	t.Helper()
+	r, _, err := c.ReadFile(context.Background(), "/root/n")
+	if err != nil {
+		return 0
+	}
+	defer r.Close()
 	n := 0
-	fmt.Sscan(readFile(t, c, "/root/n"), &n)
+	fmt.Fscan(r, &n)
 	return n
 }
 

@@ -73,6 +73,9 @@ type Engine struct {
 	// runscCheckpoints counts checkpoints made by starting `runsc checkpoint`
 	// because the direct call could not be made (control.go).
 	runscCheckpoints atomic.Int64
+	// runscPauses counts pauses and unpauses made by starting runsc because
+	// the direct call could not be made (pause.go).
+	runscPauses atomic.Int64
 }
 
 var (
@@ -381,6 +384,7 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 	if err := os.RemoveAll(e.bundle(id)); err != nil {
 		errs = append(errs, err)
 	}
+	os.Remove(filepath.Join(e.cfg.StateDir, "root", ".status-"+id+".tmp")) // a crashed writeStatus's
 	if len(errs) > 0 {
 		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
 	}
