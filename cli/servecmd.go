@@ -163,7 +163,7 @@ func (a *app) benchCommand() *cobra.Command {
 	)
 	resume := &cobra.Command{
 		Use:   "resume [--cycles 20] [--working-set 64MiB,512MiB] [--json]",
-		Short: "Measure hibernate and resume times over cycles, per working-set size",
+		Short: "Measure hibernate / resume and pause / unpause times over cycles, per working-set size",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Cycles < 1 {
@@ -184,7 +184,7 @@ func (a *app) benchCommand() *cobra.Command {
 			return runBenchResume(cmd.Context(), o, a.stdout)
 		},
 	}
-	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles per working-set size")
+	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
