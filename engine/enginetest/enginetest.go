@@ -502,4 +502,23 @@ func runPause(t *testing.T, s Setup, e engine.Engine, pe engine.Pauser, start fu
 			t.Fatalf("after Unpause the counter does not run (%d then %d)", after, n)
 		}
 	}
+	// A paused instance is stopped like a running one.
+	if err := pe.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Stop(ctx, id); err != nil {
+		t.Fatalf("Stop of a paused instance: %v", err)
+	}
+	infos, err := e.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range infos {
+		if i.ID == id {
+			t.Fatalf("paused instance still listed after Stop: %+v", i)
+		}
+	}
+	if err := pe.Unpause(ctx, id); !errors.Is(err, engine.ErrNotRunning) {
+		t.Fatalf("Unpause of a stopped instance: %v, want ErrNotRunning", err)
+	}
 }
