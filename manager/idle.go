@@ -283,7 +283,7 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		}
 		if s.IdleTimeoutS > 0 && idleFor >= time.Duration(s.IdleTimeoutS)*time.Second {
 			todo = append(todo, action{id: s.ID, why: "idle"})
-		} else if w := pauseWindow(s.Policy); w > 0 && idleFor >= w {
+		} else if w := pauseWindow(s.Policy); w > 0 && idleFor >= w && m.canPause(s) {
 			todo = append(todo, action{id: s.ID, why: "idle pause", pause: true})
 		}
 	}

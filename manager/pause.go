@@ -53,6 +53,13 @@ func (m *Manager) pausable(s *metadata.Sandbox) (engine.Pauser, error) {
 	return p, nil
 }
 
+// canPause reports whether s's engine can pause (the idle loop does not try
+// otherwise).
+func (m *Manager) canPause(s *metadata.Sandbox) bool {
+	_, ok := m.eng(s).Engine.(engine.Pauser)
+	return ok
+}
+
 // pauseWindow is when an idle sandbox is paused: after pause_after_s idle
 // seconds, when that comes before its idle timeout (0: never).
 func pauseWindow(p sandbox.Policy) time.Duration {
