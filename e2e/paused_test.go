@@ -9,6 +9,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
 )
@@ -247,4 +248,65 @@ func TestPausedServerCrash(t *testing.T) {
 		}
 		assertGone(t, srv, b.id)
 	}
+}
+
+// TestPausedUsesNoCPU: a sandbox whose process spins uses (almost) no CPU
+// while paused, as its cgroup meters it, and spins again once a request has
+// unpaused it; its memory stays held (logged: what the paused tier costs).
+func TestPausedUsesNoCPU(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256, IdleTimeoutS: lcInt(0)})
+	if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"sh", "-c", "while :; do :; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	inst, _, _ := instancesOf(t, srv, sb.ID)
+	if len(inst) != 1 {
+		t.Fatalf("instances of %s: %v", sb.ID, inst)
+	}
+	meter, ok := srv.Engine.(engine.CPUMeter)
+	mem, okm := srv.Engine.(engine.MemoryMeter)
+	if !ok || !okm {
+		t.Skip("the engine meters no CPU or memory")
+	}
+	cpuOver := func(d time.Duration) time.Duration {
+		t.Helper()
+		a, err := meter.CPUTime(inst[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		b, err := meter.CPUTime(inst[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b - a
+	}
+	running := cpuOver(time.Second)
+	runMem, _, _ := mem.Memory(inst[0])
+	pause(t, c, sb.ID)
+	time.Sleep(200 * time.Millisecond) // the pause's snapshot writes are done
+	paused := cpuOver(2 * time.Second)
+	pausedMem, _, _ := mem.Memory(inst[0])
+	t.Logf("CPU: %v in 1 s running, %v in 2 s paused; memory held: %.1f MiB running, %.1f MiB paused",
+		running, paused, float64(runMem)/(1<<20), float64(pausedMem)/(1<<20))
+	// The machine is shared: the spinner gets what the others leave it, but
+	// far more than a paused sandbox's few milliseconds.
+	if running < 100*time.Millisecond {
+		t.Fatalf("the spinning sandbox used only %v of CPU in 1 s running: the check below would prove nothing", running)
+	}
+	if paused > 50*time.Millisecond {
+		t.Fatalf("a paused sandbox used %v of CPU in 2 s", paused)
+	}
+	sh(t, c, sb.ID, "true") // unpauses it
+	again := cpuOver(2 * time.Second)
+	t.Logf("after the unpause: %v in 2 s", again)
+	if again < 100*time.Millisecond {
+		t.Fatalf("after the unpause the spinning process used %v of CPU in 2 s", again)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, srv, sb.ID)
 }
