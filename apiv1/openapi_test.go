@@ -123,7 +123,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	}
 	code := 0
 	cases := map[string]any{
-		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, CPUs: 1, Env: map[string]string{"a": "b"},
+		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, PidsLimit: 1, CPUs: 1, Env: map[string]string{"a": "b"},
 			IdleTimeoutS: new(int), PauseAfterS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{}},
 		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), PauseAfterS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},

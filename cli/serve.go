@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
 )
 
@@ -26,6 +27,9 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Store:            store,
 		Auth:             server.AuthMode(cfg.Auth),
 		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
+		TLSCert:          cfg.TLSCert,
+		TLSKey:           cfg.TLSKey,
+		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
 	})
 }
 

@@ -64,6 +64,21 @@ type Spec struct {
 	// Mounts are host directories (named volumes) bind-mounted read-write unless
 	// ReadOnly; a Restore must get the same Destinations.
 	Mounts []Mount
+	// PidsLimit bounds the tasks (processes and threads) each user may have
+	// in the sandbox: beyond it fork and clone fail with EAGAIN inside the
+	// sandbox; 0 = no limit.
+	PidsLimit int
+	// WritableMiB bounds, in MiB, what the sandbox's writable layer (its root
+	// file system's changes) may hold when it lives in sandbox memory, and
+	// TmpMiB what /tmp may hold when it is a memory file system: beyond them
+	// writes fail with ENOSPC inside the sandbox instead of the sandbox being
+	// killed for its memory; 0 = no bound but the memory limit.
+	//
+	// On Restore an engine restores the limits the snapshot was taken with,
+	// whatever PidsLimit, WritableMiB and TmpMiB say (a checkpoint carries
+	// them).
+	WritableMiB int
+	TmpMiB      int
 }
 
 // AgentPort is the TCP port the guest agent listens on inside every sandbox.

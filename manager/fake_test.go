@@ -40,6 +40,8 @@ type hostOpts struct {
 	eng *fake.Engine
 	// lifecycle is the manager's lifecycle configuration (VolumesDir is set).
 	lifecycle manager.LifecycleConfig
+	// limits are the manager's (admission.go).
+	limits manager.LimitsConfig
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -81,6 +83,7 @@ func newHost(t *testing.T, o hostOpts) *host {
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: agentBin, AgentTimeout: 5 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Lifecycle: withVolumes(o.lifecycle, filepath.Join(dir, "volumes")),
+		Limits:    o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)

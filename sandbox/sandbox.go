@@ -102,6 +102,13 @@ type Spec struct {
 	// Metadata is the caller's key-value pairs, kept with the sandbox and
 	// returned as given (E2B's sandbox metadata); nil = none.
 	Metadata map[string]string
+	// PidsLimit bounds the tasks (processes and threads) each user may have
+	// in the sandbox (0 = the server's default).
+	PidsLimit int
+	// ID, when set, is the new sandbox's id (manager.NewSandboxID makes one):
+	// a caller that must know it before the sandbox exists (an idempotent
+	// create) chooses it. "" = a new one.
+	ID string
 }
 
 // PolicyUpdate changes a sandbox's policies: nil fields (and an ExpiresAt
@@ -162,6 +169,9 @@ type Sandbox struct {
 	MemoryMiB   int
 	CPUs        float64
 	Env         map[string]string
+	// PidsLimit bounds the tasks each user may have in the sandbox; 0 = none
+	// (a sandbox made before pids limits).
+	PidsLimit int
 	// Generation changes on every resume and fork; it is kept outside the snapshot.
 	Generation int64
 	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.

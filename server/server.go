@@ -18,6 +18,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -87,6 +89,14 @@ type Config struct {
 	ResumeAckDeadline  time.Duration
 	// E2B configures the E2B-compatible API served beside API v1 (api/e2b).
 	E2B E2BConfig
+	// TLSCert and TLSKey, when set, are the PEM files of the certificate
+	// chain and private key Run serves HTTPS with (CertReloader: reloaded on
+	// SIGHUP); both or neither.
+	TLSCert string
+	TLSKey  string
+	// Limits are the sandboxes' limits and the host's admission control
+	// (manager.LimitsConfig: pids per sandbox, memory overcommit).
+	Limits manager.LimitsConfig
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -119,6 +129,7 @@ type Server struct {
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
 	keys         *apikey.Verifier
+	idem         idempotency // idempotent creates and forks (idempotency.go)
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -197,6 +208,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			VolumesDir: filepath.Join(dir, "volumes"), StandbyMemoryMiB: cfg.StandbyMemoryMiB},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
+		Limits:      cfg.Limits,
 	})
 	if err != nil {
 		return fail(err)
@@ -206,7 +218,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
-		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
+		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
 		return fail(err)
@@ -342,7 +354,9 @@ func tuneGC() {
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
 // (in-flight requests get 10 s). It listens before New sets up the data
 // directory: an address it cannot listen on (in use) is an error with nothing
-// created there.
+// created there. With cfg.TLSCert and cfg.TLSKey it serves HTTPS and loads
+// the pair again on every SIGHUP (a pair that fails to load is logged and
+// the previous certificate kept).
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
@@ -352,11 +366,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := ResolveAuth(cfg.Auth, cfg.Listen); err != nil {
 		return err
 	}
+	var certs *CertReloader
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		var err error
+		if certs, err = NewCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	if certs != nil {
+		stop := reloadOnSIGHUP(certs)
+		defer stop()
+	}
 	s, err := New(ctx, cfg)
 	if err != nil {
 		return err
@@ -370,10 +395,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.AuthRequired {
 		auth = "required"
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
+	scheme := "http"
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	if certs != nil {
+		scheme = "https"
+		hs.TLSConfig = certs.TLSConfig()
+		hs.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){} // HTTP/1.1 only
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "scheme", scheme, "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() {
+		if certs != nil {
+			errc <- hs.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- hs.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -389,4 +426,23 @@ func Run(ctx context.Context, cfg Config) error {
 	s.Manager.Wait()
 	s.CloseIdleEngines(sctx)
 	return nil
+}
+
+// reloadOnSIGHUP reloads certs on every SIGHUP until the returned stop is
+// called.
+func reloadOnSIGHUP(certs *CertReloader) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_ = certs.Reload()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(hup); close(done) }
 }

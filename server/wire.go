@@ -15,7 +15,7 @@ import (
 func wireSandbox(s sandbox.Sandbox) apiv1.Sandbox {
 	w := apiv1.Sandbox{
 		ID: s.ID, State: apiv1.State(s.State), Image: s.Image, ImageDigest: s.ImageDigest,
-		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
+		MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
 		Error: s.Error, CreatedAt: s.CreatedAt, StateChangedAt: s.StateChangedAt,
 		LastHibernateAt: s.LastHibernateAt, LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
 		IdleTimeoutS: s.IdleTimeoutS, PauseAfterS: s.PauseAfterS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
@@ -80,7 +80,7 @@ func WireStoreUsage(u sandbox.StoreUsage) apiv1.StoreUsage { return apiv1.StoreU
 // specFromWire is the sandbox spec of a POST /v1/sandboxes body.
 func specFromWire(r apiv1.CreateSandboxRequest) sandbox.Spec {
 	return sandbox.Spec{
-		Image: r.Image, MemoryMiB: r.MemoryMiB, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
+		Image: r.Image, MemoryMiB: r.MemoryMiB, PidsLimit: r.PidsLimit, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
 		PauseAfterS: r.PauseAfterS, TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout, HibernationMode: r.HibernationMode, OnResume: r.OnResume,
 		ExpiresAt: r.ExpiresAt,
 		Volumes:   mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),

@@ -62,7 +62,7 @@ func fill(v any) {
 func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 	s := sandbox.Sandbox{
 		ID: w.ID, State: sandbox.State(w.State), Image: w.Image, ImageDigest: w.ImageDigest,
-		MemoryMiB: w.MemoryMiB, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
+		MemoryMiB: w.MemoryMiB, PidsLimit: w.PidsLimit, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
 		Error: w.Error, CreatedAt: w.CreatedAt, StateChangedAt: w.StateChangedAt,
 		LastHibernateAt: w.LastHibernateAt, LastResumeAt: w.LastResumeAt, ResumeMS: w.ResumeMS,
 		IdleTimeoutS: w.IdleTimeoutS, PauseAfterS: w.PauseAfterS, TimeoutS: w.TimeoutS, OnTimeout: w.OnTimeout,
@@ -91,7 +91,7 @@ func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 }
 
 func specToWire(s sandbox.Spec) apiv1.CreateSandboxRequest {
-	w := apiv1.CreateSandboxRequest{Image: s.Image, MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env,
+	w := apiv1.CreateSandboxRequest{Image: s.Image, MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env,
 		IdleTimeoutS: s.IdleTimeoutS, PauseAfterS: s.PauseAfterS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
 		HibernationMode: s.HibernationMode, OnResume: s.OnResume, ExpiresAt: s.ExpiresAt}
 	for _, v := range s.Volumes {

@@ -6,7 +6,8 @@
 //     writable layer travels inside the memory checkpoint;
 //   - the guest agent as its first process, bind-mounted read-only at /.torpor;
 //   - its own pair of network namespaces (package sandboxnet);
-//   - a cgroup with the memory and CPU limits of its Spec.
+//   - a cgroup with the memory and CPU limits of its Spec, and its pids and
+//     writable-layer limits (limits.go).
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
@@ -174,8 +175,8 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	}()
 	if imageDir == "" {
 		spec.RootFS, err = stableRootfs(spec.RootFS)
-	} else {
-		spec.RootFS, err = restoreRootfs(imageDir, spec.RootFS)
+	} else if spec.RootFS, err = restoreRootfs(imageDir, spec.RootFS); err == nil {
+		spec, err = restoredLimits(imageDir, spec)
 	}
 	if err != nil {
 		return err
@@ -193,6 +194,9 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
+		return err
+	}
+	if err := writeLimits(b, spec); err != nil {
 		return err
 	}
 	if imageDir == "" {
@@ -317,6 +321,9 @@ func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return fmt.Errorf("gvisor: checkpoint %s: image path %q is not absolute", id, dir)
 	}
 	if err := e.recordRootfs(id, dir); err != nil {
+		return err
+	}
+	if err := e.recordLimits(id, dir); err != nil {
 		return err
 	}
 	err := e.checkpointDirect(ctx, id, dir, leaveRunning)

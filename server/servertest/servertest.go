@@ -26,6 +26,7 @@ import (
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
 )
 
@@ -83,6 +84,8 @@ type Options struct {
 	// the default is no keys. With server.AuthRequired, Start makes a key
 	// (Server.APIKey) and Client sends it.
 	Auth server.AuthMode
+	// Limits are passed to server.Config.Limits (pids limit, admission).
+	Limits manager.LimitsConfig
 }
 
 var (
@@ -177,7 +180,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B,
+		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
