@@ -31,6 +31,7 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/sandboxes/{id}/exec":                {"post"},
 		"/v1/sandboxes/{id}/files":               {"get", "put"},
 		"/v1/sandboxes/{id}/hibernate":           {"post"},
+		"/v1/sandboxes/{id}/pause":               {"post"},
 		"/v1/sandboxes/{id}/resume":              {"post"},
 		"/v1/sandboxes/{id}/fork":                {"post"},
 		"/v1/sandboxes/{id}/ports/{port}/{path}": {"get", "post", "put", "delete", "patch", "head", "options"},
@@ -123,9 +124,9 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	code := 0
 	cases := map[string]any{
 		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, PidsLimit: 1, CPUs: 1, Env: map[string]string{"a": "b"},
-			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{},
+			IdleTimeoutS: new(int), PauseAfterS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{},
 			InternetAccess: new(bool), AllowOut: []string{"10.0.0.0/8"}, DenyOut: []string{"1.2.3.4"}},
-		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
+		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), PauseAfterS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
 		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
 		"Sandbox":               fullSandbox(),

@@ -13,6 +13,7 @@ import (
 // State is a sandbox's lifecycle state. Transitions (docs/lifecycle.md):
 //
 //	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	running -> paused -> running (unpause); paused -> hibernated (demotion)
 //	any -> error (the engine failed; the record says why)
 //
 // A deleted sandbox has no state: it is gone from the API (404).
@@ -21,6 +22,7 @@ type State string
 const (
 	StateCreating    State = "creating"
 	StateRunning     State = "running"
+	StatePaused      State = "paused"
 	StateHibernating State = "hibernating"
 	StateHibernated  State = "hibernated"
 	StateResuming    State = "resuming"
@@ -49,6 +51,11 @@ type CreateSandboxRequest struct {
 	// IdleTimeoutS: after this many idle seconds the sandbox is hibernated (mode
 	// none: deleted). Absent = 15; 0 = never. See docs of Sandbox.IdleTimeoutS.
 	IdleTimeoutS *int `json:"idle_timeout_s,omitempty"`
+	// PauseAfterS: after this many idle seconds a sandbox of mode memory is
+	// paused (processes stopped, memory kept, resumed in milliseconds by the
+	// next request), and hibernated at idle_timeout_s. Absent = 5 when the
+	// idle timeout is longer, else 0; 0 = never.
+	PauseAfterS *int `json:"pause_after_s,omitempty"`
 	// TimeoutS is the longest the sandbox may run, in seconds of running time
 	// (nothing counts while hibernated); 0 or absent = no limit.
 	TimeoutS int `json:"timeout_s,omitempty"`
@@ -119,6 +126,7 @@ func (e *Expiry) UnmarshalJSON(b []byte) error {
 // present change.
 type UpdateSandboxRequest struct {
 	IdleTimeoutS    *int      `json:"idle_timeout_s,omitempty"`
+	PauseAfterS     *int      `json:"pause_after_s,omitempty"`
 	TimeoutS        *int      `json:"timeout_s,omitempty"`
 	OnTimeout       *string   `json:"on_timeout,omitempty"`
 	HibernationMode *string   `json:"hibernation_mode,omitempty"`
@@ -207,6 +215,11 @@ type Sandbox struct {
 	// open proxied connection or exec stream, and every 1 s CPU sample below the
 	// server's threshold, for the whole window.
 	IdleTimeoutS int `json:"idle_timeout_s"`
+	// PauseAfterS: seconds of idleness after which the sandbox is paused
+	// (mode memory; only when below idle_timeout_s or with idle_timeout_s 0);
+	// 0 = never. While paused only calls and open connections count as
+	// activity.
+	PauseAfterS int `json:"pause_after_s"`
 	// TimeoutS (0 = none) and OnTimeout: see CreateSandboxRequest.
 	TimeoutS  int    `json:"timeout_s"`
 	OnTimeout string `json:"on_timeout"`
@@ -430,6 +443,14 @@ type HibernateResponse struct {
 	Sandbox
 	// Unchanged is true when the sandbox was already hibernated and this call
 	// did nothing (the snapshot shown is the existing one).
+	Unchanged bool `json:"unchanged,omitempty"`
+}
+
+// PauseResponse is the body of POST /v1/sandboxes/{id}/pause.
+type PauseResponse struct {
+	Sandbox
+	// Unchanged is true when the sandbox was already paused and this call did
+	// nothing.
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 

@@ -45,6 +45,8 @@ func BenchmarkResume(b *testing.B) {
 	b.ReportMetric(r.Resume.P99, "resume_p99_ms")
 	b.ReportMetric(r.Hibernate.P50, "hibernate_p50_ms")
 	b.ReportMetric(r.Exec.P50, "exec_p50_ms")
+	b.ReportMetric(r.Paused.P50, "paused_p50_ms")
+	b.ReportMetric(r.Paused.P99, "paused_p99_ms")
 	b.ReportMetric(float64(r.SnapshotBytes)/(1<<20), "snapshot_MiB")
 	if r.RawRestore != nil {
 		b.ReportMetric(r.RawRestore.P50, "raw_restore_p50_ms")

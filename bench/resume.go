@@ -35,7 +35,13 @@ var DefaultWorkingSetsMiB = []int{64, 512}
 const (
 	TargetResumeRatio = 1.3 // torpor time to first request p50 ≤ 1.3 × raw restore p50
 	TargetExecP50MS   = 20.0
+	TargetPausedP50MS = 10.0 // paused -> first request p50
 )
+
+// pausedRest is how long a paused sandbox rests before its first request in
+// the paused cycles: the pause's snapshot commit and its disk writes are done
+// by then, as they are for a sandbox paused by its idle policy.
+const pausedRest = time.Second
 
 // Options configure Resume and Measure.
 type Options struct {
@@ -86,6 +92,13 @@ type Result struct {
 	Resume    Summary
 	Hibernate Summary
 	Exec      Summary
+	// Paused is the time to first request from the paused tier: a proxied GET
+	// /count to a paused sandbox (paused pausedRest before), until its answer.
+	// Pause is the pause call, with its snapshot of the paused state.
+	// UnpauseWindow is the resume contract's window of the unpause.
+	Paused        Summary
+	Pause         Summary
+	UnpauseWindow Summary
 	// Window is the resume contract's window (last_resume.window_ms, measured by the
 	// server): how long user processes ran after the restore before they were
 	// notified of it.
@@ -241,7 +254,9 @@ func memoryFor(wsMiB int) int {
 func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) (r Result, script []byte, digest string, err error) {
 	r = Result{WorkingSetMiB: ws, MemoryMiB: memoryFor(ws), Cycles: opts.Cycles}
 	fmt.Fprintf(opts.Progress, "%d MiB: creating a sandbox (memory %d MiB) and starting the workload…\n", ws, r.MemoryMiB)
-	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: r.MemoryMiB})
+	// No idle timeout: the benchmark's pauses and hibernates are its own.
+	never := 0
+	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: r.MemoryMiB, IdleTimeoutS: &never})
 	if err != nil {
 		return r, nil, "", fmt.Errorf("bench: create sandbox: %w", err)
 	}
@@ -306,6 +321,11 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 	r.Hibernate, r.Resume, r.Window = Summarize(hib), Summarize(res), Summarize(win)
 	r.SnapshotBytes = int64(Percentile(snap, 50))
 
+	fmt.Fprintf(opts.Progress, "%d MiB: %d pause / unpause-on-request cycles on %s…\n", ws, opts.Cycles, id)
+	if count, err = measurePaused(ctx, c, id, count, opts.Cycles, &r); err != nil {
+		return r, nil, "", err
+	}
+
 	fmt.Fprintf(opts.Progress, "%d MiB: exec latency of `true`, %d samples…\n", ws, opts.ExecSamples)
 	var ex []float64
 	for i := 0; i < execWarmup+opts.ExecSamples; i++ {
@@ -326,6 +346,41 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 	return r, script, sb.ImageDigest, nil
 }
 
+// measurePaused runs cycles pause / first-request cycles on running sandbox
+// id, whose workload's counter is at count, into r's Paused, Pause and
+// UnpauseWindow. It returns the counter.
+func measurePaused(ctx context.Context, c *client.Client, id string, count int64, cycles int, r *Result) (int64, error) {
+	var paused, pause, win []float64
+	for i := 0; i < cycles; i++ {
+		t0 := time.Now()
+		p, err := c.Pause(ctx, id)
+		if err != nil {
+			return count, fmt.Errorf("bench: cycle %d: pause: %w", i+1, err)
+		}
+		if p.State != apiv1.StatePaused {
+			return count, fmt.Errorf("bench: cycle %d: pause answered state %s", i+1, p.State)
+		}
+		pause = append(pause, msOf(time.Since(t0)))
+		time.Sleep(pausedRest)
+		t0 = time.Now()
+		st, err := workload.Get(ctx, c, id, "/count")
+		d := time.Since(t0)
+		if err != nil {
+			return count, fmt.Errorf("bench: cycle %d: first request after pause: %w", i+1, err)
+		}
+		if st.Count != count+1 {
+			return count, fmt.Errorf("bench: cycle %d: the counter did not continue: %d before the pause, %d after", i+1, count, st.Count)
+		}
+		count = st.Count
+		paused = append(paused, msOf(d))
+		if sb, err := c.GetSandbox(ctx, id); err == nil && sb.LastResume != nil && sb.LastResume.Event == "unpaused" {
+			win = append(win, sb.LastResume.WindowMS)
+		}
+	}
+	r.Paused, r.Pause, r.UnpauseWindow = Summarize(paused), Summarize(pause), Summarize(win)
+	return count, nil
+}
+
 // WriteTables prints one table per result.
 func WriteTables(w io.Writer, results []Result) error {
 	var b strings.Builder
@@ -342,6 +397,9 @@ func WriteTables(w io.Writer, results []Result) error {
 		row("time to first request (resume)", r.Resume)
 		row("resume contract window", r.Window)
 		row("hibernate", r.Hibernate)
+		row("time to first request (paused)", r.Paused)
+		row("unpause contract window", r.UnpauseWindow)
+		row("pause (with its snapshot)", r.Pause)
 		row("exec true", r.Exec)
 		if r.RawRestore != nil {
 			row("raw runsc restore to first answer", *r.RawRestore)
@@ -356,6 +414,9 @@ func WriteTables(w io.Writer, results []Result) error {
 			fmt.Fprintf(&b, "target: resume p50 within %.1f× raw: not measured\n", TargetResumeRatio)
 		}
 		fmt.Fprintf(&b, "target: exec p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetExecP50MS, passMiss(r.Exec.P50 <= TargetExecP50MS), r.Exec.P50)
+		if r.Paused.N > 0 {
+			fmt.Fprintf(&b, "target: paused -> first request p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetPausedP50MS, passMiss(r.Paused.P50 <= TargetPausedP50MS), r.Paused.P50)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -389,6 +450,11 @@ type jsonResult struct {
 	ExecP99MS          float64  `json:"exec_p99_ms"`
 	WindowP50MS        float64  `json:"window_p50_ms"`
 	WindowP99MS        float64  `json:"window_p99_ms"`
+	PausedP50MS        float64  `json:"paused_p50_ms"`
+	PausedP90MS        float64  `json:"paused_p90_ms"`
+	PausedP99MS        float64  `json:"paused_p99_ms"`
+	PauseP50MS         float64  `json:"pause_p50_ms"`
+	UnpauseWindowP50MS float64  `json:"unpause_window_p50_ms"`
 	Cycles             int      `json:"cycles"`
 }
 
@@ -407,6 +473,8 @@ func WriteJSON(w io.Writer, results []Result) error {
 			SnapshotBytes:  r.SnapshotBytes,
 			ExecP50MS:      round3(r.Exec.P50), ExecP90MS: round3(r.Exec.P90), ExecP99MS: round3(r.Exec.P99),
 			WindowP50MS: round3(r.Window.P50), WindowP99MS: round3(r.Window.P99),
+			PausedP50MS: round3(r.Paused.P50), PausedP90MS: round3(r.Paused.P90), PausedP99MS: round3(r.Paused.P99),
+			PauseP50MS: round3(r.Pause.P50), UnpauseWindowP50MS: round3(r.UnpauseWindow.P50),
 			Cycles: r.Cycles,
 		}
 		if r.RawRestore != nil {

@@ -97,6 +97,8 @@ server's certificate must be signed by a system authority or one in --ca-cert
 		a.cpCommand(),
 		a.hibernateCommand(),
 		a.resumeCommand(),
+		a.pauseCommand(),
+		a.unpauseCommand(),
 		a.forkCommand(),
 		a.rmCommand(),
 		a.imageCommand(),

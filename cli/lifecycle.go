@@ -16,6 +16,7 @@ import (
 func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) error {
 	var (
 		idle      int
+		pause     int
 		timeout   int
 		onTimeout string
 		mode      string
@@ -25,6 +26,7 @@ func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) err
 	)
 	f := cmd.Flags()
 	f.IntVar(&idle, "idle-timeout", -1, "hibernate after this many idle seconds; 0 = never (default: the server's, 15)")
+	f.IntVar(&pause, "pause-after", -1, "pause (mode memory) after this many idle seconds, hibernate at --idle-timeout; 0 = never (default: 5 when the idle timeout is longer)")
 	f.IntVar(&timeout, "timeout", 0, "longest running time in seconds (hibernated time does not count); 0 = none")
 	f.StringVar(&onTimeout, "on-timeout", "", "what --timeout does: hibernate (default) or delete")
 	f.StringVar(&mode, "mode", "", "hibernation mode: memory (default), filesystem or none")
@@ -41,6 +43,9 @@ func addLifecycleFlags(cmd *cobra.Command) func(*apiv1.CreateSandboxRequest) err
 		}
 		if idle >= 0 {
 			req.IdleTimeoutS = &idle
+		}
+		if pause >= 0 {
+			req.PauseAfterS = &pause
 		}
 		if timeout < 0 {
 			return usagef("--timeout %d: must not be negative", timeout)
@@ -66,6 +71,7 @@ func (a *app) setCommand() *cobra.Command {
 	var (
 		req       apiv1.UpdateSandboxRequest
 		idle      int
+		pause     int
 		timeout   int
 		onTimeout string
 		mode      string
@@ -74,13 +80,16 @@ func (a *app) setCommand() *cobra.Command {
 		asJSON    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "set ID [--idle-timeout S] [--timeout S] [--on-timeout hibernate|delete] [--mode memory|filesystem|none] [--on-resume CMD] [--expires-at RFC3339|never]",
+		Use:   "set ID [--idle-timeout S] [--pause-after S] [--timeout S] [--on-timeout hibernate|delete] [--mode memory|filesystem|none] [--on-resume CMD] [--expires-at RFC3339|never]",
 		Short: "Change a sandbox's lifecycle policies",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
 			if f.Changed("idle-timeout") {
 				req.IdleTimeoutS = &idle
+			}
+			if f.Changed("pause-after") {
+				req.PauseAfterS = &pause
 			}
 			if f.Changed("timeout") {
 				req.TimeoutS = &timeout
@@ -116,13 +125,14 @@ func (a *app) setCommand() *cobra.Command {
 			if asJSON {
 				return printJSON(a.stdout, sb)
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s: idle_timeout_s %d, timeout_s %d, on_timeout %s, mode %s, expires_at %s\n",
-				sb.ID, sb.IdleTimeoutS, sb.TimeoutS, sb.OnTimeout, sb.Hibernation.Mode, expiresText(sb.ExpiresAt))
+			_, err = fmt.Fprintf(a.stdout, "%s: idle_timeout_s %d, pause_after_s %d, timeout_s %d, on_timeout %s, mode %s, expires_at %s\n",
+				sb.ID, sb.IdleTimeoutS, sb.PauseAfterS, sb.TimeoutS, sb.OnTimeout, sb.Hibernation.Mode, expiresText(sb.ExpiresAt))
 			return err
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&idle, "idle-timeout", 0, "hibernate after this many idle seconds; 0 = never")
+	f.IntVar(&pause, "pause-after", 0, "pause (mode memory) after this many idle seconds; 0 = never")
 	f.IntVar(&timeout, "timeout", 0, "longest running time in seconds from now; 0 = none")
 	f.StringVar(&onTimeout, "on-timeout", "", "hibernate or delete")
 	f.StringVar(&mode, "mode", "", "memory, filesystem or none")

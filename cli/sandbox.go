@@ -171,7 +171,7 @@ func (a *app) resumeCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "resume ID",
-		Short: "Resume a hibernated sandbox from its snapshot",
+		Short: "Resume a hibernated sandbox from its snapshot (a paused one is unpaused)",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sp := a.newSpinner("resuming " + args[0])
@@ -189,8 +189,75 @@ func (a *app) resumeCommand() *cobra.Command {
 				_, err = fmt.Fprintf(a.stdout, "%s was already running (generation %d)\n", sb.ID, sb.Generation)
 				return err
 			}
-			_, err = fmt.Fprintf(a.stdout, "resumed %s in %d ms (generation %d)\n", sb.ID, sb.ResumeMS, sb.Generation)
+			return a.printResumed(sb)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+// printResumed says how sb came back: unpaused (the same generation) or
+// resumed from its snapshot.
+func (a *app) printResumed(sb apiv1.Sandbox) error {
+	if r := sb.LastResume; r != nil && r.Event == "unpaused" {
+		_, err := fmt.Fprintf(a.stdout, "unpaused %s (generation %d; resume contract %.1f ms)\n", sb.ID, sb.Generation, r.AgentMS)
+		return err
+	}
+	_, err := fmt.Fprintf(a.stdout, "resumed %s in %d ms (generation %d)\n", sb.ID, sb.ResumeMS, sb.Generation)
+	return err
+}
+
+func (a *app) pauseCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "pause ID",
+		Short: "Pause a running sandbox: its processes stop and its memory stays on the host (the next request unpauses it in milliseconds)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sp := a.newSpinner("pausing " + args[0])
+			res, err := a.client().Pause(cmd.Context(), args[0])
+			sp.done()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, res)
+			}
+			if res.Unchanged {
+				_, err = fmt.Fprintf(a.stdout, "%s was already paused\n", res.ID)
+				return err
+			}
+			snap := "none"
+			if res.Snapshot != nil {
+				snap = res.Snapshot.ID
+			}
+			_, err = fmt.Fprintf(a.stdout, "paused %s (snapshot of the paused state: %s)\n", res.ID, snap)
 			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) unpauseCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "unpause ID",
+		Short: "Let a paused sandbox's processes continue (the same as resume; any request does it too)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := a.client().ResumeCall(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, res)
+			}
+			if res.Unchanged {
+				_, err = fmt.Fprintf(a.stdout, "%s was already running (generation %d)\n", res.ID, res.Generation)
+				return err
+			}
+			return a.printResumed(res.Sandbox)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"context"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
@@ -14,7 +17,12 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return err
 	}
+	standby, err := standbyMemoryMiB(cfg.StandbyMemory)
+	if err != nil {
+		return err
+	}
 	return server.Run(ctx, server.Config{
+		StandbyMemoryMiB: standby,
 		DataDir:          cfg.DataDir,
 		Listen:           cfg.Listen,
 		RunscPath:        cfg.RunscPath,
@@ -36,4 +44,31 @@ func cacheBytes(n int64) int64 {
 		return -1
 	}
 	return n
+}
+
+// standbyMemoryMiB reads --standby-memory: "auto" is half of the host's
+// memory (MemTotal in /proc/meminfo), "0" no budget, else a size in MiB or
+// GiB (parseSizesMiB).
+func standbyMemoryMiB(v string) (int, error) {
+	switch strings.TrimSpace(v) {
+	case "0", "none":
+		return 0, nil
+	case "auto", "":
+		b, err := os.ReadFile("/proc/meminfo")
+		if err != nil {
+			return 0, nil // unknown: no budget
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+				kib, _ := strconv.Atoi(f[1])
+				return kib / 1024 / 2, nil
+			}
+		}
+		return 0, nil
+	}
+	sizes, err := parseSizesMiB(v)
+	if err != nil || len(sizes) != 1 {
+		return 0, usagef("--standby-memory %q: want auto, 0 or one size such as 4GiB", v)
+	}
+	return sizes[0], nil
 }

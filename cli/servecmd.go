@@ -26,6 +26,8 @@ type serveConfig struct {
 	AgentPath string
 	// IdleCPUThreshold: CPU use (fraction of one core) below which a sandbox is idle.
 	IdleCPUThreshold float64
+	// StandbyMemory is the --standby-memory flag: "auto", "0" or a size.
+	StandbyMemory string
 	// Store is the snapshot store: Kind chunked (filesystem; the default for a
 	// new data directory), s3 (chunked, S3) or plain ("" = the kind the data
 	// directory records), and the S3 connection (addStoreFlags).
@@ -131,6 +133,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
+	f.StringVar(&cfg.StandbyMemory, "standby-memory", "auto", "budget of paused sandboxes, counted at their memory limits (4GiB, 2048MiB); beyond it the ones paused longest are hibernated; auto = half of the host's memory, 0 = no budget (docs/lifecycle.md)")
 	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
@@ -223,7 +226,7 @@ func (a *app) benchCommand() *cobra.Command {
 	)
 	resume := &cobra.Command{
 		Use:   "resume [--cycles 20] [--working-set 64MiB,512MiB] [--json]",
-		Short: "Measure hibernate and resume times over cycles, per working-set size",
+		Short: "Measure hibernate / resume and pause / unpause times over cycles, per working-set size",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Cycles < 1 {
@@ -244,7 +247,7 @@ func (a *app) benchCommand() *cobra.Command {
 			return runBenchResume(cmd.Context(), o, a.stdout)
 		},
 	}
-	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles per working-set size")
+	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")

@@ -345,7 +345,18 @@ func (c *Client) HibernateCall(ctx context.Context, id string, req apiv1.Hiberna
 	return r, err
 }
 
-// Resume brings a hibernated sandbox back; the answer carries ResumeMS.
+// Pause pauses a running sandbox (its processes stop, its memory stays on the
+// host); it returns once a committed snapshot of the paused state exists.
+// Unchanged says it was already paused. The next request, or Resume,
+// unpauses it.
+func (c *Client) Pause(ctx context.Context, id string) (apiv1.PauseResponse, error) {
+	var r apiv1.PauseResponse
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "pause"), nil, &r)
+	return r, err
+}
+
+// Resume brings a hibernated sandbox back (the answer carries ResumeMS), or
+// unpauses a paused one (LastResume.Event "unpaused", the same generation).
 func (c *Client) Resume(ctx context.Context, id string) (apiv1.Sandbox, error) {
 	r, err := c.ResumeCall(ctx, id)
 	return r.Sandbox, err

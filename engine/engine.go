@@ -28,8 +28,8 @@
 // on its default, and a snapshot is restored only by the engine its manifest
 // names, at a Version that engine accepts (Registry.CheckRestore,
 // CompatibilityChecker). What only some engines can do is an optional interface
-// the caller type-asserts: ExitCheckpointer, CPUMeter, MemoryMeter, HostScoper, EgressProvider, io.Closer
-// (host resources to release once no instance runs).
+// the caller type-asserts: ExitCheckpointer, Pauser, CPUMeter, MemoryMeter, HostScoper,
+// EgressProvider, io.Closer (host resources to release once no instance runs).
 //
 // # Names
 //
@@ -116,6 +116,9 @@ type Info struct {
 	// Pid is the host pid of the instance's outermost process (0 if none or
 	// not a host process), for logs only.
 	Pid int
+	// Paused says a running instance is paused (Pauser): its processes are
+	// stopped and its memory is kept. A paused instance is Running.
+	Paused bool
 }
 
 // Engine runs sandboxes. Implementations must be safe for concurrent use on
@@ -170,6 +173,31 @@ type ExitCheckpointer interface {
 	// Stop, which the caller must call. On error the instance may still run;
 	// nothing is removed.
 	CheckpointExit(ctx context.Context, id, dir string) error
+}
+
+// Pauser is an Engine that can stop every process of a running instance and
+// let them continue later, the instance's memory kept on the host (the
+// fastest standby tier: no CPU is used while paused, and Unpause is one
+// engine call, not a restore).
+//
+//	Pause(id)    -> every task of the instance stopped; its memory, its
+//	                connections and its network namespace stay; Info.Paused
+//	Unpause(id)  -> the tasks continue where they stopped; the guest's
+//	                clocks have jumped by the paused time
+//
+// While paused the instance may still accept TCP connections (gVisor's
+// netstack answers the handshake) but nothing reads them: a caller must
+// Unpause before it sends a request. Checkpoint(id, dir, true) of a paused
+// instance writes the paused state and leaves it paused; a Restore of that
+// checkpoint runs. Stop removes a paused instance like a running one.
+type Pauser interface {
+	// Pause stops instance id's processes. Pausing a paused instance returns
+	// nil. Errors wrap ErrNotRunning when there is no such running instance.
+	Pause(ctx context.Context, id string) error
+	// Unpause lets a paused instance's processes continue. Unpausing an
+	// instance that is not paused returns nil; errors wrap ErrNotRunning when
+	// there is no such instance.
+	Unpause(ctx context.Context, id string) error
 }
 
 // ExitStatus says how an instance ended (Engine.Wait).

@@ -34,12 +34,11 @@ func guestNext(st *agentclient.ExecStream) (sandbox.ExecEvent, error) {
 // whether this is its first start, the host's time and the deadlines. The
 // host-measured fields of the report (WindowMS, AgentMS, Error) are left for
 // the caller.
-func guestResume(ctx context.Context, c *agentclient.Client, gen int64, forked, start bool, snapshotID string,
+func guestResume(ctx context.Context, c *agentclient.Client, rq proto.ResumeRequest,
 	hookDeadline, ackDeadline time.Duration) (sandbox.ResumeReport, error) {
-	rep, err := c.Resume(ctx, proto.ResumeRequest{
-		Generation: gen, Forked: forked, SnapshotID: snapshotID, Start: start, HostTime: time.Now().UTC(),
-		HookDeadlineS: hookDeadline.Seconds(), AckDeadlineS: ackDeadline.Seconds(),
-	})
+	rq.HostTime = time.Now().UTC()
+	rq.HookDeadlineS, rq.AckDeadlineS = hookDeadline.Seconds(), ackDeadline.Seconds()
+	rep, err := c.Resume(ctx, rq)
 	if err != nil {
 		return sandbox.ResumeReport{}, err
 	}
@@ -112,4 +111,10 @@ func agentErr(path string, err error) error {
 		}
 	}
 	return err
+}
+
+// req is the agent's request for cc (guestResume sets the time and deadlines).
+func (cc contractCall) req() proto.ResumeRequest {
+	return proto.ResumeRequest{Generation: cc.gen, Forked: cc.forked, SnapshotID: cc.snapshotID,
+		Start: cc.start, Unpaused: cc.unpaused}
 }

@@ -38,6 +38,8 @@ type hostOpts struct {
 	timeouts manager.EngineTimeouts
 	// eng reuses an engine whose instances outlived the previous host (crash).
 	eng *fake.Engine
+	// lifecycle is the manager's lifecycle configuration (VolumesDir is set).
+	lifecycle manager.LifecycleConfig
 	// limits are the manager's (admission.go).
 	limits manager.LimitsConfig
 	// wrap, when set, is the engine the manager gets, made from the fake one.
@@ -86,7 +88,7 @@ func newHost(t *testing.T, o hostOpts) *host {
 		Engines: engines, EngineTimeouts: o.timeouts, Store: store, DB: db, Images: images,
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: agentBin, AgentTimeout: 5 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Lifecycle: manager.LifecycleConfig{VolumesDir: filepath.Join(dir, "volumes")},
+		Lifecycle: withVolumes(o.lifecycle, filepath.Join(dir, "volumes")),
 		Limits:    o.limits,
 	})
 	if err != nil {
@@ -104,6 +106,11 @@ func newHost(t *testing.T, o hostOpts) *host {
 	h := &host{t: t, dir: dir, eng: eng, db: db, m: m}
 	t.Cleanup(h.close)
 	return h
+}
+
+func withVolumes(c manager.LifecycleConfig, dir string) manager.LifecycleConfig {
+	c.VolumesDir = dir
+	return c
 }
 
 // close waits for the manager's background work, stops every instance and

@@ -15,7 +15,10 @@ import (
 // The idle trigger.
 //
 // A running sandbox with idle_timeout_s = T > 0 is idle, and is hibernated (mode
-// none: deleted), when for the last T seconds all of these held:
+// none: deleted), when for the last T seconds all of these held (and with
+// pause_after_s = P below T, or T = 0, it is first paused after P such seconds,
+// pause.go; a paused sandbox uses no CPU, so for it only 1 and 2 count, and at
+// T it is hibernated on its pause's snapshot):
 //
 //  1. no API call used it: exec, files (read or write), a proxied request, resume,
 //     create, fork (as clone) or PATCH. Status reads (GET, list) do not count;
@@ -222,9 +225,32 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		id, why string
 		timeout bool
 		expire  bool
+		pause   bool
+		demote  string // cause of a paused sandbox's demotion
 	}
 	var todo []action
+	var paused []*metadata.Sandbox
 	for _, s := range all {
+		if !s.Deleting && s.State == sandbox.StatePaused {
+			// A paused sandbox uses no CPU: only calls and open connections
+			// count; at its idle timeout it is hibernated (demoted).
+			paused = append(paused, s)
+			running[s.ID] = true
+			m.lc.mu.Lock()
+			a := m.lc.entry(s.ID)
+			if a.instance != s.Instance {
+				a.instance, a.last, a.cpuAt, a.cpuRate = s.Instance, now, time.Time{}, 0
+			}
+			if a.conns > 0 || a.execs > 0 {
+				a.last = now
+			}
+			idleFor, retry := now.Sub(a.last), now.After(a.retryAt)
+			m.lc.mu.Unlock()
+			if retry && s.IdleTimeoutS > 0 && idleFor >= time.Duration(s.IdleTimeoutS)*time.Second {
+				todo = append(todo, action{id: s.ID, why: "idle (paused)", demote: "idle"})
+			}
+			continue
+		}
 		if !s.Deleting && s.State == sandbox.StateHibernated && expired(s, now) {
 			// Retention: a hibernated sandbox past its expires_at is deleted
 			// (after a failed attempt, again 30 s later).
@@ -282,7 +308,14 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 		}
 		if s.IdleTimeoutS > 0 && idleFor >= time.Duration(s.IdleTimeoutS)*time.Second {
 			todo = append(todo, action{id: s.ID, why: "idle"})
+		} else if w := pauseWindow(s.Policy); w > 0 && idleFor >= w && m.canPause(s) {
+			todo = append(todo, action{id: s.ID, why: "idle pause", pause: true})
 		}
+	}
+	// The standby budget: paused sandboxes beyond it are hibernated, those
+	// paused longest first.
+	for _, id := range overBudget(paused, cfg.StandbyMemoryMiB) {
+		todo = append(todo, action{id: id, why: "standby budget", demote: "standby_budget"})
 	}
 	m.lc.mu.Lock()
 	for id, a := range m.lc.act {
@@ -296,8 +329,13 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 			return
 		}
 		act := func() error { return m.lifecycleAct(ctx, a.id, a.timeout) }
-		if a.expire {
+		switch {
+		case a.expire:
 			act = func() error { return m.expire(ctx, a.id) }
+		case a.pause:
+			act = func() error { return m.pauseIdle(ctx, a.id) }
+		case a.demote != "":
+			act = func() error { return m.demote(ctx, a.id, a.demote, a.demote == "idle") }
 		}
 		if err := act(); err != nil {
 			m.log.Warn("lifecycle: "+a.why+" action failed", "sandbox", a.id, "err", err)
@@ -311,16 +349,13 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 // lifecycleAct re-checks, under the sandbox's lock, that the timeout ran out or
 // the sandbox is still idle, and then hibernates or deletes it.
 func (m *Manager) lifecycleAct(ctx context.Context, id string, timeout bool) error {
-	unlock, err := m.lock(ctx, id)
-	if err != nil {
-		return nil
-	}
-	defer unlock()
-	s, err := m.get(ctx, id)
-	if err != nil || s.State != sandbox.StateRunning {
-		return nil
-	}
-	ctx = context.WithoutCancel(ctx)
+	return m.inState(ctx, id, sandbox.StateRunning, func(ctx context.Context, s *metadata.Sandbox) error {
+		return m.idleOrTimeoutLocked(ctx, s, timeout)
+	})
+}
+
+func (m *Manager) idleOrTimeoutLocked(ctx context.Context, s *metadata.Sandbox, timeout bool) error {
+	id := s.ID
 	now := time.Now()
 	if timeout {
 		run, _ := m.usageAt(ctx, s, now)

@@ -51,7 +51,7 @@ func (m *Manager) KeepSnapshot(ctx context.Context, id, name string) (sandbox.Ke
 		if snapID, err = m.snapshotLocked(ctx, s, true, m.cfg.AsyncUpload); err != nil {
 			return sandbox.KeptSnapshot{}, err
 		}
-	case sandbox.StateHibernated:
+	case sandbox.StateHibernated, sandbox.StatePaused:
 		if m.isFilesystemSnapshot(ctx, snapID) {
 			return sandbox.KeptSnapshot{}, sandboxConflict(id, "sandbox %s is hibernated in mode filesystem (no memory snapshot to keep)", id).WithHint("resume it first")
 		}

@@ -2,6 +2,7 @@
 // state. It runs the lifecycle state machine
 //
 //	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	running -> paused -> running; paused -> hibernated (pause.go)
 //	(any of them) -> error
 //
 // on top of an engine (engine.Engine), a snapshot store (snapshot.Store), the image
@@ -392,9 +393,26 @@ func (m *Manager) waitAgent(ctx context.Context, s *metadata.Sandbox) error {
 // notify step completed. A failed call is reported (ok=false, error) but does not
 // fail the resume.
 func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int64, forked, start bool, snapshotID string, launched time.Time) *sandbox.ResumeReport {
+	return m.contract(ctx, s, contractCall{gen: gen, forked: forked, start: start, snapshotID: snapshotID}, launched)
+}
+
+// contractCall is what runContract hands the guest agent: the generation,
+// whether the instance is a clone, a first start, or an unpause (the same
+// instance continued from the paused tier), and the snapshot restored.
+type contractCall struct {
+	gen                     int64
+	forked, start, unpaused bool
+	snapshotID              string
+}
+
+func (m *Manager) contract(ctx context.Context, s *metadata.Sandbox, cc contractCall, launched time.Time) *sandbox.ResumeReport {
+	gen, forked, start, snapshotID := cc.gen, cc.forked, cc.start, cc.snapshotID
 	ev := "resume"
-	if start {
+	switch {
+	case start:
 		ev = "start"
+	case cc.unpaused:
+		ev = "unpaused"
 	}
 	c := m.liveClient(s.ID)
 	if c == nil {
@@ -406,7 +424,10 @@ func (m *Manager) runContract(ctx context.Context, s *metadata.Sandbox, gen int6
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t0 := time.Now()
-	rep, err := guestResume(cctx, c, gen, forked, start, snapshotID, m.cfg.ResumeHookDeadline, m.cfg.ResumeAckDeadline)
+	rep, err := guestResume(cctx, c, cc.req(), m.cfg.ResumeHookDeadline, m.cfg.ResumeAckDeadline)
+	if err == nil && cc.unpaused {
+		rep.Event = ev // an agent older than the unpaused event reports "resume"
+	}
 	agentDur := time.Since(t0)
 	end := time.Since(launched)
 	if err != nil {
@@ -672,6 +693,12 @@ func (m *Manager) HibernateCall(ctx context.Context, id string, opts HibernateOp
 	switch s.State {
 	case sandbox.StateHibernated:
 		return m.view(ctx, s), true, nil
+	case sandbox.StatePaused:
+		// Its snapshot is committed: hibernating is freeing its memory.
+		if err := m.demoteLocked(context.WithoutCancel(ctx), s, "call"); err != nil {
+			return m.view(ctx, s), false, err
+		}
+		return m.view(ctx, s), false, nil
 	case sandbox.StateRunning:
 	default:
 		return sandbox.Sandbox{}, false, sandboxConflict(id, "sandbox %s is in state %s; only a running sandbox can be hibernated", id, s.State)
@@ -927,7 +954,7 @@ func (m *Manager) liveClient(id string) *agentclient.Client {
 }
 
 // Resume restores a hibernated sandbox from its snapshot and waits for its guest
-// agent. A running sandbox is returned as it is. Errors: sandbox.ErrNotFound;
+// agent; a paused one is unpaused (pause.go). A running sandbox is returned as it is. Errors: sandbox.ErrNotFound;
 // sandbox.ErrConflict for a sandbox in state creating or error; sandbox.ErrSnapshotCorrupt (with
 // the snapshot and file named) when verification fails, in which case the sandbox
 // stays hibernated.
@@ -981,6 +1008,8 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	switch s.State {
 	case sandbox.StateRunning:
 		return nil
+	case sandbox.StatePaused:
+		return m.unpauseLocked(ctx, s)
 	case sandbox.StateHibernated:
 	default:
 		return sandboxConflict(s.ID, "sandbox %s is in state %s; only a hibernated sandbox can be resumed", s.ID, s.State)
@@ -1113,9 +1142,9 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		if _, err := m.snapshotLocked(ctx, src, true, m.cfg.AsyncUpload); err != nil {
 			return nil, err
 		}
-	case sandbox.StateHibernated:
+	case sandbox.StateHibernated, sandbox.StatePaused: // a paused one: from the pause's snapshot
 	default:
-		return nil, sandboxConflict(id, "sandbox %s is in state %s; only a running or hibernated sandbox can be forked", id, src.State)
+		return nil, sandboxConflict(id, "sandbox %s is in state %s; only a running, paused or hibernated sandbox can be forked", id, src.State)
 	}
 	dir, man, err := m.openSnapshot(ctx, src.SnapshotID, "fork", id)
 	if err != nil {
@@ -1217,12 +1246,14 @@ func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox
 	if err == nil {
 		switch s.State {
 		case sandbox.StateRunning:
-		case sandbox.StateHibernated:
+		case sandbox.StateHibernated, sandbox.StatePaused:
 			if !s.ResumeOnRequest {
-				err = sandboxConflict(id, "sandbox %s is hibernated and does not resume on request", id).
+				err = sandboxConflict(id, "sandbox %s is %s and does not resume on request", id, s.State).
 					WithHint("resume it first")
 				break
 			}
+			// A paused sandbox is unpaused before the request is forwarded:
+			// one sent to it while paused would hang.
 			err = m.resumeLocked(context.WithoutCancel(ctx), s)
 		case sandbox.StateError:
 			err = sandboxConflict(id, "sandbox %s is in state error: %s", id, s.Error).

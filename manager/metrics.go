@@ -12,6 +12,9 @@ import (
 type Metrics struct {
 	hibernate     prometheus.Histogram
 	resume        prometheus.Histogram
+	unpause       prometheus.Histogram
+	pauses        prometheus.Counter
+	demotions     *prometheus.CounterVec
 	snapshotBytes prometheus.Counter
 	created       prometheus.Counter
 	forked        prometheus.Counter
@@ -29,6 +32,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "torpor_hibernate_duration_seconds", Help: "Time from hibernate call to committed snapshot.", Buckets: durationBuckets}),
 		resume: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "torpor_resume_duration_seconds", Help: "Time from resume call to a guest agent answering.", Buckets: durationBuckets}),
+		unpause: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "torpor_unpause_duration_seconds", Help: "Time from the call that woke a paused sandbox to its resume contract done.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		pauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_sandboxes_paused_total", Help: "Pauses (running to paused)."}),
+		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "torpor_paused_demotions_total", Help: "Paused sandboxes hibernated, by cause (idle, standby_budget, call, exited)."},
+			[]string{"cause"}),
 		snapshotBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "torpor_snapshot_bytes_written_total", Help: "Bytes of snapshot files committed."}),
 		created: prometheus.NewCounter(prometheus.CounterOpts{
@@ -39,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "torpor_admission_refused_total", Help: "Creates, resumes and forks refused because the host's memory would be exceeded."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.hibernate, m.resume, m.snapshotBytes, m.created, m.forked, m.refused)
+		reg.MustRegister(m.hibernate, m.resume, m.unpause, m.pauses, m.demotions, m.snapshotBytes, m.created, m.forked, m.refused)
 	}
 	return m
 }
@@ -62,7 +73,7 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 // Collect implements prometheus.Collector.
 func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[sandbox.State]int{}
-	for _, st := range []sandbox.State{sandbox.StateCreating, sandbox.StateRunning, sandbox.StateHibernating,
+	for _, st := range []sandbox.State{sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateHibernating,
 		sandbox.StateHibernated, sandbox.StateResuming, sandbox.StateError} {
 		counts[st] = 0
 	}

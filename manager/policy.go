@@ -26,6 +26,10 @@ type LifecycleConfig struct {
 	// FilesystemTimeout bounds capturing or restoring the writable layer of a
 	// filesystem-mode sandbox (default 5 min).
 	FilesystemTimeout time.Duration
+	// StandbyMemoryMiB is the host's budget for paused sandboxes, in MiB of
+	// their memory limits (memory_mib): beyond it the lifecycle loop
+	// hibernates the ones paused longest first. 0 = no budget.
+	StandbyMemoryMiB int
 }
 
 // Policy defaults and limits.
@@ -60,9 +64,12 @@ var modeKeeps = map[string]string{
 
 func validMode(m string) bool { _, ok := modeKeeps[m]; return ok }
 
-func checkTimeouts(idle, timeout int, onTimeout string) error {
+func checkTimeouts(idle, pause, timeout int, onTimeout string) error {
 	if idle < 0 || idle > MaxTimeoutS {
 		return invalid("idle_timeout_s %d: must be between 0 (never) and %d", idle, MaxTimeoutS)
+	}
+	if pause < 0 || pause > MaxTimeoutS {
+		return invalid("pause_after_s %d: must be between 0 (never) and %d", pause, MaxTimeoutS)
 	}
 	if timeout < 0 || timeout > MaxTimeoutS {
 		return invalid("timeout_s %d: must be between 0 (none) and %d", timeout, MaxTimeoutS)
@@ -122,7 +129,12 @@ func (m *Manager) createPolicy(ctx context.Context, req sandbox.Spec) (sandbox.P
 	if p.HibernationMode == "" {
 		p.HibernationMode = sandbox.ModeMemory
 	}
-	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
+	if req.PauseAfterS != nil {
+		p.PauseAfterS = *req.PauseAfterS
+	} else if p.HibernationMode == sandbox.ModeMemory && p.IdleTimeoutS > DefaultPauseAfterS {
+		p.PauseAfterS = DefaultPauseAfterS
+	}
+	if err := checkTimeouts(p.IdleTimeoutS, p.PauseAfterS, p.TimeoutS, p.OnTimeout); err != nil {
 		return p, err
 	}
 	if !validMode(p.HibernationMode) {
@@ -159,6 +171,9 @@ func (m *Manager) Update(ctx context.Context, id string, req sandbox.PolicyUpdat
 	if req.IdleTimeoutS != nil {
 		p.IdleTimeoutS = *req.IdleTimeoutS
 	}
+	if req.PauseAfterS != nil {
+		p.PauseAfterS = *req.PauseAfterS
+	}
 	if req.TimeoutS != nil {
 		p.TimeoutS = *req.TimeoutS
 	}
@@ -180,7 +195,7 @@ func (m *Manager) Update(ctx context.Context, id string, req sandbox.PolicyUpdat
 		}
 		p.ExpiresAt = utcp(req.ExpiresAt.At)
 	}
-	if err := checkTimeouts(p.IdleTimeoutS, p.TimeoutS, p.OnTimeout); err != nil {
+	if err := checkTimeouts(p.IdleTimeoutS, p.PauseAfterS, p.TimeoutS, p.OnTimeout); err != nil {
 		return sandbox.Sandbox{}, err
 	}
 	if err := checkOnResume(p.OnResume); err != nil {
@@ -205,7 +220,7 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *sandbo
 	if mode == "" {
 		mode = sandbox.ModeMemory
 	}
-	v.IdleTimeoutS, v.TimeoutS, v.OnTimeout = s.IdleTimeoutS, s.TimeoutS, s.OnTimeout
+	v.IdleTimeoutS, v.PauseAfterS, v.TimeoutS, v.OnTimeout = s.IdleTimeoutS, s.PauseAfterS, s.TimeoutS, s.OnTimeout
 	v.Hibernation = sandbox.Hibernation{Mode: mode, Keeps: modeKeeps[mode]}
 	if len(s.Volumes) > 0 {
 		v.Hibernation.Keeps += "; volumes (" + volumeNames(s.Volumes) + ") are host directories, never in a snapshot, and are mounted again on resume"

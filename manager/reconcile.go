@@ -25,6 +25,8 @@ import (
 //   - resuming: a half-done restore is stopped; the sandbox is hibernated on its
 //     snapshot, which is untouched by a restore;
 //   - creating: the instance is stopped; error;
+//   - paused: see reconcilePaused (pause.go): reattached paused if its instance
+//     is alive, else hibernated on its pause's snapshot (error if none committed);
 //   - hibernated, error: any instance is stopped.
 //
 // Then every engine instance that no running sandbox owns is stopped, and staged
@@ -46,10 +48,13 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		infos = append(infos, list...)
 	}
-	running := map[string]bool{}
+	running, paused := map[string]bool{}, map[string]bool{}
 	for _, i := range infos {
 		if i.Running {
 			running[i.ID] = true
+		}
+		if i.Paused {
+			paused[i.ID] = true
 		}
 	}
 	all, err := m.cfg.DB.ListSandboxes(ctx)
@@ -71,7 +76,18 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		alive := s.Instance != "" && running[s.Instance]
 		switch s.State {
+		case sandbox.StatePaused:
+			if m.reconcilePaused(ctx, s, alive, paused[s.Instance]) {
+				keep[s.Instance] = true
+			}
 		case sandbox.StateRunning:
+			if alive && paused[s.Instance] {
+				// Paused by a pause whose record a crash cut short: its
+				// agent answers only once it runs again.
+				if p, ok := m.eng(s).Engine.(engine.Pauser); ok {
+					_ = p.Unpause(ctx, s.Instance)
+				}
+			}
 			if alive {
 				if err := m.waitAgent(ctx, s); err == nil {
 					keep[s.Instance] = true

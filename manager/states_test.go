@@ -18,6 +18,7 @@ import (
 const (
 	fromRunning      = "running"
 	fromHibernated   = "hibernated"
+	fromPaused       = "paused"
 	fromErrorSnap    = "error with a snapshot" // its instance died after a hibernate and resume
 	fromErrorNoSnaps = "error without a snapshot"
 )
@@ -31,6 +32,10 @@ func (h *host) prepare(from string) string {
 	switch from {
 	case fromHibernated:
 		if _, err := h.m.Hibernate(ctx, sb.ID, manager.HibernateOptions{}); err != nil {
+			h.t.Fatal(err)
+		}
+	case fromPaused:
+		if _, _, err := h.m.Pause(ctx, sb.ID); err != nil {
 			h.t.Fatal(err)
 		}
 	case fromErrorSnap, fromErrorNoSnaps:
@@ -71,6 +76,7 @@ func TestStateCalls(t *testing.T) {
 		"resume": func(m *manager.Manager, id string) error { _, err := m.Resume(ctx, id); return err },
 		"fork":   func(m *manager.Manager, id string) error { _, err := m.Fork(ctx, id, 1); return err },
 		"delete": func(m *manager.Manager, id string) error { return m.Delete(ctx, id) },
+		"pause":  func(m *manager.Manager, id string) error { _, _, err := m.Pause(ctx, id); return err },
 		"exec": func(m *manager.Manager, id string) error {
 			st, err := m.Exec(ctx, id, sandbox.ExecRequest{Cmd: []string{"true"}})
 			if err != nil {
@@ -127,22 +133,27 @@ func TestStateCalls(t *testing.T) {
 		fromRunning: {
 			"hibernate": {nil, "hibernated"}, "resume": {nil, "running"}, "fork": {nil, "running"},
 			"delete": {nil, "gone"}, "exec": {nil, "running"}, "read": {nil, "running"},
-			"write": {nil, "running"}, "proxy": {nil, "running"},
+			"write": {nil, "running"}, "proxy": {nil, "running"}, "pause": {nil, "paused"},
 		},
 		fromHibernated: {
 			"hibernate": {nil, "hibernated"}, "resume": {nil, "running"}, "fork": {nil, "hibernated"},
 			"delete": {nil, "gone"}, "exec": {nil, "running"}, "read": {nil, "running"},
-			"write": {nil, "running"}, "proxy": {nil, "running"},
+			"write": {nil, "running"}, "proxy": {nil, "running"}, "pause": {conflict, "hibernated"},
+		},
+		fromPaused: {
+			"hibernate": {nil, "hibernated"}, "resume": {nil, "running"}, "fork": {nil, "paused"},
+			"delete": {nil, "gone"}, "exec": {nil, "running"}, "read": {nil, "running"},
+			"write": {nil, "running"}, "proxy": {nil, "running"}, "pause": {nil, "paused"},
 		},
 		fromErrorSnap: {
 			"hibernate": {conflict, "error"}, "resume": {nil, "running"}, "fork": {conflict, "error"},
 			"delete": {nil, "gone"}, "exec": {conflict, "error"}, "read": {conflict, "error"},
-			"write": {conflict, "error"}, "proxy": {conflict, "error"},
+			"write": {conflict, "error"}, "proxy": {conflict, "error"}, "pause": {conflict, "error"},
 		},
 		fromErrorNoSnaps: {
 			"hibernate": {conflict, "error"}, "resume": {conflict, "error"}, "fork": {conflict, "error"},
 			"delete": {nil, "gone"}, "exec": {conflict, "error"}, "read": {conflict, "error"},
-			"write": {conflict, "error"}, "proxy": {conflict, "error"},
+			"write": {conflict, "error"}, "proxy": {conflict, "error"}, "pause": {conflict, "error"},
 		},
 	}
 	for from, row := range table {

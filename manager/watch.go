@@ -79,7 +79,18 @@ func (m *Manager) instanceExited(id, instance string, st engine.ExitStatus) {
 	}
 	defer unlock()
 	s, err := m.get(ctx, id)
-	if err != nil || s.State != sandbox.StateRunning || s.Instance != instance {
+	if err != nil || s.Instance != instance {
+		return
+	}
+	if s.State == sandbox.StatePaused && m.pauseCovered(ctx, s) {
+		// Its snapshot holds everything it had: hibernated on it, and the
+		// next request resumes it.
+		m.log.Warn("paused sandbox's process exited; hibernating it on its pause's snapshot", "sandbox", id, "instance", instance, "what", st.What)
+		if err := m.demoteLocked(ctx, s, "exited"); err == nil {
+			return
+		}
+	}
+	if s.State != sandbox.StateRunning && s.State != sandbox.StatePaused {
 		return
 	}
 	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "what", st.What)

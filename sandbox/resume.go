@@ -6,7 +6,9 @@ package sandbox
 // overran, or the agent could not be reached (Error); the resume completes in
 // every case.
 type ResumeReport struct {
-	// Event is "start" (first boot) or "resume" (resume or fork).
+	// Event is "start" (first boot), "resume" (resume or fork) or
+	// "unpaused" (continued from the paused tier: the same instance and
+	// generation, the clocks jumped).
 	Event      string
 	Generation int64
 	Forked     bool

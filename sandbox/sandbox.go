@@ -8,6 +8,8 @@ import (
 // State is a sandbox's lifecycle state. Transitions:
 //
 //	creating -> running -> hibernating -> hibernated -> resuming -> running
+//	running -> paused -> running (unpause: the same instance, no restore)
+//	paused -> hibernated (demotion: its snapshot is already committed)
 //	any -> error (the engine failed; Sandbox.Error says why)
 //
 // A deleted sandbox has no state: it is gone.
@@ -15,8 +17,12 @@ type State string
 
 // The states of a sandbox.
 const (
-	StateCreating    State = "creating"
-	StateRunning     State = "running"
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	// StatePaused: the sandbox's processes are stopped and its memory is
+	// kept on the host; a committed snapshot of the paused state was taken
+	// when it paused, so a host crash loses nothing.
+	StatePaused      State = "paused"
 	StateHibernating State = "hibernating"
 	StateHibernated  State = "hibernated"
 	StateResuming    State = "resuming"
@@ -45,6 +51,11 @@ type Policy struct {
 	// IdleTimeoutS: after this many idle seconds the sandbox is hibernated (mode
 	// none: deleted); 0 = never.
 	IdleTimeoutS int
+	// PauseAfterS: after this many idle seconds a running sandbox of mode
+	// memory is paused (the paused tier), and hibernated when IdleTimeoutS
+	// is reached; 0 = never paused. Only a value below IdleTimeoutS (or any
+	// value when IdleTimeoutS is 0) has an effect.
+	PauseAfterS int
 	// TimeoutS bounds the sandbox's running time in seconds (nothing counts
 	// while hibernated); 0 = none. OnTimeout is OnTimeoutHibernate or
 	// OnTimeoutDelete.
@@ -98,6 +109,9 @@ type Spec struct {
 	Env map[string]string
 	// IdleTimeoutS: nil = the default; 0 = never. See Policy.
 	IdleTimeoutS *int
+	// PauseAfterS: nil = the default (the manager's DefaultPauseAfterS when
+	// the idle timeout is above it, else 0); 0 = never. See Policy.
+	PauseAfterS *int
 	// TimeoutS, OnTimeout ("" = hibernate), HibernationMode ("" = memory),
 	// OnResume, Volumes and ExpiresAt: see Policy.
 	TimeoutS        int
@@ -131,6 +145,7 @@ type Spec struct {
 // with Set false) are left as they are.
 type PolicyUpdate struct {
 	IdleTimeoutS    *int
+	PauseAfterS     *int
 	TimeoutS        *int
 	OnTimeout       *string
 	HibernationMode *string
@@ -169,7 +184,7 @@ type Hibernation struct {
 
 // Usage is what a sandbox has used so far.
 type Usage struct {
-	// RunningS is seconds spent running (not while hibernated).
+	// RunningS is seconds spent running (not while paused or hibernated).
 	RunningS float64
 	// SnapshotByteS is byte-seconds of snapshot storage held.
 	SnapshotByteS float64
@@ -203,9 +218,11 @@ type Sandbox struct {
 	// ResumeMS is the duration of the last resume.
 	ResumeMS int64
 
-	// IdleTimeoutS, TimeoutS, OnTimeout, OnResume, Volumes and ExpiresAt are
-	// the sandbox's Policy; Hibernation its mode with what that keeps.
+	// IdleTimeoutS, PauseAfterS, TimeoutS, OnTimeout, OnResume, Volumes and
+	// ExpiresAt are the sandbox's Policy; Hibernation its mode with what that
+	// keeps.
 	IdleTimeoutS int
+	PauseAfterS  int
 	TimeoutS     int
 	OnTimeout    string
 	Hibernation  Hibernation
@@ -214,7 +231,7 @@ type Sandbox struct {
 	// Usage is metered running time and snapshot storage.
 	Usage Usage
 	// LastResume is the guest agent's report of the resume contract it ran on
-	// the last start, resume or fork.
+	// the last start, resume, fork or unpause.
 	LastResume *ResumeReport
 	ExpiresAt  *time.Time
 	// ResumeOnRequest: see Policy.

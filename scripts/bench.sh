@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
 port=${TORPOR_BENCH_PORT:-7079}
+if curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then
+  echo "bench: another server answers on port $port; set TORPOR_BENCH_PORT" >&2
+  rm -rf "$dir"
+  exit 1
+fi
 bin/torpor serve --data-dir "$dir" --listen "127.0.0.1:$port" >"$dir/serve.log" 2>&1 &
 pid=$!
 cleanup() {

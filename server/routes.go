@@ -47,6 +47,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files", s.readFile)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.writeFile)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/hibernate", s.hibernate)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.fork)
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.proxy())
@@ -263,6 +264,19 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, apiv1.HibernateResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	if err := decode(r, &struct{}{}, true); err != nil { // no options: an empty body or {}
+		s.fail(w, r, err)
+		return
+	}
+	sb, unchanged, err := s.Manager.Pause(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.PauseResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {

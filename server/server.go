@@ -82,6 +82,10 @@ type Config struct {
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
 	DisableLifecycle  bool
+	// StandbyMemoryMiB is the budget of paused sandboxes, in MiB of their
+	// memory limits; beyond it the ones paused longest are hibernated
+	// (manager.LifecycleConfig). 0 = no budget.
+	StandbyMemoryMiB int
 	// ResumeHookDeadline and ResumeAckDeadline bound each user resume hook and the
 	// wait for in-sandbox subscribers (see manager.Config; defaults 10 s and 5 s).
 	ResumeHookDeadline time.Duration
@@ -219,7 +223,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: cfg.AgentPath,
 		Logger: cfg.Logger, Metrics: manager.NewMetrics(reg),
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
-			VolumesDir: filepath.Join(dir, "volumes")},
+			VolumesDir: filepath.Join(dir, "volumes"), StandbyMemoryMiB: cfg.StandbyMemoryMiB},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
 		Limits:      cfg.Limits,

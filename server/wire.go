@@ -19,7 +19,7 @@ func wireSandbox(s sandbox.Sandbox) apiv1.Sandbox {
 		MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
 		Error: s.Error, CreatedAt: s.CreatedAt, StateChangedAt: s.StateChangedAt,
 		LastHibernateAt: s.LastHibernateAt, LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
-		IdleTimeoutS: s.IdleTimeoutS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
+		IdleTimeoutS: s.IdleTimeoutS, PauseAfterS: s.PauseAfterS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
 		Hibernation: apiv1.Hibernation(s.Hibernation), OnResume: s.OnResume,
 		Volumes: wireVolumeMounts(s.Volumes), Usage: apiv1.Usage(s.Usage),
 		LastResume: wireResumeReport(s.LastResume), ExpiresAt: s.ExpiresAt,
@@ -84,7 +84,7 @@ func WireStoreUsage(u sandbox.StoreUsage) apiv1.StoreUsage { return apiv1.StoreU
 func specFromWire(r apiv1.CreateSandboxRequest) sandbox.Spec {
 	return sandbox.Spec{
 		Image: r.Image, MemoryMiB: r.MemoryMiB, PidsLimit: r.PidsLimit, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
-		TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout, HibernationMode: r.HibernationMode, OnResume: r.OnResume,
+		PauseAfterS: r.PauseAfterS, TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout, HibernationMode: r.HibernationMode, OnResume: r.OnResume,
 		ExpiresAt:      r.ExpiresAt,
 		Volumes:        mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
 		InternetAccess: r.InternetAccess, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
@@ -96,7 +96,7 @@ func prefixStrings(ps []netip.Prefix) []string { return mapList(ps, netip.Prefix
 // policyUpdateFromWire is the policy change of a PATCH /v1/sandboxes/{id} body.
 func policyUpdateFromWire(r apiv1.UpdateSandboxRequest) sandbox.PolicyUpdate {
 	return sandbox.PolicyUpdate{
-		IdleTimeoutS: r.IdleTimeoutS, TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout,
+		IdleTimeoutS: r.IdleTimeoutS, PauseAfterS: r.PauseAfterS, TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout,
 		HibernationMode: r.HibernationMode, OnResume: r.OnResume,
 		ExpiresAt: sandbox.Expiry{Set: r.ExpiresAt.Set, At: r.ExpiresAt.At},
 	}

@@ -70,7 +70,7 @@ func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 		MemoryMiB: w.MemoryMiB, PidsLimit: w.PidsLimit, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
 		Error: w.Error, CreatedAt: w.CreatedAt, StateChangedAt: w.StateChangedAt,
 		LastHibernateAt: w.LastHibernateAt, LastResumeAt: w.LastResumeAt, ResumeMS: w.ResumeMS,
-		IdleTimeoutS: w.IdleTimeoutS, TimeoutS: w.TimeoutS, OnTimeout: w.OnTimeout,
+		IdleTimeoutS: w.IdleTimeoutS, PauseAfterS: w.PauseAfterS, TimeoutS: w.TimeoutS, OnTimeout: w.OnTimeout,
 		Hibernation: sandbox.Hibernation(w.Hibernation), OnResume: w.OnResume, Usage: sandbox.Usage(w.Usage),
 		ExpiresAt: w.ExpiresAt, Network: sandbox.Network{InternetAccess: w.InternetAccess},
 	}
@@ -103,7 +103,7 @@ func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 
 func specToWire(s sandbox.Spec) apiv1.CreateSandboxRequest {
 	w := apiv1.CreateSandboxRequest{Image: s.Image, MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env,
-		IdleTimeoutS: s.IdleTimeoutS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
+		IdleTimeoutS: s.IdleTimeoutS, PauseAfterS: s.PauseAfterS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
 		HibernationMode: s.HibernationMode, OnResume: s.OnResume, ExpiresAt: s.ExpiresAt,
 		InternetAccess: s.InternetAccess, AllowOut: s.AllowOut, DenyOut: s.DenyOut}
 	for _, v := range s.Volumes {
@@ -113,7 +113,7 @@ func specToWire(s sandbox.Spec) apiv1.CreateSandboxRequest {
 }
 
 func policyUpdateToWire(u sandbox.PolicyUpdate) apiv1.UpdateSandboxRequest {
-	return apiv1.UpdateSandboxRequest{IdleTimeoutS: u.IdleTimeoutS, TimeoutS: u.TimeoutS, OnTimeout: u.OnTimeout,
+	return apiv1.UpdateSandboxRequest{IdleTimeoutS: u.IdleTimeoutS, PauseAfterS: u.PauseAfterS, TimeoutS: u.TimeoutS, OnTimeout: u.OnTimeout,
 		HibernationMode: u.HibernationMode, OnResume: u.OnResume,
 		ExpiresAt: apiv1.Expiry{Set: u.ExpiresAt.Set, At: u.ExpiresAt.At}}
 }

@@ -290,13 +290,13 @@ func (s *Service) templateOf(sb sandbox.Sandbox) string {
 }
 
 // stateOf maps torpor's state to E2B's: running (and creating) is running;
-// hibernating, hibernated and resuming are paused. A sandbox in state error
-// has no E2B state (ok false).
+// paused, hibernating, hibernated and resuming are paused. A sandbox in state
+// error has no E2B state (ok false).
 func stateOf(st sandbox.State) (State, bool) {
 	switch st {
 	case sandbox.StateRunning, sandbox.StateCreating:
 		return StateRunning, true
-	case sandbox.StateHibernating, sandbox.StateHibernated, sandbox.StateResuming:
+	case sandbox.StatePaused, sandbox.StateHibernating, sandbox.StateHibernated, sandbox.StateResuming:
 		return StatePaused, true
 	}
 	return "", false

@@ -4,7 +4,8 @@
 // layer continuing (and, for engines that keep processes, a process too), one
 // checkpoint restored twice as independent clones, checkpoint that leaves the
 // instance running, a CheckpointExit image restored while its instance is torn
-// down (for an engine.ExitCheckpointer), Wait, stop and list.
+// down (for an engine.ExitCheckpointer), pause, a checkpoint of the paused
+// instance restored and unpause (for an engine.Pauser), Wait, stop and list.
 package enginetest
 
 import (
@@ -271,6 +272,10 @@ func Run(t *testing.T, s Setup) {
 		})
 	}
 
+	if pe, ok := e.(engine.Pauser); ok {
+		t.Run("PauseCheckpointUnpause", func(t *testing.T) { runPause(t, s, e, pe, start, prefix) })
+	}
+
 	// Stop while another goroutine lists instances (the manager's watchers do):
 	// nothing of the stopped instances may be listed afterwards. With runsc, a
 	// list racing a delete re-created the container's lock file, which stayed
@@ -381,4 +386,139 @@ func Run(t *testing.T, s Setup) {
 			t.Fatalf("Stop of an unknown instance: %v", err)
 		}
 	})
+}
+
+// counter is a background process that writes an increasing count to
+// /root/n every 50 ms.
+var counter = []string{"sh", "-c", "(i=0; while :; do i=$((i+1)); echo $i > /root/n.tmp; mv /root/n.tmp /root/n; sleep 0.05; done) >/dev/null 2>&1 &"}
+
+// count reads the counter (0 before its first write).
+func count(t *testing.T, c *agentclient.Client) int {
+	t.Helper()
+	r, _, err := c.ReadFile(context.Background(), "/root/n")
+	if err != nil {
+		return 0
+	}
+	defer r.Close()
+	n := 0
+	fmt.Fscan(r, &n)
+	return n
+}
+
+// listed returns instance id's Info from List.
+func listed(t *testing.T, e engine.Engine, id string) engine.Info {
+	t.Helper()
+	infos, err := e.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range infos {
+		if i.ID == id {
+			return i
+		}
+	}
+	t.Fatalf("%s not listed: %+v", id, infos)
+	return engine.Info{}
+}
+
+// runPause: a paused instance is listed running and paused, runs nothing
+// while paused (for an engine that keeps processes), can be checkpointed with
+// leaveRunning into an image that restores running, stays paused through that
+// checkpoint, and continues after Unpause with its files and processes.
+func runPause(t *testing.T, s Setup, e engine.Engine, pe engine.Pauser, start func(*testing.T, string, string) *agentclient.Client, prefix string) {
+	ctx := context.Background()
+	id := prefix + "p0"
+	c := start(t, "p0", "")
+	writeFile(t, c, "/root/x", "paused")
+	if s.KeepsProcesses {
+		run(t, c, counter...)
+		deadline := time.Now().Add(10 * time.Second)
+		for count(t, c) < 2 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := pe.Pause(ctx, prefix+"zz"); !errors.Is(err, engine.ErrNotRunning) {
+		t.Fatalf("Pause of an unknown instance: %v, want ErrNotRunning", err)
+	}
+	before := 0
+	if s.KeepsProcesses {
+		before = count(t, c)
+	}
+	c.CloseIdleConnections()
+	if err := pe.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	if err := pe.Pause(ctx, id); err != nil {
+		t.Fatalf("second Pause: %v", err)
+	}
+	if i := listed(t, e, id); !i.Running || !i.Paused {
+		t.Fatalf("paused instance listed %+v, want Running and Paused", i)
+	}
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Checkpoint(ctx, id, dir, true); err != nil {
+		t.Fatalf("Checkpoint of a paused instance: %v", err)
+	}
+	if i := listed(t, e, id); !i.Running || !i.Paused {
+		t.Fatalf("after a leave-running checkpoint the paused instance is listed %+v, want still paused", i)
+	}
+	clone := start(t, "p1", dir)
+	if got := readFile(t, clone, "/root/x"); got != "paused" {
+		t.Fatalf("restored from a paused checkpoint: /root/x = %q", got)
+	}
+	if s.KeepsProcesses {
+		n1 := count(t, clone)
+		time.Sleep(300 * time.Millisecond)
+		if n2 := count(t, clone); n2 <= n1 {
+			t.Fatalf("restored from a paused checkpoint: the counter does not run (%d then %d)", n1, n2)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	pausedFor := time.Since(paused)
+	if err := pe.Unpause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := pe.Unpause(ctx, id); err != nil {
+		t.Fatalf("second Unpause: %v", err)
+	}
+	if i := listed(t, e, id); !i.Running || i.Paused {
+		t.Fatalf("unpaused instance listed %+v, want Running, not Paused", i)
+	}
+	if got := readFile(t, c, "/root/x"); got != "paused" {
+		t.Fatalf("after Unpause: /root/x = %q", got)
+	}
+	if s.KeepsProcesses {
+		after := count(t, c)
+		// At 20 counts a second, a counter that ran while paused would have
+		// gone on by pausedFor/50ms.
+		if ran := after - before; ran > int(pausedFor/(50*time.Millisecond))/2 {
+			t.Fatalf("the counter went from %d to %d while paused for %v: the processes were not stopped", before, after, pausedFor)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if n := count(t, c); n <= after {
+			t.Fatalf("after Unpause the counter does not run (%d then %d)", after, n)
+		}
+	}
+	// A paused instance is stopped like a running one.
+	if err := pe.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Stop(ctx, id); err != nil {
+		t.Fatalf("Stop of a paused instance: %v", err)
+	}
+	infos, err := e.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range infos {
+		if i.ID == id {
+			t.Fatalf("paused instance still listed after Stop: %+v", i)
+		}
+	}
+	if err := pe.Unpause(ctx, id); !errors.Is(err, engine.ErrNotRunning) {
+		t.Fatalf("Unpause of a stopped instance: %v, want ErrNotRunning", err)
+	}
 }

@@ -53,6 +53,8 @@ const (
 	Dial       Method = "dial"
 	List       Method = "list"
 	Wait       Method = "wait"
+	Pause      Method = "pause"
+	Unpause    Method = "unpause"
 )
 
 // Config configures an engine.
@@ -65,7 +67,8 @@ type Config struct {
 	Name, Version string
 }
 
-// Engine implements engine.Engine and engine.ExitCheckpointer in memory.
+// Engine implements engine.Engine, engine.ExitCheckpointer and engine.Pauser
+// in memory.
 type Engine struct {
 	cfg Config
 
@@ -79,6 +82,7 @@ type Engine struct {
 var (
 	_ engine.Engine           = (*Engine)(nil)
 	_ engine.ExitCheckpointer = (*Engine)(nil)
+	_ engine.Pauser           = (*Engine)(nil)
 )
 
 type instance struct {
@@ -90,8 +94,14 @@ type instance struct {
 	served  chan struct{}         // closed when the agent's Serve returned
 	exited  chan struct{}         // closed when the instance stopped running
 	running bool
-	what    string // ExitStatus.What once exited
+	// unpaused is closed while the instance is not paused; Pause replaces
+	// it with an open channel, which Unpause closes.
+	unpaused chan struct{}
+	what     string // ExitStatus.What once exited
 }
+
+// closedChan is an unpaused instance's unpaused.
+func closedChan() chan struct{} { c := make(chan struct{}); close(c); return c }
 
 // New returns an engine keeping its instances under cfg.Dir. Errors: Dir
 // missing or not creatable.
@@ -264,7 +274,7 @@ func (e *Engine) launch(spec engine.Spec, from string) error {
 	e.seq++
 	root := filepath.Join(e.cfg.Dir, strconv.Itoa(e.seq))
 	inst := &instance{id: spec.ID, root: root, agent: newPipeListener(), ports: map[int]*pipeListener{},
-		served: make(chan struct{}), exited: make(chan struct{}), running: true}
+		served: make(chan struct{}), exited: make(chan struct{}), running: true, unpaused: closedChan()}
 	e.insts[spec.ID] = inst
 	e.mu.Unlock()
 	fail := func(err error) error {
@@ -416,9 +426,22 @@ func (e *Engine) Dial(ctx context.Context, id string, port int) (net.Conn, error
 		}
 	}
 	running := inst != nil && inst.running
+	var unpaused, exited chan struct{}
+	if running {
+		unpaused, exited = inst.unpaused, inst.exited
+	}
 	e.mu.Unlock()
 	if !running {
 		return nil, fmt.Errorf("fake: dial %s:%d: %w", id, port, engine.ErrNotRunning)
+	}
+	// A paused instance's connections hang until it is unpaused, as a paused
+	// gVisor sandbox's do.
+	select {
+	case <-unpaused:
+	case <-exited:
+		return nil, fmt.Errorf("fake: dial %s:%d: %w", id, port, engine.ErrNotRunning)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("fake: dial %s:%d (paused): %w", id, port, ctx.Err())
 	}
 	if l == nil {
 		return nil, fmt.Errorf("fake: dial %s:%d: connection refused", id, port)
@@ -457,10 +480,63 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 	defer e.mu.Unlock()
 	out := make([]engine.Info, 0, len(e.insts))
 	for _, i := range e.insts {
-		out = append(out, engine.Info{ID: i.id, Running: i.running})
+		out = append(out, engine.Info{ID: i.id, Running: i.running, Paused: i.running && isOpen(i.unpaused)})
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
 	return out, nil
+}
+
+// Pause implements engine.Pauser: the instance's new connections (Dial) wait
+// until Unpause; connections already open and background commands go on (they
+// run on the host).
+func (e *Engine) Pause(ctx context.Context, id string) error {
+	if err := e.enter(ctx, Pause, id); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	inst := e.insts[id]
+	if inst == nil || !inst.running {
+		return fmt.Errorf("fake: pause %s: %w", id, engine.ErrNotRunning)
+	}
+	if !isOpen(inst.unpaused) {
+		inst.unpaused = make(chan struct{})
+	}
+	return nil
+}
+
+// Unpause implements engine.Pauser.
+func (e *Engine) Unpause(ctx context.Context, id string) error {
+	if err := e.enter(ctx, Unpause, id); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	inst := e.insts[id]
+	if inst == nil {
+		return fmt.Errorf("fake: unpause %s: %w", id, engine.ErrNotRunning)
+	}
+	if isOpen(inst.unpaused) {
+		close(inst.unpaused)
+	}
+	return nil
+}
+
+// Paused reports whether instance id is paused.
+func (e *Engine) Paused(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	inst := e.insts[id]
+	return inst != nil && inst.running && isOpen(inst.unpaused)
+}
+
+func isOpen(c chan struct{}) bool {
+	select {
+	case <-c:
+		return false
+	default:
+		return true
+	}
 }
 
 // Wait implements engine.Engine.

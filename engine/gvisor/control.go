@@ -102,13 +102,6 @@ func (e *Engine) checkpointDirect(ctx context.Context, id, dir string, leaveRunn
 	if err != nil {
 		return err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", sock)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNoControlSocket, err)
-	}
-	uc := conn.(*net.UnixConn)
-	defer uc.Close()
 	var files []*os.File
 	defer func() {
 		for _, f := range files {
@@ -125,24 +118,50 @@ func (e *Engine) checkpointDirect(ctx context.Context, id, dir string, leaveRunn
 		}
 		files = append(files, f)
 	}
-	msg, err := json.Marshal(urpcCall{Method: "containerManager.Checkpoint", Arg: saveOpts{
+	err = controlCall(ctx, sock, "containerManager.Checkpoint", saveOpts{
 		Metadata:      map[string]string{"compression": "none"},
 		HavePagesFile: true,
 		Resume:        leaveRunning,
-	}})
+	}, files)
+	if errors.Is(err, errNoControlSocket) {
+		for _, f := range files {
+			os.Remove(f.Name()) // nothing was sent: `runsc checkpoint` makes them anew
+		}
+	}
+	return err
+}
+
+// controlCall makes one uRPC call of method with arg (and files, passed as
+// SCM_RIGHTS with the first write) on the control socket sock and waits for
+// its answer. Errors: wrapping errNoControlSocket when the socket cannot be
+// dialled (nothing sent); the sandbox's own error ("sandbox: …") or the
+// socket's. ctx cancels the wait, not the call, which the sandbox finishes.
+func controlCall(ctx context.Context, sock, method string, arg any, files []*os.File) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNoControlSocket, err)
+	}
+	uc := conn.(*net.UnixConn)
+	defer uc.Close()
+	msg, err := json.Marshal(urpcCall{Method: method, Arg: arg})
 	if err != nil {
 		return err
 	}
-	fds := make([]int, len(files))
-	for i, f := range files {
-		fds[i] = int(f.Fd())
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = syscall.UnixRights(fds...)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = uc.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	n, _, err := uc.WriteMsgUnix(msg, syscall.UnixRights(fds...), nil)
+	n, _, err := uc.WriteMsgUnix(msg, oob, nil)
 	if err == nil && n < len(msg) {
 		_, err = uc.Write(msg[n:]) // the files went with the first part
 	}

@@ -9,6 +9,9 @@ import (
 // checkpoint instead of calling the sandbox directly.
 func RunscCheckpoints(e *Engine) int64 { return e.runscCheckpoints.Load() }
 
+// RunscPauses returns how many pauses and unpauses e made by starting runsc.
+func RunscPauses(e *Engine) int64 { return e.runscPauses.Load() }
+
 // FreezerState returns instance id's cgroup freezer state: cgroup v1
 // freezer.state (THAWED, FREEZING, FROZEN), or cgroup v2 cgroup.freeze (0, 1).
 func FreezerState(e *Engine, id string) (string, error) {

@@ -11,7 +11,7 @@
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
-// control.go). The
+// control.go); pause and unpause are runsc pause and runsc resume (pause.go). The
 // measured behaviour this package relies on is in docs/decisions/gvisor-engine.md:
 // systrap because the KVM platform panics here; absolute image paths; restore
 // needs the guest namespace's address and route put back first (so every restore
@@ -80,12 +80,16 @@ type Engine struct {
 	runscCheckpoints atomic.Int64
 	// egress is the uplink (Config.Egress); nil = none.
 	egress *sandboxnet.Egress
+	// runscPauses counts pauses and unpauses made by starting runsc because
+	// the direct call could not be made (pause.go).
+	runscPauses atomic.Int64
 }
 
 var (
 	_ engine.Engine           = (*Engine)(nil)
 	_ engine.ExitCheckpointer = (*Engine)(nil)
 	_ engine.EgressProvider   = (*Engine)(nil)
+	_ engine.Pauser           = (*Engine)(nil)
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,59}$`)
@@ -405,6 +409,7 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 	if err := os.RemoveAll(e.bundle(id)); err != nil {
 		errs = append(errs, err)
 	}
+	os.Remove(filepath.Join(e.cfg.StateDir, "root", ".status-"+id+".tmp")) // a crashed writeStatus's
 	if len(errs) > 0 {
 		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
 	}
@@ -506,7 +511,8 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 	}
 	seen := map[string]engine.Info{}
 	for _, s := range sts {
-		seen[s.ID] = engine.Info{ID: s.ID, Pid: s.Pid, Running: s.Status == "running" && alive(s.Pid)}
+		live := (s.Status == statusRunning || s.Status == statusPaused) && alive(s.Pid)
+		seen[s.ID] = engine.Info{ID: s.ID, Pid: s.Pid, Running: live, Paused: live && s.Status == statusPaused}
 	}
 	if ents, err := os.ReadDir(filepath.Join(e.cfg.StateDir, "bundles")); err == nil {
 		for _, d := range ents {

@@ -84,4 +84,7 @@ func TestConformance(t *testing.T) {
 	if n := gvisor.RunscCheckpoints(e); n != 0 {
 		t.Errorf("%d checkpoints fell back to runsc checkpoint; want 0", n)
 	}
+	if n := gvisor.RunscPauses(e); n != 0 {
+		t.Errorf("%d pauses or unpauses fell back to runsc; want 0", n)
+	}
 }

@@ -119,8 +119,10 @@
 //
 // Events socket /run/torpor/events (unix stream, mode 0666): one JSON object per
 // line. On connect the agent sends {"event":"hello","generation":N}; on every
-// resume or fork {"event":"resume","generation":N,"forked":bool,
-// "host_time":"RFC3339Nano","snapshot_id":"…","seq":K}. A client that wants the
+// resume, fork or unpause {"event":"resume","kind":"restored"|"unpaused",
+// "generation":N,"forked":bool,"host_time":"RFC3339Nano","snapshot_id":"…","seq":K}
+// (kind "unpaused": continued from the paused tier, the same generation, the
+// clocks jumped). A client that wants the
 // host to wait for it writes {"subscribe":true,"name":"<free text>"} (answer
 // {"event":"subscribed"}) and then answers each resume event with {"ack":K} once
 // its own hooks ran. The socket and its connections live in sandbox memory, so

@@ -51,9 +51,12 @@ const (
 )
 
 // Event is one line of the events socket. "hello" carries only Generation; "start"
-// and "resume" carry every field; "subscribed" none.
+// and "resume" carry every field; "subscribed" none. Kind tells a resume's
+// cause: "restored" (from a snapshot: a resume or a fork) or "unpaused"
+// (continued from the paused tier: same generation, the clocks jumped).
 type Event struct {
 	Event      string `json:"event"`
+	Kind       string `json:"kind,omitempty"`
 	Generation int64  `json:"generation"`
 	Forked     bool   `json:"forked"`
 	HostTime   string `json:"host_time"`
@@ -262,8 +265,9 @@ func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "deadlines must be >= 0")
 		return
 	}
-	if !rq.Start {
-		// The host's ends of envd's streams did not survive the checkpoint.
+	if !rq.Start && !rq.Unpaused {
+		// The host's ends of envd's streams did not survive the checkpoint
+		// (an unpaused sandbox was never checkpointed: they did).
 		if n := s.envd.cutStreams(); n > 0 {
 			s.log.Printf("resume: cut %d envd streams opened before the hibernate", n)
 		}
@@ -301,11 +305,14 @@ func (r *resumer) resume(rq proto.ResumeRequest, received time.Time) proto.Resum
 	if ackDeadline <= 0 {
 		ackDeadline = DefaultAckDeadline
 	}
-	evName := "resume"
-	if rq.Start {
-		evName = "start"
+	evName, kind, repName := "resume", "restored", "resume"
+	switch {
+	case rq.Start:
+		evName, kind, repName = "start", "", "start"
+	case rq.Unpaused:
+		kind, repName = "unpaused", "unpaused"
 	}
-	rep := proto.ResumeReport{Event: evName, Generation: rq.Generation, Forked: rq.Forked,
+	rep := proto.ResumeReport{Event: repName, Generation: rq.Generation, Forked: rq.Forked,
 		SnapshotID: rq.SnapshotID, Hooks: []proto.ResumeHook{}, OK: true,
 		Subscribers: proto.ResumeSubscribers{TimedOut: []string{}}}
 	step := func(name string, f func() (string, error)) {
@@ -324,7 +331,7 @@ func (r *resumer) resume(rq proto.ResumeRequest, received time.Time) proto.Resum
 
 	r.mu.Lock()
 	r.seq++
-	ev := Event{Event: evName, Generation: rq.Generation, Forked: rq.Forked,
+	ev := Event{Event: evName, Kind: kind, Generation: rq.Generation, Forked: rq.Forked,
 		HostTime: rq.HostTime.UTC().Format(time.RFC3339Nano), SnapshotID: rq.SnapshotID, Seq: r.seq}
 	r.mu.Unlock()
 
@@ -508,6 +515,7 @@ func (r *resumer) runHooks(rq proto.ResumeRequest, deadline time.Duration) ([]pr
 		"TORPOR_GENERATION":  strconv.FormatInt(rq.Generation, 10),
 		"TORPOR_FORKED":      forked,
 		"TORPOR_SNAPSHOT_ID": rq.SnapshotID,
+		"TORPOR_RESUME_KIND": resumeKind(rq),
 	})
 	for _, name := range names {
 		path := filepath.Join(r.hooksDir, name)
@@ -587,4 +595,13 @@ func (r *resumer) runHook(name, path string, env []string, deadline time.Duratio
 		h.Output += fmt.Sprintf("torpor: hook killed after the %v deadline\n", deadline)
 	}
 	return done()
+}
+
+// resumeKind is a resume's kind for hooks (TORPOR_RESUME_KIND): "unpaused"
+// or "restored".
+func resumeKind(rq proto.ResumeRequest) string {
+	if rq.Unpaused {
+		return "unpaused"
+	}
+	return "restored"
 }

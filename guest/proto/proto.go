@@ -137,13 +137,20 @@ type ResumeRequest struct {
 	AckDeadlineS float64 `json:"ack_deadline_s,omitempty"`
 	// Start marks the first boot of a sandbox (event "start", no hooks run).
 	Start bool `json:"start,omitempty"`
+	// Unpaused marks a sandbox continued from the paused tier: the same
+	// incarnation and generation, its clocks jumped by the paused time; the
+	// event is "resume" with kind "unpaused" and the host's connections to
+	// the agent's streams survived (an agent before this field treats it as a
+	// resume).
+	Unpaused bool `json:"unpaused,omitempty"`
 }
 
 // ResumeReport is the agent's answer to POST /resume: the resume contract's result.
 // OK is false if a step failed, a subscribed process did not acknowledge in time
 // or a hook failed or overran; the answer is 200 in every case.
 type ResumeReport struct {
-	// Event is "start" (first boot) or "resume" (resume or fork).
+	// Event is "start" (first boot), "resume" (resume or fork) or "unpaused"
+	// (ResumeRequest.Unpaused).
 	Event      string `json:"event"`
 	Generation int64  `json:"generation"`
 	Forked     bool   `json:"forked"`

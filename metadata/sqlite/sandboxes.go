@@ -20,7 +20,7 @@ var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
 	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "version"}
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "pause_after_s", "version"}
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`
@@ -81,7 +81,7 @@ func sandboxValues(s *metadata.Sandbox) []any {
 		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
 		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume,
 		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.PidsLimit, networkColumn(p.Network), s.Version}
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.PidsLimit, networkColumn(p.Network), p.PauseAfterS, s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
@@ -93,7 +93,7 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
 		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
 		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &s.Version)
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &p.PauseAfterS, &s.Version)
 	if err != nil {
 		return nil, err
 	}

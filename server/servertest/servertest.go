@@ -68,6 +68,8 @@ type Options struct {
 	Lifecycle         bool
 	IdleCPUThreshold  float64
 	LifecycleInterval time.Duration
+	// StandbyMemoryMiB is server.Config's (0 = no budget).
+	StandbyMemoryMiB int
 	// Store selects the snapshot store (passed to server.Config.Store); the zero
 	// value is the default for a new data directory, the chunked store on local
 	// disk (server.ResolveStoreKind).
@@ -188,6 +190,7 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	cfg.DisableLifecycle = !opts.Lifecycle
 	cfg.IdleCPUThreshold, cfg.LifecycleInterval = opts.IdleCPUThreshold, opts.LifecycleInterval
+	cfg.StandbyMemoryMiB = opts.StandbyMemoryMiB
 	s := &Server{DataDir: dir, cfg: cfg, resumeDelay: opts.ResumeDelay}
 	s.start(t)
 	t.Cleanup(func() {

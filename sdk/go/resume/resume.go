@@ -53,7 +53,12 @@ func SetDir(d string) {
 type Event struct {
 	// Event is "hello", "resume", "start" (a fresh start: no hooks run) or
 	// "subscribed".
-	Event      string `json:"event"`
+	Event string `json:"event"`
+	// Kind tells a resume event's cause: "restored" (from a snapshot: a
+	// resume or a fork) or "unpaused" (continued from the paused tier: the
+	// same generation, the clocks jumped); "" from an agent that predates it.
+	// Hooks run, and registered connections are dropped, for both.
+	Kind       string `json:"kind,omitempty"`
 	Generation int64  `json:"generation"`
 	// Forked is true in a clone: the first resume of a sandbox made by a fork.
 	Forked bool `json:"forked,omitempty"`
@@ -66,6 +71,7 @@ type Event struct {
 
 type wireEvent struct {
 	Event      string `json:"event"`
+	Kind       string `json:"kind"`
 	Generation int64  `json:"generation"`
 	Forked     bool   `json:"forked"`
 	HostTime   string `json:"host_time"`
@@ -79,7 +85,7 @@ func ParseEvent(line []byte) (Event, error) {
 	if err := json.Unmarshal(line, &w); err != nil {
 		return Event{}, fmt.Errorf("resume: bad event %q: %w", strings.TrimSpace(string(line)), err)
 	}
-	ev := Event{Event: w.Event, Generation: w.Generation, Forked: w.Forked, SnapshotID: w.SnapshotID, Seq: w.Seq}
+	ev := Event{Event: w.Event, Kind: w.Kind, Generation: w.Generation, Forked: w.Forked, SnapshotID: w.SnapshotID, Seq: w.Seq}
 	if w.HostTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, w.HostTime)
 		if err != nil {

@@ -67,13 +67,16 @@ def _path(name):
 
 
 class ResumeEvent(object):
-    """One resume event: ``generation``, ``forked``, ``host_time`` (an aware
+    """One resume event: ``kind`` ("restored" after a resume or fork,
+    "unpaused" after the paused tier: same generation, the clocks jumped; ""
+    from an older agent), ``generation``, ``forked``, ``host_time`` (an aware
     datetime or None), ``snapshot_id``, ``seq`` and the decoded ``raw`` dict."""
 
-    __slots__ = ("generation", "forked", "host_time", "snapshot_id", "seq", "raw")
+    __slots__ = ("kind", "generation", "forked", "host_time", "snapshot_id", "seq", "raw")
 
     def __init__(self, raw):
         self.raw = raw
+        self.kind = raw.get("kind") or ""
         self.generation = int(raw.get("generation") or 0)
         self.forked = bool(raw.get("forked"))
         self.host_time = _parse_time(raw.get("host_time"))
@@ -81,8 +84,8 @@ class ResumeEvent(object):
         self.seq = int(raw.get("seq") or 0)
 
     def __repr__(self):
-        return "ResumeEvent(generation=%d, forked=%r, snapshot_id=%r, seq=%d)" % (
-            self.generation, self.forked, self.snapshot_id, self.seq)
+        return "ResumeEvent(kind=%r, generation=%d, forked=%r, snapshot_id=%r, seq=%d)" % (
+            self.kind, self.generation, self.forked, self.snapshot_id, self.seq)
 
 
 def _parse_time(s):
