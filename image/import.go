@@ -45,8 +45,9 @@ const (
 //
 // Errors wrap ErrInvalid for a bad name, for input that is not a tar archive
 // ("import foo: not a tar archive: …"), and for archives with entries that
-// would escape the root (".." components) or are otherwise unusable. Imports of
-// the same name run one at a time; the name's old image file stays in the store.
+// would escape the root (".." components), are sparse files or are otherwise
+// unusable. Imports of the same name run one at a time; the name's old image
+// file stays in the store.
 func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress io.Writer) (sandbox.Image, error) {
 	if !ValidName(name) {
 		return sandbox.Image{}, invalidf("import %q: invalid name (want %s)", name, nameRE)
