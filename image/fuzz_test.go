@@ -218,3 +218,16 @@ func TestImportRefusesSparseFiles(t *testing.T) {
 		t.Fatal("the refused import left an image")
 	}
 }
+
+// A gzip stream whose deflate data is corrupt failed the import with an
+// internal error ("receive archive: flate: corrupt input"), a 500, where every
+// other bad upload is ErrInvalid, a 400 (found by FuzzImportArchive).
+func TestImportCorruptDeflateIsInvalid(t *testing.T) {
+	s := newStore(t)
+	// A gzip header, then a deflate block of the reserved type 3.
+	bad := []byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0x07, 0, 0, 0, 0}
+	_, err := s.Import(context.Background(), "bad", bytes.NewReader(bad), nil)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "corrupt gzip data") {
+		t.Fatalf("Import: %v, want ErrInvalid saying the gzip data is corrupt", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -164,7 +165,8 @@ func spoolTar(ctx context.Context, r io.Reader, dst string) (int64, error) {
 		err = cerr
 	}
 	if err != nil {
-		if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) {
+		var corrupt flate.CorruptInputError
+		if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &corrupt) {
 			return n, invalidf("not a tar archive: corrupt gzip data: %v", err)
 		}
 		return n, fmt.Errorf("receive archive: %w", err)
