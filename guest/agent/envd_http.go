@@ -149,6 +149,18 @@ type writtenFile struct {
 	Type string `json:"type"`
 }
 
+// gzipBody is a gzip-encoded upload's body: its corrupt or cut data is the
+// request's error (400), not the agent's.
+type gzipBody struct{ r io.Reader }
+
+func (b gzipBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("gzip body: %w", err))
+	}
+	return n, err
+}
+
 // handlePostFiles writes files (envd's POST /files?path=&username=): the body
 // of an application/octet-stream request is the file at ?path=; a
 // multipart/form-data body carries one file per "file" part, at ?path= or, when
@@ -170,7 +182,7 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer gz.Close()
-		body = gz
+		body = gzipBody{gz}
 	}
 	query := r.URL.Query()
 	hasPath := query.Has("path") && query.Get("path") != ""

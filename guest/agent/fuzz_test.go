@@ -135,3 +135,20 @@ func gzipped(s string) []byte {
 	zw.Close()
 	return b.Bytes()
 }
+
+// A gzip-encoded upload whose deflate data is corrupt was answered 500 with
+// flate's error, as if the agent had failed (found by FuzzAgentRequest); it
+// is the request's error, 400.
+func TestEnvdCorruptGzipUploadIs400(t *testing.T) {
+	dir := t.TempDir()
+	srv := newServer(Options{Root: dir, Env: map[string]string{}, Log: log.New(&bytes.Buffer{}, "", 0)})
+	body := append(gzipped("a file")[:10], 0x07, 0, 0, 0) // a deflate block of the reserved type 3
+	req := httptest.NewRequest("POST", "/envd/files?path=/z&username=root", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Content-Encoding", "gzip")
+	rec := httptest.NewRecorder()
+	srv.handler().ServeHTTP(rec, req)
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "gzip body: flate: corrupt input") {
+		t.Fatalf("%d %s, want 400 naming the corrupt gzip body", rec.Code, rec.Body.Bytes())
+	}
+}
