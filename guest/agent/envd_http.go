@@ -149,14 +149,17 @@ type writtenFile struct {
 	Type string `json:"type"`
 }
 
-// gzipBody is a gzip-encoded upload's body: its corrupt or cut data is the
-// request's error (400), not the agent's.
-type gzipBody struct{ r io.Reader }
+// uploadBody is an upload's gzip stream or multipart part: its corrupt or cut
+// data is the request's error (400), not the agent's; what names it.
+type uploadBody struct {
+	r    io.Reader
+	what string
+}
 
-func (b gzipBody) Read(p []byte) (int, error) {
+func (b uploadBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {
-		err = connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("gzip body: %w", err))
+		err = connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %w", b.what, err))
 	}
 	return n, err
 }
@@ -182,7 +185,7 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer gz.Close()
-		body = gzipBody{gz}
+		body = uploadBody{gz, "gzip body"}
 	}
 	query := r.URL.Query()
 	hasPath := query.Has("path") && query.Get("path") != ""
@@ -245,7 +248,7 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			ok := write(path, part)
+			ok := write(path, uploadBody{part, "multipart part"})
 			part.Close()
 			if !ok {
 				return

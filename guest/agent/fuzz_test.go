@@ -142,19 +142,32 @@ func gzipped(s string) []byte {
 	return b.Bytes()
 }
 
-// A gzip-encoded upload whose deflate data is corrupt was answered 500 with
-// flate's error, as if the agent had failed (found by FuzzAgentRequest); it
-// is the request's error, 400.
-func TestEnvdCorruptGzipUploadIs400(t *testing.T) {
-	dir := t.TempDir()
-	srv := newServer(Options{Root: dir, Env: map[string]string{}, Log: log.New(&bytes.Buffer{}, "", 0)})
-	body := append(gzipped("a file")[:10], 0x07, 0, 0, 0) // a deflate block of the reserved type 3
-	req := httptest.NewRequest("POST", "/envd/files?path=/z&username=root", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/octet-stream")
-	req.Header.Set("Content-Encoding", "gzip")
-	rec := httptest.NewRecorder()
-	srv.handler().ServeHTTP(rec, req)
-	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "gzip body: flate: corrupt input") {
-		t.Fatalf("%d %s, want 400 naming the corrupt gzip body", rec.Code, rec.Body.Bytes())
+// An upload whose gzip data is corrupt, or whose multipart part is cut, was
+// answered 500 with the reader's error, as if the agent had failed (found by
+// FuzzAgentRequest); it is the request's error, 400, naming the part.
+func TestEnvdBadUploadBodyIs400(t *testing.T) {
+	for name, c := range map[string]struct {
+		ctype, encoding string
+		body            []byte
+		want            string
+	}{
+		"corrupt gzip": {"application/octet-stream", "gzip", append(gzipped("a file")[:10], 0x07, 0, 0, 0), // a deflate block of the reserved type 3
+			"gzip body: flate: corrupt input"},
+		"cut multipart part": {"multipart/form-data; boundary=b", "",
+			[]byte("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\nhalf a fi"), "multipart part: unexpected EOF"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newServer(Options{Root: t.TempDir(), Env: map[string]string{}, Log: log.New(&bytes.Buffer{}, "", 0)})
+			req := httptest.NewRequest("POST", "/envd/files?path=/z&username=root", bytes.NewReader(c.body))
+			req.Header.Set("Content-Type", c.ctype)
+			if c.encoding != "" {
+				req.Header.Set("Content-Encoding", c.encoding)
+			}
+			rec := httptest.NewRecorder()
+			srv.handler().ServeHTTP(rec, req)
+			if rec.Code != 400 || !strings.Contains(rec.Body.String(), c.want) {
+				t.Fatalf("%d %s, want 400 saying %q", rec.Code, rec.Body.Bytes(), c.want)
+			}
+		})
 	}
 }
