@@ -40,6 +40,10 @@ func TestE2BBaseImage(t *testing.T) {
 		{`runuser -u user -- sudo -n id -u`, "0\n"},
 		{`runuser -u user -- sh -c 'cd && touch made /usr/local/bin/made && stat -c %U made /usr/local/bin/made'`, "user\nuser\n"},
 		{`node -e 'console.log(6 * 7)' && python3 -c 'print(6 * 7)'`, "42\n42\n"},
+		// POSIX shared memory, as Linux mounts /dev/shm: every user may write
+		// there (Python's multiprocessing needs it for its locks).
+		{`stat -c %a /dev/shm && runuser -u user -- sh -c 'touch /dev/shm/x && stat -c %U /dev/shm/x' &&
+			runuser -u user -- python3 -c 'import multiprocessing as m; l = m.Lock(); print(l.acquire())'`, "1777\nuser\nTrue\n"},
 	} {
 		if got := sh(t, c, sb.ID, c2.script); got != c2.want {
 			t.Errorf("%s:\n got %q\nwant %q", c2.script, got, c2.want)
@@ -71,5 +75,8 @@ func TestE2BBaseImage(t *testing.T) {
 	}
 	if got := sh(t, c, sb.ID, `runuser -u user -- sudo -n id -u && stat -c %U /home/user/made`); got != "0\nuser\n" {
 		t.Errorf("after resume: sudo and the user's file: %q", got)
+	}
+	if got := sh(t, c, sb.ID, `stat -c %a /dev/shm && runuser -u user -- sh -c 'touch /dev/shm/y && ls /dev/shm'`); got != "1777\nx\ny\n" {
+		t.Errorf("after resume: /dev/shm as the user: %q, want mode 1777 with x kept and y made", got)
 	}
 }

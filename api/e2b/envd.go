@@ -10,6 +10,8 @@ import (
 	"net/http/httputil"
 	"sync"
 
+	"connectrpc.com/connect"
+
 	"github.com/torpor/torpor/guest/agentclient"
 )
 
@@ -27,8 +29,9 @@ import (
 // The connections are kept in s.envd until closed, so that pause can cut
 // them (cutEnvd).
 //
-// Errors are E2B's {"code", "message"}: 501 when the sandbox's agent predates
-// envd (a sandbox made or hibernated by an older torpor), else StatusOf's.
+// Errors are E2B's {"code", "message"} (an RPC's in its protocol, see
+// refuse): 501 (unimplemented) when the sandbox's agent predates envd (a
+// sandbox made or hibernated by an older torpor), else failInSandbox's.
 func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	tr := agentclient.NewEnvdTransport(func(ctx context.Context) (net.Conn, error) {
 		c, err := s.cfg.Manager.DialAgent(ctx, id)
@@ -50,7 +53,7 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, agentclient.ErrNoEnvd) {
-				replyError(w, http.StatusNotImplemented, fmt.Sprintf("%v; a sandbox made by this server's torpor serves envd (the commands, files and PTY of E2B's SDKs); torpor's own API still reaches this one", err))
+				refuse(w, r, http.StatusNotImplemented, connect.CodeUnimplemented, fmt.Sprintf("%v; a sandbox made by this server's torpor serves envd (the commands, files and PTY of E2B's SDKs); torpor's own API still reaches this one", err))
 				return
 			}
 			s.failInSandbox(w, r, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -32,8 +33,10 @@ var controlBodies = []struct {
 	}},
 	{"timeout", func() any { return &TimeoutRequest{} }, false, func(t *testing.T, v any) {
 		r := v.(*TimeoutRequest)
-		if _, err := r.TTL(); (err == nil) != (r.Timeout != nil && *r.Timeout >= 0) {
-			t.Fatalf("timeout %v: TTL error %v", r.Timeout, err)
+		if _, err := r.TTL(); r.Timeout == nil && err == nil {
+			t.Fatal("no timeout accepted: it is required")
+		} else if r.Timeout != nil {
+			checkTTL(t, r.Timeout, r.TTL)
 		}
 	}},
 	{"pause", func() any { return &PauseRequest{} }, true, func(t *testing.T, v any) { v.(*PauseRequest).KeepsMemory() }},
@@ -53,12 +56,22 @@ var controlBodies = []struct {
 	}},
 }
 
-// checkTTL checks that a time to live is refused exactly when it is negative.
+// checkTTL checks a time to live: DefaultTimeout when left out, else the
+// timeout's seconds, never more than MaxTimeout; a refusal names the timeout.
 func checkTTL(t *testing.T, timeout *int32, ttl func() (time.Duration, error)) {
 	t.Helper()
 	d, err := ttl()
-	if (err != nil) != (timeout != nil && *timeout < 0) {
-		t.Fatalf("timeout %v: TTL %v, error %v", timeout, d, err)
+	switch {
+	case err != nil:
+		if timeout == nil || !strings.Contains(err.Error(), "timeout") {
+			t.Fatalf("timeout %v: refused with %v", timeout, err)
+		}
+	case timeout == nil:
+		if d != DefaultTimeout {
+			t.Fatalf("no timeout: TTL %v", d)
+		}
+	case d != time.Duration(*timeout)*time.Second || d < 0 || d > MaxTimeout:
+		t.Fatalf("timeout %d: TTL %v", *timeout, d)
 	}
 }
 
@@ -74,10 +87,11 @@ func FuzzControlBody(f *testing.F) {
 	f.Add(uint8(3), []byte(`{"timeout":300,"memory":true}`))
 	f.Add(uint8(4), []byte(`{"name":"snap"}`))
 	f.Add(uint8(5), []byte(`{"timeout":300,"count":2}`))
+	svc := &Service{log: slog.New(slog.DiscardHandler)}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		cb := controlBodies[int(which)%len(controlBodies)]
 		v := cb.new()
-		err := decodeBody(httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body)), v, cb.allowEmpty)
+		err := svc.decodeBody(httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body)), v, cb.allowEmpty)
 		if err != nil {
 			if StatusOf(err) != http.StatusBadRequest || err.Error() == "" {
 				t.Fatalf("%s: refused with %d %q, want 400 and a message", cb.name, StatusOf(err), err)
@@ -98,7 +112,7 @@ func FuzzControlBody(f *testing.F) {
 			t.Fatalf("%s: accepted %q, which does not encode: %v", cb.name, body, err)
 		}
 		v2 := cb.new()
-		if err := decodeBody(httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(enc)), v2, cb.allowEmpty); err != nil {
+		if err := svc.decodeBody(httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(enc)), v2, cb.allowEmpty); err != nil {
 			t.Fatalf("%s: accepted %q but not its encoding %s: %v", cb.name, body, enc, err)
 		}
 		if enc2, _ := json.Marshal(v2); !bytes.Equal(enc, enc2) {

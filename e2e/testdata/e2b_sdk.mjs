@@ -254,6 +254,20 @@ for _ in sys.stdin: print("value", v)'`, { background: true, stdin: true, onStdo
   }
 });
 
+await check("/dev/shm is writable by user, also after pause and connect", async () => {
+  const m = await Sandbox.create("base");
+  try {
+    const r = await m.commands.run("stat -c %a /dev/shm; touch /dev/shm/x; python3 -c 'import multiprocessing as m; print(m.Lock().acquire())'");
+    assert(r.stdout === "1777\nTrue\n", `as user: ${JSON.stringify(r.stdout)}`);
+    assert((await m.pause()) === true, "pause did not return true");
+    const c = await Sandbox.connect(m.sandboxId);
+    const again = await c.commands.run("touch /dev/shm/y; ls /dev/shm");
+    assert(again.stdout === "x\ny\n", `after the connect: ${JSON.stringify(again.stdout)}`);
+  } finally {
+    await m.kill();
+  }
+});
+
 await check("setTimeout", async () => {
   await sbx.setTimeout(60_000);
   const left = (await sbx.getInfo()).endAt.getTime() - Date.now();
@@ -321,6 +335,30 @@ await check("isRunning: true running, false paused (not woken) and killed; calls
   assert((await s.isRunning()) === false, "isRunning of a killed sandbox is not false");
   const e = await s.files.read("/etc/hostname").then(() => null, (err) => err);
   assert(e && e.name !== "FileNotFoundError", `files.read on a killed sandbox: ${e && e.name}: ${e && e.message}`);
+});
+
+await check("envd calls to a paused (no autoResume) or killed sandbox: the SDK's error classes, with the reason", async () => {
+  const s = await Sandbox.create("base");
+  const bg = await s.commands.run("sleep 600", { background: true });
+  const caught = (p) => p.then(() => null, (e) => e);
+  const describe = (e) => (e ? `${e.constructor.name}: ${e.message}` : "no error");
+  assert((await s.pause()) === true, "pause did not return true");
+  // Paused: a SandboxError (not a NotFoundError, not false) naming autoResume.
+  for (const [what, p] of [["commands.run", caught(s.commands.run("true"))], ["files.list", caught(s.files.list("/"))],
+    ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.SandboxError && !(e instanceof sdk.NotFoundError) && e.message.includes("autoResume"), `${what} on a paused sandbox: ${describe(e)}`);
+  }
+  assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "the refused calls woke the sandbox");
+  assert((await s.kill()) === true, "kill did not return true");
+  // Killed: commands raise SandboxNotFoundError; other calls the SDK's
+  // not-running TimeoutError, with the server's message; none answers false.
+  const run = await caught(s.commands.run("true"));
+  assert(run instanceof sdk.SandboxNotFoundError, `commands.run on a killed sandbox: ${describe(run)}`);
+  for (const [what, p] of [["files.list", caught(s.files.list("/"))], ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.TimeoutError && e.message.includes(s.sandboxId), `${what} on a killed sandbox: ${describe(e)}`);
+  }
 });
 
 await check("kill twice (second false)", async () => {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
 	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "version"}
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "version"}
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`
@@ -80,19 +81,19 @@ func sandboxValues(s *metadata.Sandbox) []any {
 		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
 		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume,
 		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.Version}
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.PidsLimit, networkColumn(p.Network), s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	var s metadata.Sandbox
-	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt, md string
+	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt, md, network string
 	var lastH, lastR sql.NullString
 	p, mt := &s.Policy, &s.Meter
 	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
 		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
 		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.Version)
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &s.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +134,29 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	if t, err := time.Parse(time.RFC3339Nano, expiresAt); err == nil {
 		p.ExpiresAt = &t
 	}
+	if network != "" {
+		var n networkJSON
+		if json.Unmarshal([]byte(network), &n) == nil {
+			p.Network = sandbox.Network{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+		}
+	}
 	return &s, nil
+}
+
+// networkJSON is how a sandbox.Network is stored (column network; ” = the
+// zero Network).
+type networkJSON struct {
+	InternetAccess bool           `json:"internet_access"`
+	AllowOut       []netip.Prefix `json:"allow_out,omitempty"`
+	DenyOut        []netip.Prefix `json:"deny_out,omitempty"`
+}
+
+func networkColumn(n sandbox.Network) string {
+	if !n.InternetAccess && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(networkJSON{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
+	return string(b)
 }
 
 // volumeMountJSON is how a sandbox.VolumeMount is stored (column volumes).
