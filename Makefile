@@ -4,6 +4,7 @@
 #   make test    setup + build + go test (real runsc sandboxes; run as root)
 #   make run     setup + build + the quickstart
 #   make bench   the resume benchmark (20 cycles at 64 MiB and 512 MiB)
+#   make fuzz    every fuzz target for FUZZTIME (default 60s), one after another (docs/fuzzing.md)
 #   make proto   regenerate the E2B envd Go code in api/e2b/envd/gen from its .proto files
 
 # runsc has no tagged versions on the Go module proxy; this pseudo-version is pinned
@@ -20,7 +21,7 @@ export PATH   := $(CURDIR)/bin:$(TOOLS)/bin:/usr/local/go/bin:$(PATH)
 export TORPOR_RUNSC := $(RUNSC)
 export TORPOR_VERSITYGW := $(VERSITYGW)
 
-.PHONY: setup build test run bench clean packages node-packages proto
+.PHONY: setup build test run bench fuzz clean packages node-packages proto
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
 # torpor binaries, and the built-in images in the host's build cache
@@ -85,6 +86,30 @@ run: setup
 
 bench: setup
 	bash scripts/bench.sh --cycles 20 --working-set 64MiB,512MiB
+
+# fuzz: each decoder of outside bytes fuzzed for FUZZTIME in turn (their seed
+# corpora, testdata/fuzz/, run in every `make test`). New inputs that widen
+# coverage go to Go's fuzz cache; a failing one is written to the package's
+# testdata/fuzz/<target>/ and the run stops. FUZZFLAGS adds go test flags, e.g.
+# -parallel=1 on a shared host; minimizing each new input is capped at 2 s so
+# the time goes to new inputs.
+FUZZTIME  ?= 60s
+FUZZFLAGS ?=
+FUZZ_TARGETS := \
+	./snapshot/chunked:FuzzManifest ./snapshot/chunked:FuzzPackIndex ./snapshot/chunked:FuzzChunker \
+	./snapshot/local:FuzzManifest \
+	./image:FuzzExtractTar ./image:FuzzImportArchive \
+	./server:FuzzRequestBody \
+	./api/e2b:FuzzControlBody ./api/e2b:FuzzListQuery ./api/e2b:FuzzRoute \
+	./guest/agent:FuzzAgentRequest ./guest/agentclient:FuzzAgentAnswers \
+	./sdk/go/resume:FuzzJournal ./sdk/go/resume:FuzzParseEvent \
+	./apikey:FuzzKeyHeaders
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t#*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=2s $(FUZZFLAGS) $$pkg; \
+	done
 
 clean:
 	rm -rf bin

@@ -44,7 +44,8 @@ func cleanEntryName(name string) (string, error) {
 // error wrapping ErrInvalid. It keeps modes (incl. setuid, setgid, sticky),
 // ownership (when run as root) and modification times, and creates
 // directories, regular files, symlinks and hard links. Device nodes and fifos
-// are skipped (and listed in the stats). A later entry replaces an earlier one
+// are skipped (and listed in the stats); a sparse file is an error wrapping
+// ErrInvalid (its holes would be written out as zeros, whatever its size). A later entry replaces an earlier one
 // of the same path, as in tar. Errors from reading r that show it is not a tar
 // archive wrap ErrInvalid, as do entries whose path leads out of dir through a
 // symlink of the archive (esc -> /tmp, then esc/file), which os.Root refuses.
@@ -86,6 +87,11 @@ func extractTar(ctx context.Context, r io.Reader, dir string) (st extractStats, 
 			return st, fmt.Errorf("read tar: %w", err)
 		}
 		st.Entries++
+		if isSparse(hdr) {
+			// Its holes read as zeros: a few KiB of archive could write a
+			// file of any size (2^40 bytes filled the disk).
+			return st, invalidf("entry %q: a sparse file (%d bytes): image archives must not hold sparse files (OCI image spec); archive it without --sparse", hdr.Name, hdr.Size)
+		}
 		name, err := cleanEntryName(hdr.Name)
 		if err != nil {
 			return st, err
@@ -123,7 +129,7 @@ func extractTar(ctx context.Context, r io.Reader, dir string) (st extractStats, 
 				}
 			}
 			dirTimes = append(dirTimes, dirTime{name, hdr.ModTime})
-		case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+		case tar.TypeReg, tar.TypeRegA:
 			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 			if err != nil {
 				return st, fmt.Errorf("entry %q: %w", hdr.Name, err)
@@ -194,6 +200,20 @@ func extractTar(ctx context.Context, r io.Reader, dir string) (st extractStats, 
 		}
 	}
 	return st, nil
+}
+
+// isSparse says whether hdr is a sparse file: GNU's old format or PAX's
+// GNU.sparse records (formats 0.0 to 1.0).
+func isSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // escapesRoot reports whether err is os.Root's refusal of a path that leaves

@@ -54,7 +54,7 @@ type tarEntry struct {
 	uid, gid         int
 }
 
-func makeTar(t *testing.T, entries []tarEntry) []byte {
+func makeTar(t testing.TB, entries []tarEntry) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -364,7 +364,7 @@ func TestImportRejects(t *testing.T) {
 
 // testImage is a two-layer image: the second layer deletes /a/old (whiteout)
 // and adds /a/new.
-func testImage(t *testing.T) v1.Image {
+func testImage(t testing.TB) v1.Image {
 	t.Helper()
 	layer := func(entries []tarEntry) v1.Layer {
 		data := makeTar(t, entries)

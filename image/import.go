@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -45,8 +46,9 @@ const (
 //
 // Errors wrap ErrInvalid for a bad name, for input that is not a tar archive
 // ("import foo: not a tar archive: …"), and for archives with entries that
-// would escape the root (".." components) or are otherwise unusable. Imports of
-// the same name run one at a time; the name's old image file stays in the store.
+// would escape the root (".." components), are sparse files or are otherwise
+// unusable. Imports of the same name run one at a time; the name's old image
+// file stays in the store.
 func (s *Store) Import(ctx context.Context, name string, r io.Reader, progress io.Writer) (sandbox.Image, error) {
 	if !ValidName(name) {
 		return sandbox.Image{}, invalidf("import %q: invalid name (want %s)", name, nameRE)
@@ -163,7 +165,8 @@ func spoolTar(ctx context.Context, r io.Reader, dst string) (int64, error) {
 		err = cerr
 	}
 	if err != nil {
-		if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) {
+		var corrupt flate.CorruptInputError
+		if errors.Is(err, gzip.ErrChecksum) || errors.Is(err, gzip.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &corrupt) {
 			return n, invalidf("not a tar archive: corrupt gzip data: %v", err)
 		}
 		return n, fmt.Errorf("receive archive: %w", err)

@@ -198,7 +198,9 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 	if err := dec.Decode(v); err != nil {
 		return invalidArgument("malformed JSON body: %v", err)
 	}
-	if dec.More() {
+	// Anything but white space after the object is an error; More alone
+	// passed a stray "}" or "]" ("{}}").
+	if _, err := dec.Token(); err != io.EOF {
 		return invalidArgument("malformed JSON body: data after the object")
 	}
 	return nil

@@ -159,6 +159,21 @@ type writtenFile struct {
 	Metadata map[string]string `json:"metadata,omitempty"` // as read back from the file
 }
 
+// uploadBody is an upload's gzip stream or multipart part: its corrupt or cut
+// data is the request's error (400), not the agent's; what names it.
+type uploadBody struct {
+	r    io.Reader
+	what string
+}
+
+func (b uploadBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %w", b.what, err))
+	}
+	return n, err
+}
+
 // handlePostFiles writes files (envd's POST /files?path=&username=): the body
 // of an application/octet-stream request is the file at ?path=; a
 // multipart/form-data body carries one file per "file" part, at ?path= or, when
@@ -186,7 +201,7 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer gz.Close()
-		body = gz
+		body = uploadBody{gz, "gzip body"}
 	}
 	query := r.URL.Query()
 	hasPath := query.Has("path") && query.Get("path") != ""
@@ -255,7 +270,7 @@ func (e *envd) handlePostFiles(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			ok := write(path, part)
+			ok := write(path, uploadBody{part, "multipart part"})
 			part.Close()
 			if !ok {
 				return

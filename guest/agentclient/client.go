@@ -135,7 +135,11 @@ func errorFrom(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var eb proto.ErrorBody
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
-		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		msg := eb.Error.Message
+		if msg == "" {
+			msg = resp.Status // an error that says nothing still names its status
+		}
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: msg}
 	}
 	code := proto.CodeInternal
 	switch resp.StatusCode {

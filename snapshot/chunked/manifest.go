@@ -90,6 +90,21 @@ func checkDoc(id string, d doc) error {
 			strings.ContainsAny(fc.Name, "/\x00") || fc.Name == "." || fc.Name == ".." {
 			return &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "chunk list of " + fc.Name + " does not match its digest"}
 		}
+		// The digest is only a hash of the list: check what Open sizes its
+		// buffers and files by (a chunk of 2^40 bytes, or a size the chunks do
+		// not add up to, must fail here).
+		var size int64
+		for j, r := range fc.Chunks {
+			if r.Len <= 0 || r.Len > maxChunk || (r.ID != "" && !validChunkID(r.ID)) {
+				return &snapshot.CorruptError{Snapshot: id, File: "manifest.json",
+					Reason: fmt.Sprintf("%s: chunk %d: id %q, %d bytes (want a sha256 id or none, 1 to %d bytes)", fc.Name, j, r.ID, r.Len, maxChunk)}
+			}
+			size += r.Len
+		}
+		if size != d.Manifest.Files[i].Bytes {
+			return &snapshot.CorruptError{Snapshot: id, File: "manifest.json",
+				Reason: fmt.Sprintf("%s: chunks add up to %d bytes, the manifest says %d", fc.Name, size, d.Manifest.Files[i].Bytes)}
+		}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"path"
 	"strings"
 	"sync"
@@ -222,11 +223,30 @@ func readIndex(ctx context.Context, b Backend, id string) ([]indexEntry, error) 
 		return nil, fmt.Errorf("pack %s: index: %w", id, err)
 	}
 	for _, e := range x.Chunks {
-		if len(e.ID) != 64 || e.Off < 0 || e.Len <= 0 {
-			return nil, fmt.Errorf("pack %s: index: bad entry %+v", id, e)
+		// Len bounds the read of the chunk (a buffer of Len bytes): an index
+		// claiming a terabyte chunk must fail here, not at the allocation.
+		if !validChunkID(e.ID) || e.Off < 0 || e.Len <= 0 || e.Len > maxStored || e.Off > math.MaxInt64-e.Len {
+			return nil, fmt.Errorf("pack %s: index: bad entry %+v (want a sha256 id, offset >= 0, 1 to %d bytes)", id, e, maxStored)
 		}
 	}
 	return x.Chunks, nil
+}
+
+// maxStored bounds a chunk's stored (zstd) size: zstd's worst case for an
+// incompressible chunk of maxChunk bytes is a few hundred bytes more.
+const maxStored = maxChunk + maxChunk/2
+
+// validChunkID says whether id is a chunk id: 64 lowercase hex digits (sha256).
+func validChunkID(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func validPackID(id string) bool {

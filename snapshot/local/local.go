@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/torpor/torpor/internal/atomicfile"
@@ -174,6 +175,13 @@ func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, err
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: err.Error()}
+	}
+	for _, f := range m.Files {
+		// Open and Verify read each file at dir/<name>: a name must not lead
+		// elsewhere ("../other/pages.img") or to the directory itself.
+		if f.Name == "" || f.Name == "." || f.Name == ".." || strings.ContainsAny(f.Name, "/\x00") {
+			return m, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: fmt.Sprintf("file name %q is not a name in the snapshot's directory", f.Name)}
+		}
 	}
 	return m, nil
 }
