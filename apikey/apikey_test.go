@@ -431,7 +431,12 @@ func TestRequire(t *testing.T) {
 	}), FromXAPIKey, func(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 	})
-	for k, want := range map[string]int{key: http.StatusNoContent, "": http.StatusUnauthorized, key[:43] + "0": http.StatusUnauthorized} {
+	// A key that differs from the real one in its last digit (whatever that is).
+	last := "0"
+	if key[43:] == "0" {
+		last = "1"
+	}
+	for k, want := range map[string]int{key: http.StatusNoContent, "": http.StatusUnauthorized, key[:43] + last: http.StatusUnauthorized} {
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("X-API-KEY", k)
 		w := httptest.NewRecorder()
