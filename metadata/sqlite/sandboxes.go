@@ -3,13 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/internal/columns"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -39,65 +39,40 @@ var (
 
 // sandboxValues are s's column values in the order of sandboxCols.
 func sandboxValues(s *metadata.Sandbox) []any {
-	env, _ := json.Marshal(s.Env)
-	lastResume := ""
-	if s.LastResume != nil {
-		b, _ := json.Marshal(toResumeJSON(s.LastResume))
-		lastResume = string(b)
-	}
+	j := columns.Encode(s)
 	p, mt := s.Policy, s.Meter
-	onResume, volumes := "", ""
-	if len(p.OnResume) > 0 {
-		b, _ := json.Marshal(p.OnResume)
-		onResume = string(b)
-	}
-	if len(p.Volumes) > 0 {
-		b, _ := json.Marshal(volumesJSON(p.Volumes))
-		volumes = string(b)
-	}
 	usageAt := ""
 	if !mt.UsageAt.IsZero() {
 		usageAt = ts(mt.UsageAt)
 	}
-	mode := p.HibernationMode
-	if mode == "" {
-		mode = sandbox.ModeMemory
-	}
-	onTimeout := p.OnTimeout
-	if onTimeout == "" {
-		onTimeout = sandbox.OnTimeoutHibernate
-	}
+	mode, onTimeout := columns.Policy(p)
 	expires := ""
 	if p.ExpiresAt != nil {
 		expires = ts(*p.ExpiresAt)
 	}
-	md := ""
-	if len(s.Metadata) > 0 {
-		b, _ := json.Marshal(s.Metadata)
-		md = string(b)
-	}
-	return []any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
+	return []any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, j.Env,
 		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
-		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume,
-		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.Version}
+		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, j.LastResume,
+		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, j.OnResume, j.Volumes,
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, j.Metadata, p.ResumeOnRequest, s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	var s metadata.Sandbox
-	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt, md string
+	var j columns.Sandbox
+	var state, created, changed, usageAt, expiresAt string
 	var lastH, lastR sql.NullString
 	p, mt := &s.Policy, &s.Meter
-	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
+	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &j.Env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
-		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
-		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.Version)
+		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &j.LastResume,
+		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &j.OnResume, &j.Volumes,
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &j.Metadata, &p.ResumeOnRequest, &s.Version)
 	if err != nil {
 		return nil, err
 	}
 	s.State = sandbox.State(state)
-	_ = json.Unmarshal([]byte(env), &s.Env)
+	j.Decode(&s)
 	s.CreatedAt, s.StateChangedAt = parseTS(created), parseTS(changed)
 	if lastH.Valid {
 		t := parseTS(lastH.String)
@@ -107,47 +82,13 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 		t := parseTS(lastR.String)
 		s.LastResumeAt = &t
 	}
-	if lastResume != "" {
-		var rep resumeJSON
-		if json.Unmarshal([]byte(lastResume), &rep) == nil {
-			s.LastResume = rep.report()
-		}
-	}
-	if onResume != "" {
-		_ = json.Unmarshal([]byte(onResume), &p.OnResume)
-	}
-	if volumes != "" {
-		var vs []volumeMountJSON
-		if json.Unmarshal([]byte(volumes), &vs) == nil {
-			for _, v := range vs {
-				p.Volumes = append(p.Volumes, sandbox.VolumeMount(v))
-			}
-		}
-	}
 	if usageAt != "" {
 		mt.UsageAt = parseTS(usageAt)
-	}
-	if md != "" {
-		_ = json.Unmarshal([]byte(md), &s.Metadata)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, expiresAt); err == nil {
 		p.ExpiresAt = &t
 	}
 	return &s, nil
-}
-
-// volumeMountJSON is how a sandbox.VolumeMount is stored (column volumes).
-type volumeMountJSON struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-}
-
-func volumesJSON(vs []sandbox.VolumeMount) []volumeMountJSON {
-	out := make([]volumeMountJSON, len(vs))
-	for i, v := range vs {
-		out[i] = volumeMountJSON(v)
-	}
-	return out
 }
 
 // CreateSandbox implements metadata.Sandboxes.

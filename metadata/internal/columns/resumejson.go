@@ -1,4 +1,4 @@
-package sqlite
+package columns
 
 import "github.com/torpor/torpor/sandbox"
 
