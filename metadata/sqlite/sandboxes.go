@@ -15,11 +15,7 @@ import (
 
 // sandboxCols are the columns of a sandbox record, in the order of
 // sandboxValues and scanSandbox; id first.
-var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest", "memory_mib", "cpus", "env", "generation",
-	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
-	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
-	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "version"}
+var sandboxCols = columns.SandboxNames
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`

@@ -11,6 +11,14 @@ import (
 	"github.com/torpor/torpor/sandbox"
 )
 
+// SandboxNames are the columns of the sandboxes table in the order the
+// stores write and read them: id first, version last.
+var SandboxNames = []string{"id", "state", "image", "image_digest", "guest_digest", "memory_mib", "cpus", "env", "generation",
+	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
+	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
+	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "version"}
+
 // Sandbox are a sandbox record's JSON columns. Env is always set (JSON null
 // for a nil map); the others are "" for none.
 type Sandbox struct {
