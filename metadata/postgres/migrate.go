@@ -2,11 +2,9 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/torpor/torpor/metadata/internal/migration"
 )
@@ -17,7 +15,7 @@ import (
 // PostgreSQL's types). Open applies those the database does not have yet,
 // in order, each in its own transaction together with its row in table
 // schema_migrations (version, name, applied_at), so a database is always at
-// exactly one version: the highest row. Several hosts may start at once:
+// exactly one version: its highest row. Several hosts may start at once:
 // migrate holds an advisory lock while it reads and applies, so exactly one
 // of them applies each migration and the others find it done. A migration
 // once released is never edited; a change is a new file.
@@ -40,25 +38,24 @@ func SchemaVersion() int {
 	return len(ms)
 }
 
-// migrate applies the migrations the database lacks. Errors: a migration
-// failed (it is rolled back), or the database's version is higher than the
-// migrations known here (a newer torpor wrote it; an older one must not
-// write to it).
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// migrate applies the migrations db lacks. Errors: a migration failed (it
+// is rolled back), or db's version is higher than the migrations known here
+// (a newer torpor wrote it; an older one must not write to it).
+func migrate(ctx context.Context, db *sql.DB) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
 	}
-	conn, err := pool.Acquire(ctx)
+	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(migrateLockKey)); err != nil {
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, int64(migrateLockKey)); err != nil {
 		return fmt.Errorf("migrations: lock: %w", err)
 	}
-	defer conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, int64(migrateLockKey))
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	defer conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, int64(migrateLockKey))
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
@@ -70,24 +67,35 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("schema version %d is newer than this torpor's %d: the database was written by a newer torpor", have, len(ms))
 	}
 	for _, m := range ms[have:] {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
-			return err
-		})
-		if err != nil {
+		if err := apply(ctx, conn, m); err != nil {
 			return fmt.Errorf("migration %s: %w", m.Name, err)
 		}
 	}
 	return nil
 }
 
+// apply runs m and records it, in one transaction on conn.
+func apply(ctx context.Context, conn *sql.Conn, m migration.Migration) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 // schemaVersion is the highest version in schema_migrations (0: none).
-func schemaVersion(ctx context.Context, q querier) (int, error) {
+func schemaVersion(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+}) (int, error) {
 	var v int
-	if err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+	if err := q.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("schema version: %w", err)
 	}
 	return v, nil

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/postgres/pgtest"
@@ -73,7 +71,7 @@ func TestMigrations(t *testing.T) {
 		}
 	}
 	db := open(t, url)
-	rows, err := db.pool.Query(ctx, `SELECT version, name FROM schema_migrations ORDER BY version`)
+	rows, err := db.sql.QueryContext(ctx, `SELECT version, name FROM schema_migrations ORDER BY version`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,10 +79,15 @@ func TestMigrations(t *testing.T) {
 		Version int
 		Name    string
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
-	if err != nil {
-		t.Fatal(err)
+	var got []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.Version, &r.Name); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
 	}
+	rows.Close()
 	ms, _ := migrations()
 	if len(got) != len(ms) {
 		t.Fatalf("schema_migrations has %d rows (%v), want %d", len(got), got, len(ms))
@@ -96,10 +99,10 @@ func TestMigrations(t *testing.T) {
 	}
 	db.Close()
 	db = open(t, url)
-	if v, err := schemaVersion(ctx, db.pool); err != nil || v != len(ms) {
+	if v, err := schemaVersion(ctx, db.sql); err != nil || v != len(ms) {
 		t.Errorf("after reopen: version %d %v", v, err)
 	}
-	if _, err := db.pool.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, 'from-the-future.sql')`, len(ms)+1); err != nil {
+	if _, err := db.sql.ExecContext(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, 'from-the-future.sql')`, len(ms)+1); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()

@@ -1,4 +1,4 @@
-package columns
+package sqlstore
 
 import "github.com/torpor/torpor/sandbox"
 
