@@ -11,6 +11,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 	store.CacheBytes, store.OpenBytes, store.AsyncUpload = cacheBytes(cfg.CacheBytes), cacheBytes(cfg.OpenBytes), cfg.AsyncUpload
 	return server.Run(ctx, server.Config{
 		DataDir:          cfg.DataDir,
+		Database:         cfg.Database,
 		Listen:           cfg.Listen,
 		RunscPath:        cfg.RunscPath,
 		AgentPath:        cfg.AgentPath,

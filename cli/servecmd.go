@@ -17,7 +17,10 @@ import (
 
 // serveConfig is what `torpor serve` hands to server.Run (see serve.go).
 type serveConfig struct {
-	DataDir   string
+	DataDir string
+	// Database is the metadata database ("" = SQLite in DataDir, or a
+	// postgres:// URL; server.Config.Database).
+	Database  string
 	Listen    string
 	RunscPath string
 	AgentPath string
@@ -64,6 +67,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if _, err := server.ResolveAuth(server.AuthMode(cfg.Auth), cfg.Listen); err != nil {
 				return usageError{err}
 			}
+			if err := server.CheckDatabase(cfg.Database); err != nil {
+				return usageError{err}
+			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
@@ -72,6 +78,7 @@ func (a *app) serveCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
+	f.StringVar(&cfg.Database, "database", os.Getenv("TORPOR_DATABASE"), "metadata database: a PostgreSQL URL, postgres://user@host:port/dbname (password from PGPASSWORD or ~/.pgpass rather than the URL; docs/operations.md); default $TORPOR_DATABASE, else SQLite in the data directory")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")

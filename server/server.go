@@ -6,7 +6,7 @@
 //
 // Data directory layout (default /var/lib/torpor):
 //
-//	torpor.db        metadata (SQLite)
+//	torpor.db        metadata (SQLite; none with Config.Database PostgreSQL)
 //	store            the snapshot store kind the directory was set up with
 //	images/          content-addressed EROFS images
 //	chunks/          snapshot store (default): packs, manifests, opened snapshots, cache
@@ -43,13 +43,16 @@ import (
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
-	"github.com/torpor/torpor/metadata/sqlite"
 )
 
 // Config configures a server.
 type Config struct {
 	// DataDir holds everything the server keeps (default /var/lib/torpor).
 	DataDir string
+	// Database is the metadata database: "" for SQLite in DataDir/torpor.db,
+	// or a postgres:// URL (OpenDatabase). With PostgreSQL the data
+	// directory still holds images, snapshots and engine state.
+	Database string
 	// Listen is the API address (default 127.0.0.1:7070). New reads it only
 	// to resolve Auth; Run listens on it.
 	Listen string
@@ -102,7 +105,7 @@ type Server struct {
 	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
 	StoreKind  string
-	db         *sqlite.DB
+	db         metadata.Store
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	closeStore func() error
@@ -143,7 +146,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
+	db, err := openServerDatabase(ctx, dir, cfg.Database)
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -220,7 +223,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if authRequired {
 		s.handler = s.requireKeys(s.handler)
 		if keys, err := db.ListAPIKeys(ctx); err == nil && len(keys) == 0 {
-			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create --data-dir " + dir + "`")
+			where := "--data-dir " + dir
+			if cfg.Database != "" {
+				where = "--database URL (or TORPOR_DATABASE)"
+			}
+			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create " + where + "`")
 		}
 	}
 	// In-sandbox requests (E2B's routing) reach the sandbox whatever their

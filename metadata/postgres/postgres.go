@@ -108,10 +108,14 @@ func Open(ctx context.Context, connURL string) (*DB, error) {
 	return &DB{Store: sqlstore.New(db, dialect), sql: db}, nil
 }
 
-// Describe names a database for messages: postgres://user@host:port/database,
-// without a password.
+// Describe names a database for messages: postgres://user@host:port/database
+// (a socket directory: postgres://user@/database?host=/dir), without a
+// password.
 func Describe(c *pgx.ConnConfig) string {
 	u := url.URL{Scheme: "postgres", User: url.User(c.User), Host: fmt.Sprintf("%s:%d", c.Host, c.Port), Path: "/" + c.Database}
+	if strings.HasPrefix(c.Host, "/") {
+		u.Host, u.RawQuery = "", "host="+c.Host
+	}
 	return u.String()
 }
 
