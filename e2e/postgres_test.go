@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/metadata/postgres"
+	"github.com/torpor/torpor/metadata/postgres/pgtest"
+	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/workload"
+)
+
+// serveProcess is a `torpor serve` process started by a test.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	done chan error
+	url  string
+	log  string
+}
+
+// torporBinary builds cmd/torpor from this checkout into the test's
+// temporary directory.
+func torporBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "torpor")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/torpor")
+	build.Dir = servertest.Root()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build torpor: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// freeAddr is a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// serve starts `bin serve args…` on a free loopback port (its log in
+// logPath) and waits until /healthz answers; it fails the test if the
+// process exits first.
+func serve(t *testing.T, bin, logPath string, args ...string) *serveProcess {
+	t.Helper()
+	addr := freeAddr(t)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--auth", "none"}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProcess{cmd: cmd, done: make(chan error, 1), url: "http://" + addr, log: logPath}
+	go func() { p.done <- cmd.Wait() }()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if resp, err := http.Get(p.url + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		select {
+		case err := <-p.done:
+			log, _ := os.ReadFile(logPath)
+			t.Fatalf("torpor serve %s exited at start (%v):\n%s", strings.Join(args, " "), err, log)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.stop(t)
+			t.Fatalf("torpor serve does not answer on %s", p.url)
+		}
+	}
+}
+
+// stop stops the server as an operator would (SIGTERM) and waits for it.
+func (p *serveProcess) stop(t *testing.T) {
+	t.Helper()
+	if p.done == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Errorf("torpor serve %d did not stop in 60 s after SIGTERM: killed", p.cmd.Process.Pid)
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+	p.done = nil
+}
+
+// TestServePostgres: `torpor serve --database postgres://…` keeps its
+// records in PostgreSQL (a private cluster): a sandbox made, exec'd and
+// hibernated there is hibernated in the database, not in a SQLite file; a
+// second server on the same database is refused at start; after a restart
+// of the server the sandbox is reported hibernated and resumes with its
+// process continuing and its file intact, and the list reports true states.
+func TestServePostgres(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runsc, network namespaces)")
+	}
+	ctx := ctxFor(t, 10*time.Minute)
+	cluster := pgtest.Start(t)
+	dbURL := cluster.NewDatabase(t)
+	bin := torporBinary(t)
+	dir, err := os.MkdirTemp("", "torpor-e2e-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "serve.log")
+	args := []string{"--database", dbURL, "--data-dir", dir, "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t)}
+	srv := serve(t, bin, logPath, args...)
+	var ids []string
+	t.Cleanup(func() {
+		if srv.done != nil {
+			c := client.New(srv.url)
+			for _, id := range ids {
+				if err := c.DeleteSandbox(context.Background(), id); err != nil && !client.IsNotFound(err) {
+					t.Errorf("delete %s: %v", id, err)
+				}
+			}
+			srv.stop(t)
+		}
+		removeDataDir(dir)
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			t.Logf("torpor serve's log:\n%s", log)
+		}
+	})
+	c := client.New(srv.url)
+
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	ids = append(ids, sb.ID)
+	if got := sh(t, c, sb.ID, "echo hello from $(hostname) > /root/note && cat /root/note"); !strings.HasPrefix(got, "hello from") {
+		t.Fatalf("exec: %q", got)
+	}
+	note := readFile(t, c, sb.ID, "/root/note")
+	if err := workload.Start(ctx, c, sb.ID, 8); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, c, sb.ID, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hib := hibernate(t, c, sb.ID)
+
+	// The record is PostgreSQL's: hibernated there with its snapshot, and no
+	// SQLite database was made.
+	db, err := postgres.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := db.GetSandbox(ctx, sb.ID)
+	db.Close()
+	if err != nil || rec.State != sandbox.StateHibernated || rec.SnapshotID != hib.Snapshot.ID {
+		t.Fatalf("record in PostgreSQL: %+v %v, want hibernated from snapshot %s", rec, err, hib.Snapshot.ID)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "torpor.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a server on PostgreSQL made %s/torpor.db (%v)", dir, err)
+	}
+
+	// A second server on the same database (another data directory) is
+	// refused: it would take the first one's sandboxes for its own.
+	other := exec.Command(bin, "serve", "--listen", freeAddr(t), "--auth", "none", "--database", dbURL,
+		"--data-dir", t.TempDir(), "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t))
+	out, err := other.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another torpor server uses this database") {
+		t.Errorf("a second server on the database: %v\n%s", err, out)
+	}
+
+	srv.stop(t)
+	srv = serve(t, bin, logPath, args...)
+	c = client.New(srv.url)
+	wantState(t, c, sb.ID, apiv1.StateHibernated)
+	list, err := c.ListSandboxes(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != sb.ID || list[0].State != apiv1.StateHibernated {
+		t.Fatalf("list after restart: %+v %v", list, err)
+	}
+	st, err := workload.Get(ctx, c, sb.ID, "/count")
+	if err != nil {
+		t.Fatalf("GET /count after restart: %v", err)
+	}
+	if st.Count != before.Count+1 || st.Pid != before.Pid {
+		t.Errorf("after restart and resume: count %d pid %d, want count %d pid %d", st.Count, st.Pid, before.Count+1, before.Pid)
+	}
+	got := wantState(t, c, sb.ID, apiv1.StateRunning)
+	if got.Generation <= sb.Generation {
+		t.Errorf("generation after resume %d, want above %d", got.Generation, sb.Generation)
+	}
+	if again := readFile(t, c, sb.ID, "/root/note"); string(again) != string(note) {
+		t.Errorf("file after restart and resume: %q, want %q", again, note)
+	}
+	if got := sh(t, c, sb.ID, "cat /root/note"); got != string(note) {
+		t.Errorf("exec after resume: %q", got)
+	}
+	list, err = c.ListSandboxes(ctx)
+	if err != nil || len(list) != 1 || list[0].State != apiv1.StateRunning {
+		t.Errorf("list after resume: %+v %v", list, err)
+	}
+}
