@@ -93,6 +93,7 @@ with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys).`
 		a.setCommand(),
 		a.snapshotCommand(),
 		a.keyCommand(),
+		a.nodeCommand(),
 	)
 	return root
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/quickstart"
 	"github.com/torpor/torpor/server"
 )
@@ -33,6 +34,9 @@ type serveConfig struct {
 	CacheBytes  int64
 	OpenBytes   int64
 	AsyncUpload bool
+	// Node and Advertise: the node's name and API URL (server.Config).
+	Node      string
+	Advertise string
 	// E2BDomain routes E2B in-sandbox requests by host name (docs/e2b.md).
 	E2BDomain string
 	// Auth: required, none or auto (server.ResolveAuth).
@@ -70,6 +74,14 @@ func (a *app) serveCommand() *cobra.Command {
 			if err := server.CheckDatabase(cfg.Database); err != nil {
 				return usageError{err}
 			}
+			if cfg.Node != "" {
+				if err := node.CheckName(cfg.Node); err != nil {
+					return usageError{fmt.Errorf("--node: %w", err)}
+				}
+			}
+			if a := cfg.Advertise; a != "" && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
+				return usagef("--advertise %q: want http://host:port or https://host:port", a)
+			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
@@ -79,6 +91,8 @@ func (a *app) serveCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
 	f.StringVar(&cfg.Database, "database", os.Getenv("TORPOR_DATABASE"), "metadata database: a PostgreSQL URL, postgres://user@host:port/dbname (password from PGPASSWORD or ~/.pgpass rather than the URL; docs/operations.md); default $TORPOR_DATABASE, else SQLite in the data directory")
+	f.StringVar(&cfg.Node, "node", "", "the name this server registers as a node in the metadata database (default: the host name)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "the base URL of this server's API for other nodes and operators (default: http://<--listen>)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")

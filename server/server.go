@@ -43,6 +43,7 @@ import (
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/node"
 )
 
 // Config configures a server.
@@ -53,6 +54,11 @@ type Config struct {
 	// or a postgres:// URL (OpenDatabase). With PostgreSQL the data
 	// directory still holds images, snapshots and engine state.
 	Database string
+	// Node is the name the server registers as a node in the database
+	// (default: the host name, node.DefaultName); Advertise the base URL of
+	// its API for other nodes and operators (default http://<Listen>).
+	Node      string
+	Advertise string
 	// Listen is the API address (default 127.0.0.1:7070). New reads it only
 	// to resolve Auth; Run listens on it.
 	Listen string
@@ -111,6 +117,8 @@ type Server struct {
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
+	heartbeat  *node.Heartbeat
+	node       string // the node's name
 	handler    http.Handler
 	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
 	e2b        *e2b.Service
@@ -204,7 +212,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
+	heartbeat, err := startNode(ctx, db, mgr, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	failStarted := fail
+	fail = func(err error) (*Server, error) {
+		heartbeat.Stop()
+		return failStarted(err)
+	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+		heartbeat: heartbeat, node: heartbeat.Name(),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
@@ -283,6 +301,9 @@ func (s *Server) Close() error {
 		s.stopLC()
 	}
 	s.Manager.Wait()
+	if s.heartbeat != nil {
+		s.heartbeat.Stop()
+	}
 	if s.closeStore != nil {
 		s.closeStore()
 	}

@@ -206,6 +206,17 @@ func deleted(res sql.Result, err error, what, id string) error {
 	return nil
 }
 
+// updated maps an UPDATE's result to ErrNotFound when it changed no row.
+func updated(res sql.Result, err error, what, id string) error {
+	if err != nil {
+		return fmt.Errorf("metadata: update %s %s: %w", what, id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("%s %s: %w", what, id, metadata.ErrNotFound)
+	}
+	return nil
+}
+
 // notFound maps sql.ErrNoRows to ErrNotFound.
 func notFound(err error, what, id string) error {
 	if errors.Is(err, sql.ErrNoRows) {

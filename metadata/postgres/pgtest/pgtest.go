@@ -80,6 +80,11 @@ func Start(t testing.TB) *Cluster {
 	c := &Cluster{Dir: dir}
 	t.Cleanup(func() {
 		c.stop(t)
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(dir, "log")); err == nil {
+				t.Logf("PostgreSQL's log (%s):\n%s", dir, log)
+			}
+		}
 		os.RemoveAll(dir)
 	})
 	cred, err := owner(dir)

@@ -1,0 +1,76 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// startNode registers the server as node cfg.Node (default node.DefaultName)
+// advertising cfg.Advertise (default http://<Listen>) with the host's
+// capacity, and heartbeats the load of its manager's sandboxes.
+func startNode(ctx context.Context, db metadata.Nodes, mgr *manager.Manager, cfg Config) (*node.Heartbeat, error) {
+	name, adv := cfg.Node, cfg.Advertise
+	if name == "" {
+		name = node.DefaultName()
+	}
+	if adv == "" {
+		listen := cfg.Listen
+		if listen == "" {
+			listen = "127.0.0.1:7070"
+		}
+		adv = "http://" + listen
+	}
+	capacity, err := node.HostCapacity()
+	if err != nil {
+		return nil, err
+	}
+	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
+		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, mgr) }})
+}
+
+// sandboxLoad is what mgr's sandboxes hold of the host: every sandbox that
+// has an instance (not hibernated, not in error) counts with its memory and
+// CPUs.
+func sandboxLoad(ctx context.Context, mgr *manager.Manager) (metadata.NodeResources, error) {
+	sbs, err := mgr.List(ctx)
+	if err != nil {
+		return metadata.NodeResources{}, err
+	}
+	var load metadata.NodeResources
+	for _, sb := range sbs {
+		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError {
+			continue
+		}
+		load.MemoryMiB += int64(sb.MemoryMiB)
+		load.CPUs += sb.CPUs
+		load.Sandboxes++
+	}
+	return load, nil
+}
+
+func (s *Server) nodeRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/nodes", s.listNodes)
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	ns, err := s.db.ListNodes(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	now := time.Now()
+	out := apiv1.ListNodesResponse{Nodes: []apiv1.Node{}}
+	for _, n := range ns {
+		out.Nodes = append(out.Nodes, apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
+			Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
+			StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
