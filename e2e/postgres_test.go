@@ -17,6 +17,7 @@ import (
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/metadata/postgres"
 	"github.com/torpor/torpor/metadata/postgres/pgtest"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
@@ -117,6 +118,9 @@ func (p *serveProcess) stop(t *testing.T) {
 // second server on the same database is refused at start; after a restart
 // of the server the sandbox is reported hibernated and resumes with its
 // process continuing and its file intact, and the list reports true states.
+// The server is a node in the database (torpor node ls): active with its
+// load; restarted under another name, the first name turns lost once its
+// lease has passed.
 func TestServePostgres(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -131,7 +135,7 @@ func TestServePostgres(t *testing.T) {
 	}
 	logPath := filepath.Join(t.TempDir(), "serve.log")
 	args := []string{"--database", dbURL, "--data-dir", dir, "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t)}
-	srv := serve(t, bin, logPath, args...)
+	srv := serve(t, bin, logPath, append(args, "--node", "pg-a")...)
 	var ids []string
 	t.Cleanup(func() {
 		if srv.done != nil {
@@ -164,6 +168,16 @@ func TestServePostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server is node pg-a in the database: active, and its load counts
+	// the sandbox once a heartbeat has passed.
+	waitNodes(t, c, func(ns []apiv1.Node) bool {
+		return len(ns) == 1 && ns[0].Name == "pg-a" && ns[0].Self && ns[0].State == "active" &&
+			ns[0].Load == apiv1.NodeResources{MemoryMiB: 256, CPUs: sb.CPUs, Sandboxes: 1} && ns[0].Advertise == srv.url
+	})
+	if out, err := exec.Command(bin, "node", "ls", "--url", srv.url).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "pg-a *") || !strings.Contains(string(out), "active") || !strings.Contains(string(out), "1/") {
+		t.Errorf("torpor node ls: %v\n%s", err, out)
+	}
 	hib := hibernate(t, c, sb.ID)
 
 	// The record is PostgreSQL's: hibernated there with its snapshot, and no
@@ -191,8 +205,9 @@ func TestServePostgres(t *testing.T) {
 	}
 
 	srv.stop(t)
-	srv = serve(t, bin, logPath, args...)
+	srv = serve(t, bin, logPath, append(args, "--node", "pg-b")...)
 	c = client.New(srv.url)
+	stoppedAt := time.Now()
 	wantState(t, c, sb.ID, apiv1.StateHibernated)
 	list, err := c.ListSandboxes(ctx)
 	if err != nil || len(list) != 1 || list[0].ID != sb.ID || list[0].State != apiv1.StateHibernated {
@@ -218,5 +233,32 @@ func TestServePostgres(t *testing.T) {
 	list, err = c.ListSandboxes(ctx)
 	if err != nil || len(list) != 1 || list[0].State != apiv1.StateRunning {
 		t.Errorf("list after resume: %+v %v", list, err)
+	}
+
+	// pg-a, stopped, no longer heartbeats: lost once the lease has passed;
+	// pg-b is active and answers.
+	waitNodes(t, c, func(ns []apiv1.Node) bool {
+		return len(ns) == 2 && ns[0].Name == "pg-a" && !ns[0].Self && ns[1].Name == "pg-b" && ns[1].Self &&
+			ns[1].State == "active" && ns[0].State == "lost"
+	})
+	if d := time.Since(stoppedAt); d < node.LeaseTime-node.HeartbeatInterval {
+		t.Errorf("pg-a lost %v after it stopped, before its lease of %v", d, node.LeaseTime)
+	}
+}
+
+// waitNodes polls GET /v1/nodes until ok says yes, for up to twice the
+// lease time.
+func waitNodes(t *testing.T, c *client.Client, ok func([]apiv1.Node) bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * node.LeaseTime)
+	for {
+		ns, err := c.ListNodes(context.Background())
+		if err == nil && ok(ns) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes: %+v %v", ns, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
