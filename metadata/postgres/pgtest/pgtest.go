@@ -12,6 +12,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Cluster is a running private cluster. Its superuser is "torpor", trusted
@@ -170,19 +172,36 @@ func (c *Cluster) URL(db string) string {
 }
 
 // NewDatabase makes a new empty database on the cluster and returns its URL.
+// A cluster that is recovering (a backend died: the log says which) is
+// waited for up to 30 s.
 func (c *Cluster) NewDatabase(t testing.TB) string {
 	t.Helper()
 	name := fmt.Sprintf("test_%d", c.n.Add(1))
 	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+		if err == nil {
+			return c.URL(name)
+		}
+		var pg *pgconn.PgError
+		if !errors.As(err, &pg) || pg.Code != "57P03" || time.Now().After(deadline) { // cannot_connect_now
+			t.Fatalf("create database %s: %v", name, err)
+		}
+		t.Logf("create database %s: %v; waiting", name, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// exec runs one statement on database postgres.
+func (c *Cluster) exec(ctx context.Context, sql string) error {
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("create database %s: %v", name, err)
-	}
-	return c.URL(name)
+	_, err = conn.Exec(ctx, sql)
+	return err
 }
 
 // stop shuts the server down (SIGINT, fast shutdown: open sessions are
