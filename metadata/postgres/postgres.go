@@ -27,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/torpor/torpor/metadata"
@@ -92,7 +93,7 @@ func Open(ctx context.Context, connURL string) (*DB, error) {
 		cfg.RuntimeParams["application_name"] = "torpor"
 	}
 	name := Describe(cfg)
-	db := stdlib.OpenDB(*cfg)
+	db := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(utcTimes))
 	db.SetMaxOpenConns(MaxConns)
 	db.SetMaxIdleConns(4)
 	pctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
@@ -106,6 +107,15 @@ func Open(ctx context.Context, connURL string) (*DB, error) {
 		return nil, fmt.Errorf("metadata: postgres %s: %w", name, err)
 	}
 	return &DB{Store: sqlstore.New(db, dialect), sql: db}, nil
+}
+
+// utcTimes makes conn read timestamptz values in UTC (pgx's default is the
+// process's local zone, whose offsets of long ago have seconds that RFC 3339
+// text, as database/sql hands times to sqlstore, cannot carry).
+func utcTimes(_ context.Context, conn *pgx.Conn) error {
+	conn.TypeMap().RegisterType(&pgtype.Type{Name: "timestamptz", OID: pgtype.TimestamptzOID,
+		Codec: &pgtype.TimestamptzCodec{ScanLocation: time.UTC}})
+	return nil
 }
 
 // Describe names a database for messages: postgres://user@host:port/database

@@ -14,6 +14,7 @@ import (
 	"github.com/torpor/torpor/metadata/postgres/pgtest"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/metadata/storetest"
+	"github.com/torpor/torpor/sandbox"
 )
 
 var ctx = context.Background()
@@ -207,5 +208,30 @@ func TestAPIKeysVerify(t *testing.T) {
 	}
 	if _, err := v.Verify(ctx, key[:len(key)-1]+"0"); err == nil {
 		t.Errorf("a wrong key verified")
+	}
+}
+
+// TestTimesInAnyZone: a zero time and times of long ago read back as
+// written whatever the process's time zone (pgx reads timestamptz in the
+// local zone unless told otherwise; old zones have offsets in seconds).
+func TestTimesInAnyZone(t *testing.T) {
+	c := pgtest.Start(t)
+	db := open(t, c.NewDatabase(t))
+	local := time.Local
+	t.Cleanup(func() { time.Local = local })
+	zone, err := time.LoadLocation("Europe/Amsterdam") // +00:19:32 before 1937
+	if err != nil {
+		t.Skip("no time zone database:", err)
+	}
+	time.Local = zone
+	for i, at := range []time.Time{{}, time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2030, 6, 1, 12, 0, 0, 500000000, zone)} {
+		img := sandbox.Image{Name: fmt.Sprintf("img-%d", i), Digest: "sha256:aa", CreatedAt: at}
+		if err := db.PutImage(ctx, img); err != nil {
+			t.Fatal(err)
+		}
+		got, err := db.GetImage(ctx, img.Name)
+		if err != nil || !got.CreatedAt.Equal(at) || got.CreatedAt.Location() != time.UTC {
+			t.Errorf("time %v read back as %v (%v)", at, got.CreatedAt, err)
+		}
 	}
 }
