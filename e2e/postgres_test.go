@@ -120,7 +120,7 @@ func (p *serveProcess) stop(t *testing.T) {
 // process continuing and its file intact, and the list reports true states.
 // The server is a node in the database (torpor node ls): active with its
 // load; restarted under another name, the first name turns lost once its
-// lease has passed.
+// lease has passed. The offline snapshot commands read its data directory.
 func TestServePostgres(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -193,6 +193,10 @@ func TestServePostgres(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "torpor.db")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a server on PostgreSQL made %s/torpor.db (%v)", dir, err)
+	}
+	// The offline snapshot commands know the data directory without it.
+	if out, err := exec.Command(bin, "snapshot", "ls", "--data-dir", dir).CombinedOutput(); err != nil || !strings.Contains(string(out), hib.Snapshot.ID) {
+		t.Errorf("torpor snapshot ls --data-dir (offline): %v\n%s", err, out)
 	}
 
 	// A second server on the same database (another data directory) is
