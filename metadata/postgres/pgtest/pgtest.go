@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -112,13 +113,24 @@ func Start(t testing.TB) *Cluster {
 	proc := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", dir, "-c", "listen_addresses=",
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	proc.Stdout, proc.Stderr, proc.Dir = logf, logf, dir
-	// SIGINT is a fast shutdown: if the test process dies, so does the cluster.
+	// If the test process dies, so does the cluster: SIGINT (a fast
+	// shutdown) when the thread that started it ends, which is kept for the
+	// cluster alone until it exits (a Go thread can end under a process).
 	proc.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGINT}
-	if err := proc.Start(); err != nil {
+	started, exited := make(chan error), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := proc.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- proc.Wait()
+	}()
+	if err := <-started; err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- proc.Wait() }()
 	c.pid, c.exited = proc.Process.Pid, exited
 	deadline := time.Now().Add(60 * time.Second)
 	for {
