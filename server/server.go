@@ -1,8 +1,9 @@
 // Package server is torpor's HTTP server: REST API v1 (apiv1), the port proxy that
 // wakes hibernated sandboxes, /healthz and Prometheus /metrics, with API keys
 // required or not (Config.Auth, auth.go; the keys are package apikey's). It wires the
-// embedded defaults — SQLite metadata, the local snapshot store, the image store,
-// the gVisor engine — into a sandbox manager and serves it.
+// embedded defaults — SQLite metadata (or PostgreSQL: Config.Database), the local
+// snapshot store, the image store, the gVisor engine — into a sandbox manager,
+// registers the host as a node (Config.Node) and serves it.
 //
 // Data directory layout (default /var/lib/torpor):
 //
