@@ -19,10 +19,27 @@ import (
 
 var ctx = context.Background()
 
-// TestConformance runs the metadata store suite on a new database per test,
-// all on one private cluster.
-func TestConformance(t *testing.T) {
+// TestPostgres runs this package's tests on one private cluster (a cluster
+// takes seconds to make), each on new databases.
+func TestPostgres(t *testing.T) {
 	c := pgtest.Start(t)
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T, *pgtest.Cluster)
+	}{
+		{"Conformance", testConformance},
+		{"Migrations", testMigrations},
+		{"ServerLock", testServerLock},
+		{"StaleAcrossStores", testStaleAcrossStores},
+		{"APIKeysVerify", testAPIKeysVerify},
+		{"TimesInAnyZone", testTimesInAnyZone},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.f(t, c) })
+	}
+}
+
+// testConformance runs the metadata store suite on a new database per test.
+func testConformance(t *testing.T, c *pgtest.Cluster) {
 	storetest.Run(t, func(t *testing.T) func() (metadata.Store, error) {
 		url := c.NewDatabase(t)
 		return func() (metadata.Store, error) { return Open(ctx, url) }
@@ -39,13 +56,12 @@ func open(t *testing.T, url string) *DB {
 	return db
 }
 
-// TestMigrations: a new database gets every migration, one row each with
+// testMigrations: a new database gets every migration, one row each with
 // SQLite's schema versions; a reopen applies nothing; a database at a higher
 // version than this package knows is refused; several stores opening one new
 // database at once (several hosts starting) all succeed and the migrations
 // are applied once.
-func TestMigrations(t *testing.T) {
-	c := pgtest.Start(t)
+func testMigrations(t *testing.T, c *pgtest.Cluster) {
 	if SchemaVersion() != sqlite.SchemaVersion() {
 		t.Errorf("schema version %d, SQLite's %d: each version is one migration in both stores", SchemaVersion(), sqlite.SchemaVersion())
 	}
@@ -134,10 +150,9 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
-// TestServerLock: one server lock per database; it is free again once its
+// testServerLock: one server lock per database; it is free again once its
 // holder closes, and another database's is independent.
-func TestServerLock(t *testing.T) {
-	c := pgtest.Start(t)
+func testServerLock(t *testing.T, c *pgtest.Cluster) {
 	url := c.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	if err := a.LockServer(ctx); err != nil {
@@ -156,11 +171,10 @@ func TestServerLock(t *testing.T) {
 	}
 }
 
-// TestStaleAcrossStores: two stores (two hosts' pools) on one database that
+// testStaleAcrossStores: two stores (two hosts' pools) on one database that
 // read the same version of a record: of their concurrent updates exactly one
 // wins, the other gets ErrStale, many times over.
-func TestStaleAcrossStores(t *testing.T) {
-	c := pgtest.Start(t)
+func testStaleAcrossStores(t *testing.T, c *pgtest.Cluster) {
 	url := c.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
 	now := time.Now()
@@ -192,10 +206,9 @@ func TestStaleAcrossStores(t *testing.T) {
 	}
 }
 
-// TestAPIKeysVerify: package apikey's keys made in and verified against the
+// testAPIKeysVerify: package apikey's keys made in and verified against the
 // PostgreSQL store, as a server and `torpor key` use it.
-func TestAPIKeysVerify(t *testing.T) {
-	c := pgtest.Start(t)
+func testAPIKeysVerify(t *testing.T, c *pgtest.Cluster) {
 	db := open(t, c.NewDatabase(t))
 	key, rec, err := apikey.Create(ctx, db, "ci", time.Now())
 	if err != nil {
@@ -211,11 +224,10 @@ func TestAPIKeysVerify(t *testing.T) {
 	}
 }
 
-// TestTimesInAnyZone: a zero time and times of long ago read back as
+// testTimesInAnyZone: a zero time and times of long ago read back as
 // written whatever the process's time zone (pgx reads timestamptz in the
 // local zone unless told otherwise; old zones have offsets in seconds).
-func TestTimesInAnyZone(t *testing.T) {
-	c := pgtest.Start(t)
+func testTimesInAnyZone(t *testing.T, c *pgtest.Cluster) {
 	db := open(t, c.NewDatabase(t))
 	local := time.Local
 	t.Cleanup(func() { time.Local = local })
