@@ -90,9 +90,9 @@ func (a *app) serveCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
-	f.StringVar(&cfg.Database, "database", os.Getenv("TORPOR_DATABASE"), "metadata database: a PostgreSQL URL, postgres://user@host:port/dbname (password from PGPASSWORD or ~/.pgpass rather than the URL; docs/operations.md); default $TORPOR_DATABASE, else SQLite in the data directory")
+	f.StringVar(&cfg.Database, "database", os.Getenv("TORPOR_DATABASE"), "metadata database: a PostgreSQL URL, postgres://user@host:port/dbname (password from PGPASSWORD or ~/.pgpass rather than the URL; docs/multi-host.md); default $TORPOR_DATABASE, else SQLite in the data directory")
 	f.StringVar(&cfg.Node, "node", "", "the name this server registers as a node in the metadata database (default: the host name)")
-	f.StringVar(&cfg.Advertise, "advertise", "", "the base URL of this server's API for other nodes and operators (default: http://<--listen>)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "the base URL of this server's API for other nodes and operators (default: http://<--listen>, with the host name for an address on all interfaces)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")

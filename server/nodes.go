@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
@@ -13,19 +15,15 @@ import (
 )
 
 // startNode registers the server as node cfg.Node (default node.DefaultName)
-// advertising cfg.Advertise (default http://<Listen>) with the host's
-// capacity, and heartbeats the load of its manager's sandboxes.
+// advertising cfg.Advertise (default advertiseURL(cfg.Listen)) with the
+// host's capacity, and heartbeats the load of its manager's sandboxes.
 func startNode(ctx context.Context, db metadata.Nodes, mgr *manager.Manager, cfg Config) (*node.Heartbeat, error) {
 	name, adv := cfg.Node, cfg.Advertise
 	if name == "" {
 		name = node.DefaultName()
 	}
 	if adv == "" {
-		listen := cfg.Listen
-		if listen == "" {
-			listen = "127.0.0.1:7070"
-		}
-		adv = "http://" + listen
+		adv = advertiseURL(cfg.Listen)
 	}
 	capacity, err := node.HostCapacity()
 	if err != nil {
@@ -33,6 +31,25 @@ func startNode(ctx context.Context, db metadata.Nodes, mgr *manager.Manager, cfg
 	}
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
 		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, mgr) }})
+}
+
+// advertiseURL is the URL a server on listen advertises by default:
+// http://<listen>, with the host's name for an address on all interfaces
+// (":7070", "0.0.0.0:7070", "[::]:7070").
+func advertiseURL(listen string) string {
+	if listen == "" {
+		listen = "127.0.0.1:7070"
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "http://" + listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // sandboxLoad is what mgr's sandboxes hold of the host: every sandbox that

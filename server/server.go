@@ -57,11 +57,12 @@ type Config struct {
 	Database string
 	// Node is the name the server registers as a node in the database
 	// (default: the host name, node.DefaultName); Advertise the base URL of
-	// its API for other nodes and operators (default http://<Listen>).
+	// its API for other nodes and operators (default http://<Listen>, the
+	// host's name for an address on all interfaces).
 	Node      string
 	Advertise string
 	// Listen is the API address (default 127.0.0.1:7070). New reads it only
-	// to resolve Auth; Run listens on it.
+	// to resolve Auth and the node's default Advertise; Run listens on it.
 	Listen string
 	// Auth says whether REST v1, the port proxy and /metrics require an API
 	// key (default AuthAuto: required unless Listen is a loopback address;
