@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
-	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
@@ -16,8 +15,8 @@ import (
 
 // startNode registers the server as node cfg.Node (default node.DefaultName)
 // advertising cfg.Advertise (default advertiseURL(cfg.Listen)) with the
-// host's capacity, and heartbeats the load of its manager's sandboxes.
-func startNode(ctx context.Context, db metadata.Nodes, mgr *manager.Manager, cfg Config) (*node.Heartbeat, error) {
+// host's capacity, and heartbeats the load of the sandboxes in db.
+func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartbeat, error) {
 	name, adv := cfg.Node, cfg.Advertise
 	if name == "" {
 		name = node.DefaultName()
@@ -30,7 +29,7 @@ func startNode(ctx context.Context, db metadata.Nodes, mgr *manager.Manager, cfg
 		return nil, err
 	}
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
-		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, mgr) }})
+		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, db) }})
 }
 
 // advertiseURL is the URL a server on listen advertises by default:
@@ -52,17 +51,18 @@ func advertiseURL(listen string) string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
-// sandboxLoad is what mgr's sandboxes hold of the host: every sandbox that
-// has an instance (not hibernated, not in error) counts with its memory and
-// CPUs.
-func sandboxLoad(ctx context.Context, mgr *manager.Manager) (metadata.NodeResources, error) {
-	sbs, err := mgr.List(ctx)
+// sandboxLoad is what the sandboxes recorded in db hold of the host: every
+// sandbox that has an instance (not hibernated, not in error, not being
+// deleted) counts with its memory and CPUs. It reads the records alone,
+// without the manager.
+func sandboxLoad(ctx context.Context, db metadata.Sandboxes) (metadata.NodeResources, error) {
+	sbs, err := db.ListSandboxes(ctx)
 	if err != nil {
 		return metadata.NodeResources{}, err
 	}
 	var load metadata.NodeResources
 	for _, sb := range sbs {
-		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError {
+		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError || sb.Deleting {
 			continue
 		}
 		load.MemoryMiB += int64(sb.MemoryMiB)

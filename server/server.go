@@ -214,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	heartbeat, err := startNode(ctx, db, mgr, cfg)
+	heartbeat, err := startNode(ctx, db, cfg)
 	if err != nil {
 		return fail(err)
 	}
