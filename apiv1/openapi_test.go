@@ -123,8 +123,9 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	}
 	code := 0
 	cases := map[string]any{
-		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, CPUs: 1, Env: map[string]string{"a": "b"},
-			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{}},
+		"CreateSandboxRequest": CreateSandboxRequest{Image: "i", MemoryMiB: 1, PidsLimit: 1, CPUs: 1, Env: map[string]string{"a": "b"},
+			IdleTimeoutS: new(int), TimeoutS: 1, OnTimeout: "delete", HibernationMode: "none", OnResume: []string{"x"}, Volumes: []VolumeMount{{}}, ExpiresAt: &time.Time{},
+			InternetAccess: new(bool), AllowOut: []string{"10.0.0.0/8"}, DenyOut: []string{"1.2.3.4"}},
 		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
 		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
@@ -190,6 +191,7 @@ func fullSandbox() Sandbox {
 	s.OnResume = []string{"x"}
 	s.Volumes = []VolumeMount{{}}
 	s.LastResume = &ResumeReport{}
+	s.AllowOut, s.DenyOut = []string{"10.0.0.0/8"}, []string{"1.2.3.4/32"}
 	return s
 }
 

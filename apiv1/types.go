@@ -27,12 +27,21 @@ const (
 	StateError       State = "error"
 )
 
+// IdempotencyKeyHeader is the request header that makes POST /v1/sandboxes
+// and POST /v1/sandboxes/{id}/fork idempotent: a retry with the same key
+// gets the first call's sandboxes (docs/api.md).
+const IdempotencyKeyHeader = "Idempotency-Key"
+
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
 	// Image is an image name ("base") or digest ("sha256:…"). Default "base".
 	Image string `json:"image,omitempty"`
 	// MemoryMiB is the memory limit in MiB (64..65536; absent or 0: 512).
 	MemoryMiB int `json:"memory_mib,omitempty"`
+	// PidsLimit bounds the tasks (processes and threads) each user may have
+	// in the sandbox (16..65536; absent or 0: the server's default, 1024
+	// unless its operator chose another).
+	PidsLimit int `json:"pids_limit,omitempty"`
 	// CPUs is the CPU limit in cores (0.1..64; absent or 0: 1).
 	CPUs float64 `json:"cpus,omitempty"`
 	// Env is set for every process the guest agent starts.
@@ -55,6 +64,16 @@ type CreateSandboxRequest struct {
 	// hibernated, the sandbox and its snapshots are deleted. Absent or null =
 	// never (perpetual standby).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// InternetAccess: egress to public addresses through the server's uplink.
+	// Absent = true when the server has an uplink, false when it has none;
+	// true on a server without one is refused. AllowOut opens CIDR prefixes
+	// or addresses (private ranges included) even without internet access;
+	// DenyOut refuses them and wins over AllowOut; neither opens the
+	// always-refused set (docs/security.md, "Network egress"). All three are
+	// fixed for the sandbox's life and its fork clones'.
+	InternetAccess *bool    `json:"internet_access,omitempty"`
+	AllowOut       []string `json:"allow_out,omitempty"`
+	DenyOut        []string `json:"deny_out,omitempty"`
 }
 
 // Expiry is the expires_at field of PATCH /v1/sandboxes/{id}: absent = unchanged
@@ -188,13 +207,16 @@ type ListVolumesResponse struct {
 
 // Sandbox is a sandbox as the API reports it.
 type Sandbox struct {
-	ID          string            `json:"id"`
-	State       State             `json:"state"`
-	Image       string            `json:"image"`        // the name asked for
-	ImageDigest string            `json:"image_digest"` // sha256:… of the image used
-	MemoryMiB   int               `json:"memory_mib"`
-	CPUs        float64           `json:"cpus"`
-	Env         map[string]string `json:"env,omitempty"`
+	ID          string `json:"id"`
+	State       State  `json:"state"`
+	Image       string `json:"image"`        // the name asked for
+	ImageDigest string `json:"image_digest"` // sha256:… of the image used
+	MemoryMiB   int    `json:"memory_mib"`
+	// PidsLimit bounds the tasks each user may have in the sandbox; 0 = none
+	// (a sandbox made before pids limits).
+	PidsLimit int               `json:"pids_limit"`
+	CPUs      float64           `json:"cpus"`
+	Env       map[string]string `json:"env,omitempty"`
 	// Generation changes on every resume and fork; it is kept outside the snapshot.
 	Generation int64 `json:"generation"`
 	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
@@ -232,6 +254,11 @@ type Sandbox struct {
 	// snapshots when it is hibernated (a running sandbox is not deleted; it is
 	// checked again once hibernated). null = never (perpetual standby).
 	ExpiresAt *time.Time `json:"expires_at"`
+	// InternetAccess, AllowOut and DenyOut are the sandbox's egress policy (see
+	// CreateSandboxRequest), the prefixes normalized (an address is a /32).
+	InternetAccess bool     `json:"internet_access"`
+	AllowOut       []string `json:"allow_out,omitempty"`
+	DenyOut        []string `json:"deny_out,omitempty"`
 }
 
 // ResumeRequest is what the host hands the guest agent (POST /resume of the agent)
@@ -489,16 +516,17 @@ type BuildEvent struct {
 
 // Error codes, each with its HTTP status.
 const (
-	CodeNotFound         = "not_found"          // 404
-	CodeUnauthenticated  = "unauthenticated"    // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
-	CodeRateLimited      = "rate_limited"       // 429: too many refused keys from the client's address (Retry-After)
-	CodeInvalidArgument  = "invalid_argument"   // 400; 413 for a body over the limit
-	CodeMethodNotAllowed = "method_not_allowed" // 405: the path exists for other methods (Allow header)
-	CodeConflict         = "conflict"           // 409: the sandbox's state does not allow the call
-	CodeSnapshotCorrupt  = "snapshot_corrupt"   // 422: a snapshot file failed its checksum
-	CodeUnavailable      = "unavailable"        // 503
-	CodeBadGateway       = "bad_gateway"        // 502: nothing answers on the proxied port
-	CodeInternal         = "internal"           // 500
+	CodeNotFound         = "not_found"              // 404
+	CodeUnauthenticated  = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
+	CodeRateLimited      = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
+	CodeInvalidArgument  = "invalid_argument"       // 400; 413 for a body over the limit
+	CodeMethodNotAllowed = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
+	CodeConflict         = "conflict"               // 409: the sandbox's state does not allow the call
+	CodeSnapshotCorrupt  = "snapshot_corrupt"       // 422: a snapshot file failed its checksum
+	CodeIdempotencyReuse = "idempotency_key_reused" // 422: an Idempotency-Key sent again with another call
+	CodeUnavailable      = "unavailable"            // 503
+	CodeBadGateway       = "bad_gateway"            // 502: nothing answers on the proxied port
+	CodeInternal         = "internal"               // 500
 )
 
 // ErrorBody is the body of every error answer: {"error":{"code":…,"message":…}}.

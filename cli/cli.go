@@ -48,9 +48,18 @@ type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	url            string // --url
+	caCert         string // --ca-cert
 }
 
-func (a *app) client() *client.Client { return client.New(a.url) }
+// client is the Go client of the server at --url, trusting --ca-cert's
+// certificates when given (else $TORPOR_CA_CERT's, client.New).
+func (a *app) client() *client.Client {
+	c := client.New(a.url)
+	if a.caCert != "" {
+		_ = c.TrustCA(a.caCert) // a bad file fails every call with its error
+	}
+	return c
+}
 
 // serverURL is the URL the client commands use.
 func (a *app) serverURL() string { return a.client().BaseURL }
@@ -63,7 +72,9 @@ func (a *app) rootCommand() *cobra.Command {
 resumes them with their processes continuing where they stopped.
 
 Client commands talk to the server at --url, else $TORPOR_URL, else ` + client.DefaultURL + `,
-with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys).`,
+with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys); an https
+server's certificate must be signed by a system authority or one in --ca-cert
+($TORPOR_CA_CERT).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          usageArgs(cobra.NoArgs),
@@ -73,6 +84,7 @@ with the API key $TORPOR_API_KEY when it is set (torpor key create makes keys).`
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.PersistentFlags().StringVar(&a.url, "url", "", "torpor server URL (default $TORPOR_URL or "+client.DefaultURL+")")
+	root.PersistentFlags().StringVar(&a.caCert, "ca-cert", "", "PEM file of certificates to trust, besides the system's, for an https --url (default $TORPOR_CA_CERT)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		a.serveCommand(),

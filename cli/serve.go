@@ -3,12 +3,17 @@ package cli
 import (
 	"context"
 
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server"
 )
 
 func runServe(ctx context.Context, cfg serveConfig) error {
 	store := cfg.Store
 	store.CacheBytes, store.OpenBytes, store.AsyncUpload = cacheBytes(cfg.CacheBytes), cacheBytes(cfg.OpenBytes), cfg.AsyncUpload
+	egress, err := cfg.egressConfig()
+	if err != nil {
+		return err
+	}
 	return server.Run(ctx, server.Config{
 		DataDir:          cfg.DataDir,
 		Database:         cfg.Database,
@@ -21,6 +26,10 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Store:            store,
 		Auth:             server.AuthMode(cfg.Auth),
 		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
+		TLSCert:          cfg.TLSCert,
+		TLSKey:           cfg.TLSKey,
+		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
+		Egress:           egress,
 	})
 }
 

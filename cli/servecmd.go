@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/quickstart"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
 )
 
@@ -41,6 +44,46 @@ type serveConfig struct {
 	E2BDomain string
 	// Auth: required, none or auto (server.ResolveAuth).
 	Auth string
+	// TLSCert and TLSKey serve HTTPS (reloaded on SIGHUP).
+	TLSCert, TLSKey string
+	// PidsLimit is the sandboxes' default pids limit (-1: none);
+	// MemoryOvercommit the admission ratio (manager.LimitsConfig).
+	PidsLimit        int
+	MemoryOvercommit float64
+	// UplinkNetns, Uplink, EgressPool and DNS: the sandboxes' way out
+	// (docs/security.md, "Network egress"; egressConfig).
+	UplinkNetns, Uplink, EgressPool, DNS string
+}
+
+// egressConfig is the uplink the flags name; nil when they name none.
+// Errors are usage errors: both uplinks, a bad pool or resolver, --dns or
+// --egress-pool without an uplink.
+func (c serveConfig) egressConfig() (*sandboxnet.EgressConfig, error) {
+	if c.UplinkNetns == "" && c.Uplink == "" {
+		if c.DNS != "" || c.EgressPool != "" {
+			return nil, usagef("--dns and --egress-pool need an uplink (--uplink-netns or --uplink)")
+		}
+		return nil, nil
+	}
+	if c.UplinkNetns != "" && c.Uplink != "" {
+		return nil, usagef("give one of --uplink-netns and --uplink")
+	}
+	eg := &sandboxnet.EgressConfig{UplinkNetns: c.UplinkNetns, UplinkIface: c.Uplink}
+	if c.EgressPool != "" {
+		p, err := netip.ParsePrefix(c.EgressPool)
+		if err != nil {
+			return nil, usagef("--egress-pool %q: %v", c.EgressPool, err)
+		}
+		eg.Pool = p
+	}
+	if c.DNS != "" {
+		a, err := netip.ParseAddr(c.DNS)
+		if err != nil || !a.Is4() {
+			return nil, usagef("--dns %q: want an IPv4 address", c.DNS)
+		}
+		eg.DNS = a
+	}
+	return eg, nil
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -82,6 +125,18 @@ func (a *app) serveCommand() *cobra.Command {
 			if a := cfg.Advertise; a != "" && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
 				return usagef("--advertise %q: want http://host:port or https://host:port", a)
 			}
+			if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
+			if cfg.PidsLimit != -1 && (cfg.PidsLimit < manager.MinPidsLimit || cfg.PidsLimit > manager.MaxPidsLimit) {
+				return usagef("--pids-limit %d: want %d to %d, or -1 for none", cfg.PidsLimit, manager.MinPidsLimit, manager.MaxPidsLimit)
+			}
+			if cfg.MemoryOvercommit <= 0 {
+				return usagef("--memory-overcommit %g: want a ratio above 0 (1.0: the sandboxes' memory limits may add up to the host's memory)", cfg.MemoryOvercommit)
+			}
+			if _, err := cfg.egressConfig(); err != nil {
+				return err
+			}
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
@@ -102,7 +157,15 @@ func (a *app) serveCommand() *cobra.Command {
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of E2B's in-sandbox host names, <port>-<sandbox id>.DOMAIN (sandbox.getHost; needs wildcard DNS to this server), sent to E2B's SDKs as the sandboxes' domain; empty: in-sandbox requests are routed by the E2b-Sandbox-Id/-Port headers only (E2B_SANDBOX_URL)")
 	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with: torpor key create), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM file of the certificate chain to serve HTTPS with (with --tls-key; reloaded on SIGHUP; for E2B's <port>-<id>.DOMAIN hosts a wildcard *.DOMAIN certificate, docs/security.md)")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM file of the private key of --tls-cert")
+	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "default pids limit of a sandbox: the processes and threads each user may have in it (a create's pids_limit overrides it; -1: none)")
+	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
+	f.StringVar(&cfg.UplinkNetns, "uplink-netns", "", "network namespace (a name under /run/netns) sandbox traffic leaves through, masqueraded; with neither this nor --uplink, sandboxes reach nothing outside themselves (docs/security.md, Network egress)")
+	f.StringVar(&cfg.Uplink, "uplink", "", "interface of the host's own network namespace sandbox traffic leaves through, masqueraded behind its address (needs net.ipv4.ip_forward=1)")
+	f.StringVar(&cfg.EgressPool, "egress-pool", "", "IPv4 prefix (/8 to /29) of the sandboxes' addresses on the uplink, a /30 each, unused by any network the uplink reaches (default "+sandboxnet.DefaultPool.String()+")")
+	f.StringVar(&cfg.DNS, "dns", "", "IPv4 address of the resolver the sandboxes' /etc/resolv.conf names, reachable on port 53 whatever their rules (default: the uplink's first nameserver, from /etc/netns/NAME/resolv.conf or /etc/resolv.conf)")
 	return cmd
 }
 

@@ -32,10 +32,22 @@ type Client struct {
 	// APIKey, when set, is sent with every request as "Authorization: Bearer
 	// <key>" (the port proxy's too), as a server with --auth required needs.
 	APIKey string
+	// Retries is how many times CreateSandbox and Fork send their call again,
+	// with the same Idempotency-Key, when its answer was lost (the
+	// connection reset or closed before the whole answer, then refused while
+	// the server restarts; a first connection refused is not retried: no
+	// server listens there); 250 ms, then each wait twice the last. New sets
+	// DefaultRetries; 0: no retry.
+	Retries int
 }
 
+// DefaultRetries is New's Client.Retries: 5 retries wait 7.75 s in all.
+const DefaultRetries = 5
+
 // New returns a client for baseURL; "" means env TORPOR_URL, else DefaultURL.
-// Its APIKey is env TORPOR_API_KEY.
+// Its APIKey is env TORPOR_API_KEY; an https server's certificate is checked
+// against the system's roots and those of the file env TORPOR_CA_CERT names
+// (TrustCA).
 func New(baseURL string) *Client {
 	if baseURL == "" {
 		baseURL = os.Getenv("TORPOR_URL")
@@ -56,11 +68,16 @@ func New(baseURL string) *Client {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &Client{
+	c := &Client{
 		BaseURL: strings.TrimRight(baseURL, "/"),
 		HTTP:    &http.Client{Transport: tr},
 		APIKey:  strings.TrimSpace(os.Getenv("TORPOR_API_KEY")),
+		Retries: DefaultRetries,
 	}
+	if ca := os.Getenv(CACertEnv); ca != "" {
+		_ = c.TrustCA(ca) // a bad file fails every request with its error
+	}
+	return c
 }
 
 // Authorize adds c's API key to req (a request the caller makes itself with
@@ -141,6 +158,11 @@ func sandboxPath(id string, rest ...string) string {
 // an io.Reader. A non-2xx answer becomes an *APIError. On success the open response
 // is returned.
 func (c *Client) send(ctx context.Context, method, path string, in any, contentType string) (*http.Response, error) {
+	return c.sendHeader(ctx, method, path, in, contentType, nil)
+}
+
+// sendHeader is send with the extra request headers hdr.
+func (c *Client) sendHeader(ctx context.Context, method, path string, in any, contentType string, hdr http.Header) (*http.Response, error) {
 	// An id of "." or ".." would be resolved away by URL path cleaning and
 	// reach another endpoint ("inspect .." asking for /v1).
 	p, _, _ := strings.Cut(path, "?")
@@ -177,6 +199,9 @@ func (c *Client) send(ctx context.Context, method, path string, in any, contentT
 		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json, application/x-ndjson")
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
 	c.Authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
@@ -229,7 +254,12 @@ func codeForStatus(status int) string {
 
 // call does a JSON request and decodes a JSON answer into out (nil: discard).
 func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
-	resp, err := c.send(ctx, method, path, in, "")
+	return c.callHeader(ctx, method, path, in, out, nil)
+}
+
+// callHeader is call with the extra request headers hdr.
+func (c *Client) callHeader(ctx context.Context, method, path string, in, out any, hdr http.Header) error {
+	resp, err := c.sendHeader(ctx, method, path, in, "", hdr)
 	if err != nil {
 		return err
 	}
@@ -261,10 +291,13 @@ func (c *Client) Health(ctx context.Context) error {
 	return nil
 }
 
-// CreateSandbox creates and starts a sandbox.
+// CreateSandbox creates and starts a sandbox. It is idempotent: it sends an
+// Idempotency-Key (WithIdempotencyKey's, else a new one) and retries a call
+// whose answer was lost (see Retries) with the same key, so a retry gets the
+// sandbox the first attempt made, never a second one.
 func (c *Client) CreateSandbox(ctx context.Context, req apiv1.CreateSandboxRequest) (apiv1.Sandbox, error) {
 	var sb apiv1.Sandbox
-	err := c.call(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
+	err := c.callIdempotent(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
 	return sb, err
 }
 
@@ -327,12 +360,14 @@ func (c *Client) ResumeCall(ctx context.Context, id string) (apiv1.ResumeRespons
 }
 
 // Fork starts count new sandboxes (0 means 1) from sandbox id's snapshot.
+// Idempotent as CreateSandbox: a retry gets the clones the first attempt
+// made.
 func (c *Client) Fork(ctx context.Context, id string, count int) ([]apiv1.Sandbox, error) {
 	if count <= 0 {
 		count = 1
 	}
 	var r apiv1.ForkResponse
-	err := c.call(ctx, http.MethodPost, sandboxPath(id, "fork"), apiv1.ForkRequest{Count: count}, &r)
+	err := c.callIdempotent(ctx, http.MethodPost, sandboxPath(id, "fork"), apiv1.ForkRequest{Count: count}, &r)
 	return r.Sandboxes, err
 }
 

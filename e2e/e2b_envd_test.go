@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -138,6 +140,19 @@ func TestE2BEnvd(t *testing.T) {
 	if a := e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, byHost...); a.Status != http.StatusOK || !bytes.Equal(a.Body, data) {
 		t.Errorf("GET /files: %d %q", a.Status, a.Body)
 	}
+	// A client on this host gets the file unencoded even when it accepts gzip
+	// (Node's fetch always asks); one behind a proxy gets gzip, as from E2B.
+	gz := []string{"Accept-Encoding", "gzip, deflate"}
+	if a := e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, append(gz, byHeaders...)...); a.Status != http.StatusOK ||
+		a.Header.Get("Content-Encoding") != "" || !bytes.Equal(a.Body, data) {
+		t.Errorf("GET /files from this host accepting gzip: %d %q, encoding %q; want it unencoded", a.Status, a.Body, a.Header.Get("Content-Encoding"))
+	}
+	a = e2bCall(t, srv, "GET", "/files?path=/home/user/notes/front.txt", nil, append(append(gz, "X-Forwarded-For", "203.0.113.7"), byHeaders...)...)
+	if zr, err := gzip.NewReader(bytes.NewReader(a.Body)); a.Status != http.StatusOK || a.Header.Get("Content-Encoding") != "gzip" || err != nil {
+		t.Errorf("GET /files through a proxy accepting gzip: %d, encoding %q (%v); want gzip", a.Status, a.Header.Get("Content-Encoding"), err)
+	} else if b, err := io.ReadAll(zr); err != nil || !bytes.Equal(b, data) {
+		t.Errorf("the gzip answer decodes to %q, %v", b, err)
+	}
 	root := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))
 	if a := e2bCall(t, srv, "GET", "/files?path=front.txt", nil, append([]string{"Authorization", root}, byHeaders...)...); a.Status != http.StatusNotFound {
 		t.Errorf("GET /files of root's missing ~/front.txt: %d %s, want 404", a.Status, a.Body)
@@ -195,3 +210,79 @@ func TestE2BEnvdOldAgent(t *testing.T) {
 		t.Errorf("exec through torpor's API: %q", out)
 	}
 }
+
+// TestE2BEnvdRefused: a call of envd's RPC services that the front refuses
+// (a wrong token, a sandbox paused without autoResume, a killed one) is
+// answered in the Connect protocol, as connect-web reads it: a server stream
+// (JSON or binary codec) with 200 and an end-of-stream error, a unary call
+// with {"code": "<connect code>", "message"} and the code's HTTP status. The
+// plain-HTTP paths keep E2B's {"code": <status>} (502 for /health of a
+// sandbox not running: the SDKs' isRunning is false).
+func TestE2BEnvdRefused(t *testing.T) {
+	srv := startE2B(t, servertest.Options{})
+	paused := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
+	killed := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+paused.SandboxID+"/pause", nil); a.Status != http.StatusNoContent {
+		t.Fatalf("pause: %d %s", a.Status, a.Body)
+	}
+	if a := e2bCall(t, srv, "DELETE", "/sandboxes/"+killed.SandboxID, nil); a.Status != http.StatusNoContent {
+		t.Fatalf("kill: %d %s", a.Status, a.Body)
+	}
+	route := func(sb e2b.Sandbox, token string, hdr ...string) []string {
+		return append([]string{e2b.HeaderSandboxID, sb.SandboxID, e2b.HeaderSandboxPort, fmt.Sprint(e2b.EnvdPort),
+			e2b.HeaderAccessToken, token, "Connect-Protocol-Version", "1"}, hdr...)
+	}
+	start := connectEnvelope(t, map[string]any{"process": map[string]any{"cmd": "/bin/true"}})
+	for _, c := range []struct {
+		what  string
+		hdr   []string
+		code  string
+		words []string
+	}{
+		{"a wrong token", route(paused, strings.Repeat("0", 64)), "unauthenticated", []string{e2b.HeaderAccessToken}},
+		{"a paused sandbox", route(paused, paused.EnvdAccessToken), "failed_precondition", []string{"paused", "autoResume"}},
+		{"a killed sandbox", route(killed, killed.EnvdAccessToken), "unavailable", []string{killed.SandboxID}},
+	} {
+		for _, ctype := range []string{"application/connect+json", "application/connect+proto"} {
+			body := start
+			if ctype == "application/connect+proto" {
+				body = []byte{0, 0, 0, 0, 0} // an empty StartRequest
+			}
+			a := e2bCall(t, srv, "POST", "/process.Process/Start", body, append([]string{"Content-Type", ctype}, c.hdr...)...)
+			if a.Status != http.StatusOK || a.Header.Get("Content-Type") != ctype {
+				t.Errorf("Start (%s) to %s: %d %s %s, want 200 %s", ctype, c.what, a.Status, a.Header.Get("Content-Type"), a.Body, ctype)
+				continue
+			}
+			msgs, end := connectFrames(t, a.Body)
+			var eos struct {
+				Error *struct{ Code, Message string }
+			}
+			if len(msgs) != 0 || json.Unmarshal(end, &eos) != nil || eos.Error == nil || eos.Error.Code != c.code {
+				t.Errorf("Start (%s) to %s: %d messages, end of stream %s; want only an end of stream with error %s", ctype, c.what, len(msgs), end, c.code)
+				continue
+			}
+			for _, w := range c.words {
+				if !strings.Contains(eos.Error.Message, w) {
+					t.Errorf("Start (%s) to %s: message %q does not name %q", ctype, c.what, eos.Error.Message, w)
+				}
+			}
+		}
+		a := e2bCall(t, srv, "POST", "/process.Process/List", []byte("{}"), append([]string{"Content-Type", "application/json"}, c.hdr...)...)
+		var e struct{ Code, Message string }
+		if json.Unmarshal(a.Body, &e) != nil || e.Code != c.code || a.Status != connectHTTPStatus[c.code] ||
+			a.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("List (unary) to %s: %d %s %s, want %d {code: %s}", c.what, a.Status, a.Header.Get("Content-Type"), a.Body, connectHTTPStatus[c.code], c.code)
+		}
+	}
+	// Plain HTTP keeps E2B's form: /health of a sandbox not running is 502.
+	for _, sb := range []e2b.Sandbox{paused, killed} {
+		e2bCall(t, srv, "GET", "/health", nil, route(sb, sb.EnvdAccessToken)...).wantError(t, "/health of "+sb.SandboxID, http.StatusBadGateway, sb.SandboxID)
+	}
+	if d := e2bInfo(t, srv, paused.SandboxID); d.State != e2b.StatePaused {
+		t.Errorf("the refused calls woke the paused sandbox: %s", d.State)
+	}
+}
+
+// connectHTTPStatus is the HTTP status of a Connect unary error by its code
+// (connectrpc.com/docs/protocol, the codes TestE2BEnvdRefused meets).
+var connectHTTPStatus = map[string]int{"unauthenticated": 401, "failed_precondition": 400, "unavailable": 503}

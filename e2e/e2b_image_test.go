@@ -34,12 +34,26 @@ func TestE2BBaseImage(t *testing.T) {
 	for _, c2 := range []struct{ script, want string }{
 		{`id user`, "uid=1000(user) gid=1000(user) groups=1000(user),27(sudo)\n"},
 		{`stat -c '%U:%G %u:%g %a' /home/user`, "user:user 1000:1000 755\n"},
+		// A login shell, as envd runs every command, gets Debian's PATH for the
+		// user and for root, from bash and from sh ...
+		{`runuser -u user -- env -i HOME=/home/user bash -l -c 'echo $PATH' && runuser -u user -- env -i HOME=/home/user sh -l -c 'echo $PATH'`,
+			"/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games\n"},
+		{`env -i HOME=/root bash -l -c 'echo $PATH'`, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"},
+		// ... without forking id or mesg (each process costs milliseconds
+		// under gVisor, on every command E2B's SDK runs).
+		{`{ runuser -u user -- env -i HOME=/home/user bash -l -x -c true; env -i HOME=/root bash -l -x -c true; } 2>&1 | grep -c -e 'id -u' -e mesg || true`, "0\n"},
+		// C.UTF-8, the agent's default LANG, comes from a locale archive.
+		{`localedef --list-archive && LANG=C.UTF-8 python3 -c 'import locale; print(locale.setlocale(locale.LC_ALL, ""))'`, "C.utf8\nC.UTF-8\n"},
 		// su with a login shell, as E2B's envd starts commands (bash -l).
 		{`su - user -c 'id -un; echo "$HOME"; pwd; echo "$SHELL"'`, "user\n/home/user\n/home/user\n/bin/bash\n"},
 		// sudo -n fails where a password would be asked.
 		{`runuser -u user -- sudo -n id -u`, "0\n"},
 		{`runuser -u user -- sh -c 'cd && touch made /usr/local/bin/made && stat -c %U made /usr/local/bin/made'`, "user\nuser\n"},
 		{`node -e 'console.log(6 * 7)' && python3 -c 'print(6 * 7)'`, "42\n42\n"},
+		// POSIX shared memory, as Linux mounts /dev/shm: every user may write
+		// there (Python's multiprocessing needs it for its locks).
+		{`stat -c %a /dev/shm && runuser -u user -- sh -c 'touch /dev/shm/x && stat -c %U /dev/shm/x' &&
+			runuser -u user -- python3 -c 'import multiprocessing as m; l = m.Lock(); print(l.acquire())'`, "1777\nuser\nTrue\n"},
 	} {
 		if got := sh(t, c, sb.ID, c2.script); got != c2.want {
 			t.Errorf("%s:\n got %q\nwant %q", c2.script, got, c2.want)
@@ -71,5 +85,8 @@ func TestE2BBaseImage(t *testing.T) {
 	}
 	if got := sh(t, c, sb.ID, `runuser -u user -- sudo -n id -u && stat -c %U /home/user/made`); got != "0\nuser\n" {
 		t.Errorf("after resume: sudo and the user's file: %q", got)
+	}
+	if got := sh(t, c, sb.ID, `stat -c %a /dev/shm && runuser -u user -- sh -c 'touch /dev/shm/y && ls /dev/shm'`); got != "1777\nx\ny\n" {
+		t.Errorf("after resume: /dev/shm as the user: %q, want mode 1777 with x kept and y made", got)
 	}
 }

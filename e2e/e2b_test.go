@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -140,7 +143,14 @@ func countSandboxes(t *testing.T, srv *servertest.Server) int {
 // status the SDKs map (401 AuthenticationError, 404 NotFoundError, 409, 400)
 // and changes nothing.
 func TestE2BBadInput(t *testing.T) {
-	srv := startE2B(t, servertest.Options{})
+	// The server's log goes to a file (slog's handler serializes its writes).
+	logPath := filepath.Join(t.TempDir(), "server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	srv := startE2B(t, servertest.Options{Logger: slog.New(slog.NewTextHandler(logFile, nil))})
 	sb := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
 	before := countSandboxes(t, srv)
 
@@ -165,10 +175,27 @@ func TestE2BBadInput(t *testing.T) {
 	}{
 		{"create, body not JSON", "POST", "/v2/sandboxes", []byte("templateID=base"), 400, []string{"JSON"}},
 		{"create, body an array", "POST", "/sandboxes", []byte(`[]`), 400, []string{"JSON object"}},
-		{"create, timeout a string", "POST", "/v2/sandboxes", []byte(`{"timeout":"5"}`), 400, []string{"timeout"}},
+		{"create, timeout a string", "POST", "/v2/sandboxes", []byte(`{"timeout":"5"}`), 400, []string{"timeout", "string", "integer"}},
+		{"create, timeout a fraction", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","timeout":1.5}`), 400, []string{"timeout", "integer"}},
+		{"create, templateID a number", "POST", "/v2/sandboxes", []byte(`{"templateID":5}`), 400, []string{"templateID", "string"}},
+		{"create, autoPause a string", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoPause":"yes"}`), 400, []string{"autoPause", "boolean"}},
+		{"create, autoResume a boolean", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoResume":true}`), 400, []string{"autoResume", "object"}},
+		{"create, autoResume.enabled a string", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","autoResume":{"enabled":"true"}}`), 400, []string{"autoResume.enabled", "boolean"}},
+		{"create, metadata value a number", "POST", "/sandboxes", []byte(`{"templateID":"base","metadata":{"a":1}}`), 400, []string{"metadata", "string"}},
+		{"create, envVars an array", "POST", "/v2/sandboxes", []byte(`{"templateID":"base","envVars":["A=1"]}`), 400, []string{"envVars", "object"}},
+		{"pause, memory a string", "POST", "/sandboxes/" + sb.SandboxID + "/pause", []byte(`{"memory":"no"}`), 400, []string{"memory", "boolean"}},
+		{"fork, count a string", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count":"2"}`), 400, []string{"count", "integer"}},
 		{"create, negative timeout", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(-1)}, 400, []string{"timeout"}},
+		{"create, timeout 0", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(0)}, 400, []string{"timeout 0", "at least 1"}},
+		{"create (old path), timeout over the bound", "POST", "/sandboxes", e2b.NewSandbox{TemplateID: "base", Timeout: i32(40_000_000)}, 400, []string{"timeout 40000000", "at most"}},
+		{"timeout, over the bound", "POST", "/sandboxes/" + sb.SandboxID + "/timeout", []byte(`{"timeout": 40000000}`), 400, []string{"timeout 40000000", "at most"}},
+		{"timeout, negative", "POST", "/sandboxes/" + sb.SandboxID + "/timeout", []byte(`{"timeout": -5}`), 400, []string{"timeout -5"}},
+		{"connect, timeout over the bound", "POST", "/v2/sandboxes/" + sb.SandboxID + "/connect", []byte(`{"timeout": 40000000}`), 400, []string{"timeout 40000000", "at most"}},
+		{"fork, timeout 0", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"timeout": 0}`), 400, []string{"timeout 0", "at least 1"}},
 		{"create, unknown template", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "no-such-template"}, 404, []string{"no-such-template"}},
-		{"create, egress rules", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Network: &e2b.Network{AllowOut: []string{"1.1.1.1"}}}, 400, []string{"network"}},
+		{"create, allowOut without an uplink", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Network: &e2b.Network{AllowOut: []string{"1.1.1.1"}}}, 400, []string{"allow_out", "uplink"}},
+		{"create, a domain in allowOut", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Network: &e2b.Network{AllowOut: []string{"*.example.com"}}}, 400, []string{"*.example.com", "domain"}},
+		{"create, egress rules", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Network: &e2b.Network{Rules: json.RawMessage(`{"x":1}`)}}, 400, []string{"network"}},
 		{"create, volumes", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", VolumeMounts: []e2b.VolumeMount{{Name: "v", Path: "/v"}}}, 400, []string{"volumeMounts"}},
 		{"create, MCP", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", MCP: json.RawMessage(`{"x":{}}`)}, 400, []string{"mcp"}},
 		{"create, metadata with an empty key", "POST", "/v2/sandboxes", e2b.NewSandbox{TemplateID: "base", Metadata: map[string]string{"": "x"}}, 400, []string{"metadata"}},
@@ -180,20 +207,46 @@ func TestE2BBadInput(t *testing.T) {
 		{"timeout, missing", "POST", "/sandboxes/" + sb.SandboxID + "/timeout", []byte(`{}`), 400, []string{"timeout"}},
 		{"timeout, unknown", "POST", "/sandboxes/sbx-000000000000/timeout", []byte(`{"timeout": 5}`), 404, nil},
 		{"fork, count 0", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count": 0}`), 400, []string{"count"}},
-		{"fork, count over the limit", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count": 17}`), 400, []string{"count"}},
+		{"fork, count over the limit", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count": 17}`), 400, []string{"count 17: want 1 to 16"}},
+		{"fork, count over E2B's limit", "POST", "/sandboxes/" + sb.SandboxID + "/fork", []byte(`{"count": 101}`), 400, []string{"count 101: want 1 to 16"}},
 		{"snapshot name like an id", "POST", "/sandboxes/" + sb.SandboxID + "/snapshots", []byte(`{"name": "snap-x"}`), 400, []string{"snap-"}},
 		{"delete unknown snapshot", "DELETE", "/templates/snap-000000000000", nil, 404, nil},
 		{"list, bad state", "GET", "/v2/sandboxes?state=asleep", nil, 400, []string{"state"}},
 		{"list, bad limit", "GET", "/v2/sandboxes?limit=1000", nil, 400, []string{"limit"}},
 		{"list, bad token", "GET", "/v2/sandboxes?nextToken=xyz", nil, 400, []string{"nextToken"}},
+		{"list, undecodable metadata", "GET", "/v2/sandboxes?metadata=%%%", nil, 400, []string{"metadata"}},
+		{"list (running), undecodable metadata", "GET", "/sandboxes?metadata=%%%", nil, 400, []string{"metadata"}},
+		{"list, metadata pair without =", "GET", "/v2/sandboxes?metadata=user", nil, 400, []string{"metadata"}},
+		{"list (running), bogus state", "GET", "/sandboxes?state=bogus", nil, 400, []string{"state", "bogus"}},
+		{"list, undecodable state", "GET", "/v2/sandboxes?state=%zz", nil, 400, []string{"state"}},
+		{"list, limit not a number", "GET", "/v2/sandboxes?limit=abc", nil, 400, []string{"limit", "abc"}},
+		{"list (running), garbage token", "GET", "/sandboxes?nextToken=" + url.QueryEscape("!!not-a-token"), nil, 400, []string{"nextToken"}},
+		{"list, undecodable token", "GET", "/v2/sandboxes?nextToken=%zz", nil, 400, []string{"nextToken"}},
+		{"list, bad order", "GET", "/v2/sandboxes?order=up", nil, 400, []string{"order"}},
+		{"list, bad startedAfter", "GET", "/v2/sandboxes?startedAfter=yesterday", nil, 400, []string{"startedAfter"}},
+		{"snapshots, limit not a number", "GET", "/snapshots?limit=abc", nil, 400, []string{"limit"}},
+		{"snapshots, garbage token", "GET", "/snapshots?nextToken=garbage", nil, 400, []string{"nextToken"}},
+		{"snapshots, undecodable sandboxID", "GET", "/snapshots?sandboxID=%zz", nil, 400, []string{"sandboxID"}},
+		{"metrics, start not a number", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?start=abc", nil, 400, []string{"start", "abc"}},
+		{"metrics, end not a number", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?end=1.5", nil, 400, []string{"end"}},
+		{"metrics, start after end", "GET", "/sandboxes/" + sb.SandboxID + "/metrics?start=2000&end=1000", nil, 400, []string{"start", "end"}},
 		{"unknown path", "GET", "/v2/whatever", nil, 404, []string{"/v2/whatever"}},
+		{"template build", "POST", "/v3/templates", []byte(`{"name":"t"}`), 501, []string{"template builds", "torpor image build"}},
+		{"template build status", "GET", "/templates/t/builds/b/status", nil, 501, []string{"template builds"}},
+		{"network rules", "PUT", "/sandboxes/" + sb.SandboxID + "/network", []byte(`{"allowOut":["1.1.1.1"]}`), 501, []string{"network rules"}},
+		{"volumes", "POST", "/volumes", []byte(`{"name":"v"}`), 501, []string{"volumes"}},
 		{"route, one header", "GET", "/health", nil, 400, []string{e2b.HeaderSandboxPort}},
 	} {
 		var hdr []string
 		if c.what == "route, one header" {
 			hdr = []string{e2b.HeaderSandboxID, sb.SandboxID}
 		}
-		e2bCall(t, srv, c.method, c.path, c.body, hdr...).wantError(t, c.what, c.status, c.words...)
+		a := e2bCall(t, srv, c.method, c.path, c.body, hdr...)
+		a.wantError(t, c.what, c.status, c.words...)
+		// E2B's errors name E2B's fields, not torpor's.
+		if strings.Contains(string(a.Body), "timeout_s") {
+			t.Errorf("%s: %s names torpor's timeout_s", c.what, a.Body)
+		}
 	}
 	if n := countSandboxes(t, srv); n != before {
 		t.Errorf("%d sandboxes after the refused calls, want %d", n, before)
@@ -201,6 +254,19 @@ func TestE2BBadInput(t *testing.T) {
 	if d := e2bInfo(t, srv, sb.SandboxID); d.State != e2b.StateRunning {
 		t.Errorf("sandbox %s is %s after the refused calls, want running", sb.SandboxID, d.State)
 	}
+	// Fields this server does not know are ignored, as E2B's server does,
+	// and logged.
+	a := e2bCall(t, srv, "POST", "/v2/sandboxes", []byte(`{"templateID":"base","metadata":{"k":"v"},"futureOption":{"x":1},"zFlag":true}`))
+	var extra e2b.Sandbox
+	if a.Status != http.StatusCreated || json.Unmarshal(a.Body, &extra) != nil {
+		t.Errorf("create with unknown fields: %d %s, want 201", a.Status, a.Body)
+	} else if d := e2bInfo(t, srv, extra.SandboxID); d.Metadata["k"] != "v" {
+		t.Errorf("create with unknown fields: the known ones were not applied: %+v", d)
+	}
+	if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), "fields=\"[futureOption zFlag]\"") {
+		t.Errorf("the ignored fields are not logged:\n%s", log)
+	}
+
 	// envd without, and with a wrong, access token.
 	for _, tok := range []string{"", "wrong"} {
 		e2bCall(t, srv, "GET", "/health", nil, e2b.HeaderSandboxID, sb.SandboxID, e2b.HeaderSandboxPort, "49983",
@@ -371,6 +437,17 @@ func TestE2BControlPlane(t *testing.T) {
 	if len(ms) != 1 || ms[0].MemUsed <= 0 || ms[0].MemTotal != 512<<20 || ms[0].CPUCount != 1 || ms[0].CPUUsedPct < 0 {
 		t.Errorf("metrics %+v", ms)
 	}
+	// A window holding now has the sample; one that ended before has none.
+	for _, c := range []struct {
+		query string
+		n     int
+	}{{fmt.Sprintf("?start=%d", time.Now().Add(-time.Minute).Unix()), 1}, {fmt.Sprintf("?start=1000&end=%d", time.Now().Add(-time.Minute).Unix()), 0}} {
+		var ms []e2b.Metric
+		e2bCall(t, srv, "GET", "/sandboxes/"+id+"/metrics"+c.query, nil).decode(t, &ms)
+		if len(ms) != c.n {
+			t.Errorf("metrics%s: %d samples, want %d", c.query, len(ms), c.n)
+		}
+	}
 
 	// List: a metadata filter (the SDK's triple encoding), states, three pages.
 	q := "metadata=" + url.QueryEscape(url.QueryEscape("user")+"="+url.QueryEscape("abc"))
@@ -473,6 +550,32 @@ func TestE2BTimeouts(t *testing.T) {
 	}
 	if a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+stay.SandboxID+"/connect", nil); a.Status != http.StatusCreated {
 		t.Errorf("connect: %d %s", a.Status, a.Body)
+	}
+
+	// setTimeout(0) ends the sandbox at once, as in E2B: killed (within the
+	// lifecycle's next checks), or paused when it pauses on timeout.
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+stay.SandboxID+"/timeout", e2b.TimeoutRequest{Timeout: i32(0)}); a.Status != http.StatusNoContent {
+		t.Fatalf("setTimeout 0: %d %s", a.Status, a.Body)
+	}
+	late := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", Timeout: i32(300)})
+	t0 := time.Now()
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+late.SandboxID+"/timeout", e2b.TimeoutRequest{Timeout: i32(0)}); a.Status != http.StatusNoContent {
+		t.Fatalf("setTimeout 0: %d %s", a.Status, a.Body)
+	}
+	for {
+		var s e2b.SandboxDetail
+		k := e2bCall(t, srv, "GET", "/sandboxes/"+late.SandboxID, nil)
+		e2bCall(t, srv, "GET", "/sandboxes/"+stay.SandboxID, nil).decode(t, &s)
+		if k.Status == http.StatusNotFound && s.State == e2b.StatePaused {
+			break
+		}
+		if time.Since(t0) > 20*time.Second {
+			t.Fatalf("%v after setTimeout(0): the kill-on-timeout sandbox answers %d, the pause-on-timeout one is %s", time.Since(t0), k.Status, s.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("setTimeout(0) ended the sandbox after %v, want at once", d)
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
+	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process/processconnect"
 	"github.com/torpor/torpor/apiv1"
@@ -202,36 +204,92 @@ func TestEnvd(t *testing.T) {
 		}
 	})
 
-	t.Run("stream cut by hibernate", func(t *testing.T) {
-		s, pid := startCmd(ctx, &process.StartRequest{Stdin: new(bool), Process: &process.ProcessConfig{Cmd: "sleep", Args: []string{"1000"}}})
-		defer s.Close()
+	t.Run("file metadata survives hibernate", func(t *testing.T) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape("/root/meta.txt"), strings.NewReader("m"))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("X-Metadata-Owner-Team", "agents")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"metadata":{"owner-team":"agents"}`) {
+			t.Fatalf("POST /files with metadata: %d %s", resp.StatusCode, b)
+		}
+		tr.CloseIdleConnections()
+		hibernate(t, c, id)
+		fc := filesystemconnect.NewFilesystemClient(hc, base, connect.WithProtoJSON())
+		st, err := fc.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/root/meta.txt"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md := st.Msg.GetEntry().GetMetadata(); len(md) != 1 || md["owner-team"] != "agents" {
+			t.Fatalf("metadata after hibernate and resume: %v", md)
+		}
+	})
+
+	t.Run("stream ended for hibernate", func(t *testing.T) {
+		// The stream has its own transport, closed when the stream ends, as
+		// the E2B front does for each request (an idle kept-alive connection
+		// would count as a request in flight).
+		str := agentclient.NewEnvdTransport(func(ctx context.Context) (net.Conn, error) {
+			return srv.Manager.DialAgent(ctx, id)
+		})
+		spc := processconnect.NewProcessClient(&http.Client{Transport: rootUser{str}}, base, connect.WithProtoJSON())
+		s, err := spc.Start(ctx, connect.NewRequest(&process.StartRequest{Stdin: new(bool), Process: &process.ProcessConfig{Cmd: "/bin/sh",
+			Args: []string{"-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count2; echo $i; sleep 0.1; done`}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.Receive() || s.Msg().GetEvent().GetStart() == nil {
+			t.Fatalf("first event %v (%v), want start", s.Msg(), s.Err())
+		}
+		pid := s.Msg().GetEvent().GetStart().GetPid()
+		collect(s, func() *process.ProcessEvent { return s.Msg().GetEvent() }, func(o string) bool { return strings.Count(o, "\n") >= 2 })
 		ended := make(chan error, 1)
 		go func() {
 			for s.Receive() {
 			}
-			ended <- s.Err()
+			err := s.Err()
+			s.Close()
+			str.CloseIdleConnections()
+			ended <- err
 		}()
-		// The open stream holds the hibernate for its drain, then is cut.
+		// The hibernate asks the agent to end the open stream before its
+		// drain (HibernateDrain, 10 s), so it is not held by it.
+		t0 := time.Now()
+		tr.CloseIdleConnections() // the other subtests' calls; the stream is on str
 		hibernate(t, c, id)
+		if d := time.Since(t0); d > 5*time.Second {
+			t.Errorf("hibernate with an open envd stream took %v: the stream held the drain", d)
+		}
 		select {
 		case err := <-ended:
-			if err == nil {
-				t.Fatal("the stream cut by the hibernate ended without an error, as if the process had ended")
+			if connect.CodeOf(err) != connect.CodeUnavailable {
+				t.Fatalf("the stream ended for the hibernate with %v, want unavailable (not an end event: the process runs on)", err)
 			}
-			t.Logf("stream cut by the hibernate: %v", err)
+			t.Logf("stream ended for the hibernate in %v: %v", time.Since(t0).Round(time.Millisecond), err)
 		case <-time.After(30 * time.Second):
 			t.Fatal("the Start stream still hangs 30 s after the hibernate")
 		}
-		res, err := pc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+		before := countIn(t, string(readFile(t, c, id, "/tmp/count2"))) // resumes the sandbox
+		cs, err := pc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		found := false
-		for _, p := range res.Msg.GetProcesses() {
-			found = found || p.GetPid() == pid
+		if !cs.Receive() || cs.Msg().GetEvent().GetStart().GetPid() != pid {
+			t.Fatalf("Connect after resume: %v (%v), want start with pid %d", cs.Msg(), cs.Err(), pid)
 		}
-		if !found {
-			t.Fatalf("after the resume List = %v, want the sleep (pid %d) still running", res.Msg.GetProcesses(), pid)
+		out, _ := collect(cs, func() *process.ProcessEvent { return cs.Msg().GetEvent() }, func(o string) bool { return strings.Count(o, "\n") >= 3 })
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if n := countIn(t, lines[len(lines)-1]); n <= before {
+			t.Fatalf("after connect the counter is at %d, want past %d: the process does not run on", n, before)
+		}
+		cs.Close()
+		if _, err := pc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
+			Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}, Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -182,6 +182,7 @@ func sha(b []byte) string {
 // rawResult is an answer read by rawCall.
 type rawResult struct {
 	Status int
+	Header http.Header
 	Body   []byte
 	Err    apiv1.ErrorDetail // decoded when the body is an ErrorBody
 }
@@ -206,7 +207,7 @@ func rawCall(t *testing.T, method, url, contentType string, body []byte) rawResu
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	res := rawResult{Status: resp.StatusCode, Body: b}
+	res := rawResult{Status: resp.StatusCode, Header: resp.Header, Body: b}
 	var eb apiv1.ErrorBody
 	if json.Unmarshal(b, &eb) == nil {
 		res.Err = eb.Error

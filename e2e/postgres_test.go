@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,31 +28,6 @@ type serveProcess struct {
 	done chan error
 	url  string
 	log  string
-}
-
-// torporBinary builds cmd/torpor from this checkout into the test's
-// temporary directory.
-func torporBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "torpor")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/torpor")
-	build.Dir = servertest.Root()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build torpor: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// freeAddr is a loopback address no one listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // serve starts `bin serve args…` on a free loopback port (its log in
@@ -128,7 +102,7 @@ func TestServePostgres(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Minute)
 	cluster := pgtest.Start(t)
 	dbURL := cluster.NewDatabase(t)
-	bin := torporBinary(t)
+	bin := buildTorpor(t)
 	dir, err := os.MkdirTemp("", "torpor-e2e-pg-")
 	if err != nil {
 		t.Fatal(err)

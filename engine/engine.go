@@ -28,7 +28,7 @@
 // on its default, and a snapshot is restored only by the engine its manifest
 // names, at a Version that engine accepts (Registry.CheckRestore,
 // CompatibilityChecker). What only some engines can do is an optional interface
-// the caller type-asserts: ExitCheckpointer, CPUMeter, MemoryMeter, HostScoper, io.Closer
+// the caller type-asserts: ExitCheckpointer, CPUMeter, MemoryMeter, HostScoper, EgressProvider, io.Closer
 // (host resources to release once no instance runs).
 //
 // # Names
@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 )
 
 // Spec is what an instance runs.
@@ -64,6 +65,45 @@ type Spec struct {
 	// Mounts are host directories (named volumes) bind-mounted read-write unless
 	// ReadOnly; a Restore must get the same Destinations.
 	Mounts []Mount
+	// PidsLimit bounds the tasks (processes and threads) each user may have
+	// in the sandbox: beyond it fork and clone fail with EAGAIN inside the
+	// sandbox; 0 = no limit.
+	PidsLimit int
+	// WritableMiB bounds, in MiB, what the sandbox's writable layer (its root
+	// file system's changes) may hold when it lives in sandbox memory, and
+	// TmpMiB what /tmp may hold when it is a memory file system: beyond them
+	// writes fail with ENOSPC inside the sandbox instead of the sandbox being
+	// killed for its memory; 0 = no bound but the memory limit.
+	//
+	// On Restore an engine restores the limits the snapshot was taken with,
+	// whatever PidsLimit, WritableMiB and TmpMiB say (a checkpoint carries
+	// them).
+	WritableMiB int
+	TmpMiB      int
+	// Egress, when set, gives the instance a way out to other networks under
+	// these rules, through the host's uplink (engines that have one:
+	// EgressProvider); nil = none. An Egress that reaches nothing refuses the
+	// guest's packets at once. Every Start and Restore applies it anew.
+	Egress *Egress
+}
+
+// Egress is an instance's egress rules; docs/security.md ("Network egress")
+// gives their order and the addresses no rule opens.
+type Egress struct {
+	// InternetAccess: public addresses are reachable; without it only AllowOut.
+	InternetAccess bool
+	// AllowOut opens these prefixes (private ranges included); DenyOut refuses
+	// these and wins over AllowOut.
+	AllowOut, DenyOut []netip.Prefix
+}
+
+// EgressProvider is an Engine that can give instances a way out (Spec.Egress).
+type EgressProvider interface {
+	// Resolver returns the DNS resolver that instances with an Egress reach
+	// on port 53 (zero when none is known), or an error saying why the engine
+	// gives no instance a way out (no uplink configured); Spec.Egress is then
+	// ignored.
+	Resolver() (netip.Addr, error)
 }
 
 // AgentPort is the TCP port the guest agent listens on inside every sandbox.

@@ -95,16 +95,17 @@ func (s *Store) Build(ctx context.Context, name string, packages []string, progr
 		return sandbox.Image{}, fmt.Errorf("build image %q: %w", name, err)
 	}
 	defer unlock()
-	return s.build(ctx, name, recipe{packages: pkgs}, progress, false)
+	return s.build(ctx, name, recipe{packages: pkgs}, progress)
 }
 
-// build does Build's work with the name's lock held. With anySource, an
-// existing image of that name is returned whatever it was made from.
-func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Writer, anySource bool) (sandbox.Image, error) {
+// build does Build's work with the name's lock held: an existing image of
+// that name made from r is returned; else r is taken from the build cache or
+// built, and name points at the result.
+func (s *Store) build(ctx context.Context, name string, r recipe, progress io.Writer) (sandbox.Image, error) {
 	source := r.source()
 	if img, ok, err := s.lookup(ctx, name); err != nil {
 		return sandbox.Image{}, err
-	} else if ok && (anySource || img.Source == source) {
+	} else if ok && img.Source == source {
 		if _, err := os.Stat(s.Path(img.Digest)); err == nil {
 			fmt.Fprintf(progress, "image %s: up to date (%s)\n", name, img.Digest)
 			return img, nil

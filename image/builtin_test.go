@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,4 +180,54 @@ func openImage(t *testing.T, p string) string {
 		t.Fatalf("fsck.erofs %s: %v\n%s", p, err, out)
 	}
 	return x
+}
+
+// TestEnsureBuiltinNewRecipe: a built-in image made from an older recipe (its
+// Source differs from the current one) is kept while the build cache lacks
+// the current recipe, and replaced by the cached build once it is there; the
+// old image stays reachable by digest for the sandboxes made from it.
+func TestEnsureBuiltinNewRecipe(t *testing.T) {
+	s := newStore(t)
+	s.SetBuildCache(t.TempDir())
+	ctx := context.Background()
+	file := func(content string) string {
+		f, err := os.CreateTemp(s.tmpDir(), "fake-*.erofs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(content)
+		f.Close()
+		return f.Name()
+	}
+	old, err := s.store(ctx, E2BBaseName, "mmdebstrap:bash;e2b-user@000000000000", file("old recipe"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress strings.Builder
+	got, err := s.EnsureBuiltin(ctx, E2BBaseName, &progress)
+	if err != nil || got.Digest != old.Digest {
+		t.Fatalf("EnsureBuiltin without the new recipe cached = %s, %v; want the old image %s kept", got.Digest, err, old.Digest)
+	}
+	if !strings.Contains(progress.String(), "older recipe") || !strings.Contains(progress.String(), "torpor image warm "+E2BBaseName) {
+		t.Errorf("progress %q does not say the image is from an older recipe and how to update it", progress.String())
+	}
+
+	src := builtins[E2BBaseName].source()
+	if err := os.Rename(file("current recipe"), s.cachePath(src)); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.EnsureBuiltin(ctx, E2BBaseName, io.Discard)
+	if err != nil || got.Digest == old.Digest || got.Source != src {
+		t.Fatalf("EnsureBuiltin with the new recipe cached = %+v, %v; want a new digest with Source %q", got, err, src)
+	}
+	if img, _, err := s.Get(ctx, E2BBaseName); err != nil || img.Digest != got.Digest {
+		t.Errorf("Get(%s) = %s, %v; want %s", E2BBaseName, img.Digest, err, got.Digest)
+	}
+	if _, p, err := s.Get(ctx, old.Digest); err != nil || p == "" {
+		t.Errorf("the old image by digest: %q, %v; want it kept", p, err)
+	}
+	again, err := s.EnsureBuiltin(ctx, E2BBaseName, io.Discard)
+	if err != nil || again.Digest != got.Digest {
+		t.Errorf("EnsureBuiltin again = %s, %v; want %s", again.Digest, err, got.Digest)
+	}
 }

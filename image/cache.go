@@ -48,6 +48,16 @@ func (s *Store) cachePath(source string) string {
 	return filepath.Join(s.cacheDir, hex.EncodeToString(sum[:])+".erofs")
 }
 
+// inCache reports whether the build cache holds a build of source.
+func (s *Store) inCache(source string) bool {
+	p := s.cachePath(source)
+	if p == "" {
+		return false
+	}
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 // fromCache copies a cached build of source into a temporary file of the store and
 // returns its path ("" if there is no cache entry).
 func (s *Store) fromCache(source string) (string, error) {
@@ -139,11 +149,9 @@ func WarmBuildCache(ctx context.Context, cacheDir string, names []string, progre
 	}
 	s.SetBuildCache(cacheDir)
 	for _, name := range names {
-		if p := s.cachePath(builtins[name].source()); p != "" {
-			if _, err := os.Stat(p); err == nil {
-				fmt.Fprintf(progress, "image %s: already in the build cache (%s)\n", name, p)
-				continue
-			}
+		if src := builtins[name].source(); s.inCache(src) {
+			fmt.Fprintf(progress, "image %s: already in the build cache (%s)\n", name, s.cachePath(src))
+			continue
 		}
 		if _, err := s.EnsureBuiltin(ctx, name, progress); err != nil {
 			return err

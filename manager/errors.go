@@ -31,3 +31,11 @@ func sandboxConflict(id, format string, a ...any) *sandbox.Error {
 func corrupt(op, id string, err error) *sandbox.Error {
 	return &sandbox.Error{Kind: sandbox.SnapshotCorrupt, Op: op, SandboxID: id, Err: err}
 }
+
+// wrongKey is a snapshot encrypted with a key the store was not given
+// (*snapshot.KeyError): Conflict, nothing changed; the server must be
+// started with that key.
+func wrongKey(op, id string, err error) *sandbox.Error {
+	return (&sandbox.Error{Kind: sandbox.Conflict, Op: op, SandboxID: id, Err: err}).
+		WithHint("start the server with the key the snapshot was encrypted with (as its key, or as an old key while rotating)")
+}

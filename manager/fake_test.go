@@ -38,6 +38,10 @@ type hostOpts struct {
 	timeouts manager.EngineTimeouts
 	// eng reuses an engine whose instances outlived the previous host (crash).
 	eng *fake.Engine
+	// limits are the manager's (admission.go).
+	limits manager.LimitsConfig
+	// wrap, when set, is the engine the manager gets, made from the fake one.
+	wrap func(*fake.Engine) engine.Engine
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -54,7 +58,11 @@ func newHost(t *testing.T, o hostOpts) *host {
 			t.Fatal(err)
 		}
 	}
-	engines, err := engine.NewRegistry(eng.Name(), eng)
+	var used engine.Engine = eng
+	if o.wrap != nil {
+		used = o.wrap(eng)
+	}
+	engines, err := engine.NewRegistry(eng.Name(), used)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +87,7 @@ func newHost(t *testing.T, o hostOpts) *host {
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: agentBin, AgentTimeout: 5 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Lifecycle: manager.LifecycleConfig{VolumesDir: filepath.Join(dir, "volumes")},
+		Limits:    o.limits,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -97,6 +97,31 @@ func (m *Manager) addOpen(id string, conns, execs int) {
 // resume it afterwards.
 const HibernateDrain = 10 * time.Second
 
+// envdPrepareTimeout bounds the hibernate's request to the agent to end its
+// envd streams; an agent that does not answer in time is drained as before.
+const envdPrepareTimeout = 2 * time.Second
+
+// endEnvdStreams asks sandbox id's agent to end its open envd streams (E2B's
+// SDKs keep a background command's output, a PTY or a watch open, and those
+// never end on their own) before a hibernate's drain, so that they do not
+// hold it for all of HibernateDrain. Each such stream's connection then
+// closes as its answer ends; the processes go on, and the SDK re-attaches
+// after the resume. Failures are logged: the drain then cuts the streams at
+// its end, as it does for an agent too old to be asked.
+func (m *Manager) endEnvdStreams(ctx context.Context, id string) {
+	c := m.liveClient(id)
+	if c == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, envdPrepareTimeout)
+	defer cancel()
+	if n, err := c.PrepareHibernate(pctx); err != nil {
+		m.log.Warn("hibernate: the agent did not end its envd streams; draining them", "sandbox", id, "err", err)
+	} else if n > 0 {
+		m.log.Debug("hibernate: the agent ended its envd streams", "sandbox", id, "streams", n)
+	}
+}
+
 // drain waits, up to d, until sandbox id has no proxied connection and no exec
 // stream open, and returns how many are still open. The caller holds id's lock,
 // so none starts meanwhile.

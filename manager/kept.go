@@ -198,6 +198,7 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 	if err := m.startClone(ctx, e, c, rootfs, dir); err != nil {
 		return m.view(ctx, c), fmt.Errorf("start from snapshot %s: %w", snapID, err)
 	}
+	m.writeResolvConf(ctx, c)
 	m.cfg.Metrics.created.Inc()
 	return m.view(ctx, c), nil
 }

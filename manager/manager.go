@@ -81,6 +81,9 @@ type Config struct {
 	// HibernateOptions): commit on local disk, upload in the background. Needs
 	// a snapshot.AsyncStore.
 	AsyncUpload bool
+	// Limits bound each sandbox and admit creates, resumes and forks by the
+	// host's memory (admission.go).
+	Limits LimitsConfig
 }
 
 // HibernateOptions are a hibernate call's choices.
@@ -121,6 +124,7 @@ type Manager struct {
 	// removal ends (under mu); Delete waits for it.
 	teardowns sync.WaitGroup
 	exiting   map[string]chan struct{}
+	adm       admission // memory reserved by admitted calls (admission.go)
 }
 
 // Wait blocks until the background teardowns of hibernated sandboxes' exited
@@ -174,6 +178,10 @@ func New(cfg Config) (*Manager, error) {
 		return nil, errors.New("manager: no engines")
 	}
 	cfg.EngineTimeouts = cfg.EngineTimeouts.withDefaults()
+	var err error
+	if cfg.Limits, err = cfg.Limits.withDefaults(); err != nil {
+		return nil, err
+	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{},
 		instEngine: map[string]string{}}
 	d, err := installAgent(cfg.AgentPath, cfg.GuestDir)
@@ -317,7 +325,7 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) sandbox.Sandbox
 	v := sandbox.Sandbox{
 		ID: s.ID, State: s.State, Image: s.Image, ImageDigest: s.ImageDigest,
 		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation,
-		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt,
+		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt, PidsLimit: s.PidsLimit,
 		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
 		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS, LastResume: s.LastResume,
 		Metadata: s.Metadata,
@@ -341,6 +349,11 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		CPUs:      s.CPUs,
 		Env:       s.Env,
 		Mounts:    m.volumeMounts(s),
+		// A restore gets the limits its snapshot was taken with (engine.Spec).
+		PidsLimit:   s.PidsLimit,
+		WritableMiB: writableMiB(s.MemoryMiB),
+		TmpMiB:      tmpMiB(s.MemoryMiB),
+		Egress:      engineEgress(s.Network),
 	}
 }
 
@@ -478,6 +491,14 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := checkMetadata(req.Metadata); err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	pids, err := m.pidsLimit(req.PidsLimit)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	id, err := m.newSandboxID(ctx, req.ID)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
 	pol, err := m.createPolicy(ctx, req)
 	if err != nil {
 		return sandbox.Sandbox{}, err
@@ -499,9 +520,9 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	}
 	now := time.Now().UTC()
 	s := &metadata.Sandbox{
-		ID: newID("sbx-"), State: sandbox.StateCreating, Image: req.Image, ImageDigest: img.Digest,
+		ID: id, State: sandbox.StateCreating, Image: req.Image, ImageDigest: img.Digest,
 		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
-		Metadata: req.Metadata, CreatedAt: now, StateChangedAt: now,
+		Metadata: req.Metadata, CreatedAt: now, StateChangedAt: now, PidsLimit: pids,
 	}
 	s.Policy = pol
 	unlock, err := m.lock(ctx, s.ID)
@@ -509,6 +530,11 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 		return sandbox.Sandbox{}, err
 	}
 	defer unlock()
+	release, err := m.admit(ctx, "create", "", s.MemoryMiB, s.ID)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	defer release()
 	if s.Generation, err = m.cfg.DB.NextGeneration(ctx); err != nil {
 		return sandbox.Sandbox{}, err
 	}
@@ -530,6 +556,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 		m.fail(ctx, s, err)
 		return m.view(ctx, s), err
 	}
+	m.writeResolvConf(ctx, s)
 	s.LastResume = m.runContract(ctx, s, s.Generation, false, true, "", launched)
 	if err := m.setState(ctx, s, sandbox.StateRunning); err != nil {
 		return sandbox.Sandbox{}, err
@@ -708,6 +735,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return undo(err)
 	}
 	if !leaveRunning {
+		m.endEnvdStreams(ctx, s.ID)
 		if conns, execs := m.drain(s.ID, HibernateDrain); conns+execs > 0 {
 			m.log.Warn("hibernate: cutting requests still in flight after the drain", "sandbox", s.ID,
 				"proxied_connections", conns, "exec_streams", execs, "drain_s", HibernateDrain.Seconds())
@@ -874,6 +902,8 @@ func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (s
 		return "", man, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+	case errors.As(err, new(*snapshot.KeyError)):
+		return "", man, wrongKey(op, sandboxID, err)
 	}
 	return "", man, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }
@@ -955,6 +985,11 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	default:
 		return sandboxConflict(s.ID, "sandbox %s is in state %s; only a hibernated sandbox can be resumed", s.ID, s.State)
 	}
+	release, err := m.admit(ctx, "resume", s.ID, s.MemoryMiB, s.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if m.isFilesystemSnapshot(ctx, s.SnapshotID) {
 		return m.resumeFilesystemLocked(ctx, s)
 	}
@@ -1063,6 +1098,15 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if err := m.checkFork(ctx, src, opts); err != nil {
 		return nil, err
 	}
+	ids, err := m.cloneIDs(ctx, count, opts)
+	if err != nil {
+		return nil, err
+	}
+	release, err := m.admit(ctx, "fork", id, count*src.MemoryMiB, ids...)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	ctx = context.WithoutCancel(ctx)
 	switch src.State {
 	case sandbox.StateRunning:
@@ -1093,8 +1137,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, err
 		}
 		c := &metadata.Sandbox{
-			ID: newID("sbx-"), State: sandbox.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
-			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env,
+			ID: ids[i], State: sandbox.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
+			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env, PidsLimit: src.PidsLimit,
 			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
 			Metadata: src.Metadata, CreatedAt: now, StateChangedAt: now,
 		}

@@ -15,6 +15,7 @@ type Metrics struct {
 	snapshotBytes prometheus.Counter
 	created       prometheus.Counter
 	forked        prometheus.Counter
+	refused       prometheus.Counter
 }
 
 // Buckets in seconds: 10 ms to ~40 s, for hibernate and resume durations
@@ -34,9 +35,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "torpor_sandboxes_created_total", Help: "Sandboxes created."}),
 		forked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "torpor_sandboxes_forked_total", Help: "Clones made by fork."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_admission_refused_total", Help: "Creates, resumes and forks refused because the host's memory would be exceeded."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.hibernate, m.resume, m.snapshotBytes, m.created, m.forked)
+		reg.MustRegister(m.hibernate, m.resume, m.snapshotBytes, m.created, m.forked, m.refused)
 	}
 	return m
 }

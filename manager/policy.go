@@ -136,6 +136,9 @@ func (m *Manager) createPolicy(ctx context.Context, req sandbox.Spec) (sandbox.P
 		return p, err
 	}
 	p.Volumes = vols
+	if p.Network, err = m.createNetwork(req); err != nil {
+		return p, err
+	}
 	return p, nil
 }
 
@@ -211,6 +214,7 @@ func (m *Manager) viewPolicy(ctx context.Context, s *metadata.Sandbox, v *sandbo
 	v.Volumes = s.Volumes
 	v.ExpiresAt = s.ExpiresAt
 	v.ResumeOnRequest = s.ResumeOnRequest
+	v.Network = s.Network
 	run, byteS := m.usageAt(ctx, s, time.Now())
 	v.Usage = sandbox.Usage{RunningS: float64(run) / 1000, SnapshotByteS: byteS}
 	if s.TimeoutS > 0 {

@@ -195,6 +195,8 @@ func (m *Manager) VerifySnapshot(ctx context.Context, id string) (sandbox.Verify
 		return sandbox.VerifyResult{}, corrupt("", "", err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		return sandbox.VerifyResult{}, corrupt("", "", fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+	case errors.As(err, new(*snapshot.KeyError)):
+		return sandbox.VerifyResult{}, wrongKey("", "", err)
 	case err != nil:
 		return sandbox.VerifyResult{}, err
 	}

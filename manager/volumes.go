@@ -41,6 +41,10 @@ var volumeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,49}$`)
 type ForkOptions struct {
 	// Volumes is "" (refuse to fork a sandbox with volumes) or "copy".
 	Volumes string
+	// IDs, when set, are the clones' ids, one per clone (NewSandboxID makes
+	// them): a caller that must know them before the clones exist (an
+	// idempotent fork) chooses them. A malformed or taken id is refused.
+	IDs []string
 }
 
 func (m *Manager) volumeDir(name string) string {

@@ -31,7 +31,14 @@ func (m *Manager) watch(id, instance string) {
 				m.log.Debug("watch: instance gone before it was followed", "sandbox", id, "instance", instance)
 				return
 			}
-			m.log.Warn("watch: engine does not run the instance", "sandbox", id, "instance", instance, "err", err)
+			// The process may have ended between the start and this call (a kill
+			// right after create). Ask the engine's list, which sees what runs
+			// on the host: an instance it does not list as running is gone.
+			if gone, lerr := m.instanceGone(ctx, instance); lerr != nil || !gone {
+				m.log.Warn("watch: engine does not run the instance", "sandbox", id, "instance", instance, "err", err, "list_err", lerr)
+				return
+			}
+			m.instanceExited(id, instance, engine.ExitStatus{What: "the sandbox's process (gone before it was followed)"})
 			return
 		}
 		if err != nil {
@@ -40,6 +47,22 @@ func (m *Manager) watch(id, instance string) {
 		}
 		m.instanceExited(id, instance, st)
 	}()
+}
+
+// instanceGone reports whether the engine of instance does not list it as
+// running. It returns an error when the list cannot be read (then nothing is
+// known).
+func (m *Manager) instanceGone(ctx context.Context, instance string) (bool, error) {
+	infos, err := m.engOf(instance).List(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, in := range infos {
+		if in.ID == instance && in.Running {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // instanceExited handles the end of instance's process. If the sandbox still runs

@@ -1,7 +1,7 @@
 // Package metadata is torpor's system of record for sandboxes, snapshots,
-// volumes, image names, API keys and counters: the interface Store and its record
-// types. The sandbox manager writes every state change here before it
-// acknowledges it.
+// volumes, image names, API keys, idempotent calls and counters: the interface
+// Store and its record types. The sandbox manager writes every state change
+// here before it acknowledges it.
 //
 // Implementations: metadata/sqlite (an embedded SQLite database in the data
 // directory, the default) and metadata/postgres (a PostgreSQL database, which
@@ -69,6 +69,7 @@ type Store interface {
 	Volumes
 	Images
 	Keys
+	IdempotencyKeys
 	Counters
 	Nodes
 	// Close releases the store. Calls after Close fail.
@@ -242,6 +243,45 @@ type NodeResources struct {
 	Sandboxes int
 }
 
+// IdempotencyKeys are the records of calls made with an idempotency key (REST
+// v1's create and fork, header Idempotency-Key): the ids of the sandboxes a
+// call will make, stored before it makes any, then the status it answered,
+// so that a retry with the same key (after a timeout, or a crash that cut the
+// answer) gets the same sandboxes and never makes a second set. The caller
+// removes records older than a day (DeleteIdempotencyKeysBefore).
+type IdempotencyKeys interface {
+	// ClaimIdempotencyKey stores r unless a record with r.Key exists, and
+	// returns the record now stored under the key: r (created true) or the
+	// existing one, unchanged (created false). Atomic: of concurrent claims
+	// of one key exactly one creates.
+	ClaimIdempotencyKey(ctx context.Context, r IdempotencyKey) (stored IdempotencyKey, created bool, err error)
+	// FinishIdempotencyKey sets the Status of the record of key. ErrNotFound
+	// if there is none.
+	FinishIdempotencyKey(ctx context.Context, key string, status int) error
+	// DeleteIdempotencyKey removes the record of key (a call that made
+	// nothing, which a retry may run again). ErrNotFound if there is none.
+	DeleteIdempotencyKey(ctx context.Context, key string) error
+	// DeleteIdempotencyKeysBefore removes every record whose CreatedAt is
+	// before t and returns how many it removed.
+	DeleteIdempotencyKeysBefore(ctx context.Context, t time.Time) (int, error)
+}
+
+// IdempotencyKey is the record of a call made with an idempotency key.
+type IdempotencyKey struct {
+	// Key is the caller's key (1 to 255 printable ASCII characters).
+	Key string
+	// RequestHash is the SHA-256 of the call (method, path and body; 32
+	// bytes): a retry must send the same call.
+	RequestHash []byte
+	// SandboxIDs are the ids of the sandboxes the call makes, in order,
+	// chosen before it made any.
+	SandboxIDs []string
+	// Status is the HTTP status the call answered; 0 while it runs, or when
+	// a crash ended it before it answered.
+	Status    int
+	CreatedAt time.Time
+}
+
 // Counters are the store-wide counters.
 type Counters interface {
 	// NextGeneration returns the next value of the generation counter: 1 on
@@ -263,8 +303,11 @@ type Sandbox struct {
 	MemoryMiB   int
 	CPUs        float64
 	Env         map[string]string
-	Generation  int64
-	ForkedFrom  string
+	// PidsLimit is the sandbox's pids limit (sandbox.Sandbox.PidsLimit); 0 =
+	// none (records from before pids limits).
+	PidsLimit  int
+	Generation int64
+	ForkedFrom string
 	// SnapshotID is the latest committed snapshot this sandbox resumes from ("" if
 	// none). A clone starts with its source's snapshot here.
 	SnapshotID string

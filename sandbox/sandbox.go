@@ -1,6 +1,9 @@
 package sandbox
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // State is a sandbox's lifecycle state. Transitions:
 //
@@ -60,7 +63,27 @@ type Policy struct {
 	// proxied connection) resumes it first. When false such a request is
 	// refused (sandbox.ErrConflict) and only an explicit resume wakes it.
 	ResumeOnRequest bool
+	// Network is the sandbox's egress policy, fixed at create; every fork
+	// clone has its source's.
+	Network Network
 }
+
+// Network is a sandbox's egress policy: what it may reach through the host's
+// uplink. docs/security.md ("Network egress") gives the order of the rules
+// and the addresses no rule opens. The zero value reaches nothing.
+type Network struct {
+	// InternetAccess: public addresses are reachable; without it only AllowOut.
+	InternetAccess bool
+	// AllowOut opens these prefixes (private ranges included); DenyOut refuses
+	// these and wins over AllowOut. IPv6 prefixes are kept and have no
+	// effect: sandboxes have IPv4 only.
+	AllowOut []netip.Prefix
+	DenyOut  []netip.Prefix
+}
+
+// Wanted reports whether a sandbox with this policy reaches anything at all
+// (internet access or something allowed).
+func (n Network) Wanted() bool { return n.InternetAccess || len(n.AllowOut) > 0 }
 
 // Spec is what a new sandbox is asked to be (the manager's Create). Zero
 // values take the defaults the manager documents.
@@ -88,6 +111,20 @@ type Spec struct {
 	// Metadata is the caller's key-value pairs, kept with the sandbox and
 	// returned as given (E2B's sandbox metadata); nil = none.
 	Metadata map[string]string
+	// PidsLimit bounds the tasks (processes and threads) each user may have
+	// in the sandbox (0 = the server's default).
+	PidsLimit int
+	// ID, when set, is the new sandbox's id (manager.NewSandboxID makes one):
+	// a caller that must know it before the sandbox exists (an idempotent
+	// create) chooses it. "" = a new one.
+	ID string
+	// InternetAccess: nil = on when the server has an uplink, off when it has
+	// none; true on a server without one is refused. AllowOut and DenyOut are
+	// CIDR prefixes or single addresses (see Network); allow_out on a server
+	// without an uplink is refused.
+	InternetAccess *bool
+	AllowOut       []string
+	DenyOut        []string
 }
 
 // PolicyUpdate changes a sandbox's policies: nil fields (and an ExpiresAt
@@ -147,6 +184,9 @@ type Sandbox struct {
 	MemoryMiB   int
 	CPUs        float64
 	Env         map[string]string
+	// PidsLimit bounds the tasks each user may have in the sandbox; 0 = none
+	// (a sandbox made before pids limits).
+	PidsLimit int
 	// Generation changes on every resume and fork; it is kept outside the snapshot.
 	Generation int64
 	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
@@ -184,6 +224,8 @@ type Sandbox struct {
 	TimeoutLeftS float64
 	// Metadata: see Spec.
 	Metadata map[string]string
+	// Network: see Policy.
+	Network Network
 }
 
 // ResourceSample is what a running sandbox's instance uses at one moment, as

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,10 +91,15 @@ func Create(ctx context.Context, p Pair) error {
 	return nil
 }
 
-// Delete removes both namespaces (and with them the veth pair). Missing namespaces
+// Delete removes both namespaces (and with them the veth pairs, the uplink's
+// first: the kernel removes a deleted namespace's links later, and the
+// uplink's end would hold its pool address until then). Missing namespaces
 // are not an error.
 func Delete(ctx context.Context, p Pair) error {
 	var errs []string
+	if err := detach(p); err != nil {
+		errs = append(errs, err.Error())
+	}
 	for _, n := range []string{p.Guest, p.Host} {
 		if _, err := os.Stat(netnsDir + "/" + n); err != nil {
 			continue
@@ -176,33 +182,18 @@ func (p Pair) Dial(ctx context.Context, port int) (net.Conn, error) {
 
 // RunIn runs fn on an OS thread inside the pair's host namespace (for tests that
 // start a host-side server the guest can reach at HostIP).
-func (p Pair) RunIn(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(orig)
-		target, err := unix.Open(netnsDir+"/"+p.Host, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(target)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- ferr
-	}()
-	return <-errc
+func (p Pair) RunIn(fn func() error) error { return RunInNetns(p.Host, fn) }
+
+// RunInNetns runs fn on an OS thread inside the network namespace named name
+// (under /run/netns) and returns fn's error, or why the namespace could not be
+// entered. A socket fn makes stays in that namespace.
+func RunInNetns(name string, fn func() error) error {
+	ns, err := netns.GetFromPath(netnsDir + "/" + name)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return inNetns(ns, fn)
 }
 
 func ip(ctx context.Context, stdin string, args ...string) error {

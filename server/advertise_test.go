@@ -17,8 +17,11 @@ func TestAdvertiseURL(t *testing.T) {
 		"[::]:7070":      "http://" + host + ":7070",
 		"localhost:80":   "http://localhost:80",
 	} {
-		if got := advertiseURL(listen); got != want {
+		if got := advertiseURL(listen, false); got != want {
 			t.Errorf("advertiseURL(%q) = %q, want %q", listen, got, want)
 		}
+	}
+	if got := advertiseURL("10.0.0.5:7443", true); got != "https://10.0.0.5:7443" {
+		t.Errorf("with TLS: %q", got)
 	}
 }

@@ -22,7 +22,7 @@ func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartb
 		name = node.DefaultName()
 	}
 	if adv == "" {
-		adv = advertiseURL(cfg.Listen)
+		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
 	}
 	capacity, err := node.HostCapacity()
 	if err != nil {
@@ -33,22 +33,26 @@ func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartb
 }
 
 // advertiseURL is the URL a server on listen advertises by default:
-// http://<listen>, with the host's name for an address on all interfaces
-// (":7070", "0.0.0.0:7070", "[::]:7070").
-func advertiseURL(listen string) string {
+// http://<listen> (https:// when it serves TLS), with the host's name for an
+// address on all interfaces (":7070", "0.0.0.0:7070", "[::]:7070").
+func advertiseURL(listen string, tls bool) string {
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
 	if listen == "" {
 		listen = "127.0.0.1:7070"
 	}
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return "http://" + listen
+		return scheme + listen
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		if h, err := os.Hostname(); err == nil && h != "" {
 			host = h
 		}
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return scheme + net.JoinHostPort(host, port)
 }
 
 // sandboxLoad is what the sandboxes recorded in db hold of the host: every

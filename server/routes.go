@@ -147,23 +147,43 @@ func classify(err error) (int, string) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := classify(err)
-	if status >= 500 {
+	if status >= 500 && manager.RetryAfterSeconds(err) == 0 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	setRetryAfter(w, err)
 	writeError(w, status, code, err.Error())
+}
+
+// setRetryAfter sets Retry-After on the answer to a call that admission
+// control refused (503: the host's memory is full).
+func setRetryAfter(w http.ResponseWriter, err error) {
+	if n := manager.RetryAfterSeconds(err); n > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(n))
+	}
 }
 
 // decode reads a JSON object body into v: other JSON values (null, arrays),
 // unknown fields, trailing data and bodies over 1 MiB are errors. An empty body
 // leaves v as it is when allowEmpty.
 func decode(r *http.Request, v any, allowEmpty bool) error {
+	_, err := decodeBody(r, v, allowEmpty)
+	return err
+}
+
+// decodeBody is decode that also returns the body's bytes.
+func decodeBody(r *http.Request, v any, allowEmpty bool) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
 	if err != nil {
-		return invalidArgument("reading body: %v", err)
+		return nil, invalidArgument("reading body: %v", err)
 	}
 	if len(b) > maxJSONBody {
-		return sandbox.Errorf(sandbox.InvalidArgument, "%w: %d bytes at most", errBodyTooLarge, maxJSONBody)
+		return nil, sandbox.Errorf(sandbox.InvalidArgument, "%w: %d bytes at most", errBodyTooLarge, maxJSONBody)
 	}
+	return b, decodeJSON(b, v, allowEmpty)
+}
+
+// decodeJSON is decode of the body b.
+func decodeJSON(b []byte, v any, allowEmpty bool) error {
 	if len(bytes.TrimSpace(b)) == 0 {
 		if allowEmpty {
 			return nil
@@ -186,16 +206,24 @@ func decode(r *http.Request, v any, allowEmpty bool) error {
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSandboxRequest
-	if err := decode(r, &req, true); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.Manager.Create(r.Context(), specFromWire(req))
+	body, err := decodeBody(r, &req, true)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, wireSandbox(sb))
+	s.serveIdempotent(w, r, body, idempotentCall{n: 1,
+		run: func(ctx context.Context, ids []string) (int, any, error) {
+			spec := specFromWire(req)
+			if ids != nil {
+				spec.ID = ids[0]
+			}
+			sb, err := s.Manager.Create(ctx, spec)
+			return http.StatusCreated, wireSandbox(sb), err
+		},
+		view: func(ctx context.Context, ids []string) any {
+			sb, _ := s.Manager.Get(ctx, ids[0])
+			return wireSandbox(sb)
+		}})
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -256,20 +284,29 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	// An absent count means 1; an explicit 0 is out of range (OpenAPI: minimum 1).
 	req := apiv1.ForkRequest{Count: 1}
-	if err := decode(r, &req, true); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if req.Count < 1 {
-		s.fail(w, r, invalidArgument("count %d: must be between 1 and %d", req.Count, manager.MaxForkCount))
-		return
-	}
-	out, err := s.Manager.Fork(r.Context(), r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes})
+	body, err := decodeBody(r, &req, true)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, apiv1.ForkResponse{Sandboxes: wireSandboxes(out)})
+	if req.Count < 1 || req.Count > manager.MaxForkCount {
+		s.fail(w, r, invalidArgument("count %d: must be between 1 and %d", req.Count, manager.MaxForkCount))
+		return
+	}
+	s.serveIdempotent(w, r, body, idempotentCall{n: req.Count,
+		run: func(ctx context.Context, ids []string) (int, any, error) {
+			out, err := s.Manager.Fork(ctx, r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes, IDs: ids})
+			return http.StatusCreated, apiv1.ForkResponse{Sandboxes: wireSandboxes(out)}, err
+		},
+		view: func(ctx context.Context, ids []string) any {
+			out := make([]sandbox.Sandbox, 0, len(ids))
+			for _, id := range ids {
+				if sb, err := s.Manager.Get(ctx, id); err == nil {
+					out = append(out, sb)
+				}
+			}
+			return apiv1.ForkResponse{Sandboxes: wireSandboxes(out)}
+		}})
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
@@ -451,6 +488,7 @@ func (s *Server) proxy() http.Handler {
 		if status == http.StatusInternalServerError && isDialError(err) {
 			status, code = http.StatusBadGateway, apiv1.CodeBadGateway
 		}
+		setRetryAfter(w, err)
 		writeError(w, status, code, err.Error())
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

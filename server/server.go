@@ -19,15 +19,19 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +49,7 @@ import (
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/sandboxnet"
 )
 
 // Config configures a server.
@@ -57,8 +62,9 @@ type Config struct {
 	Database string
 	// Node is the name the server registers as a node in the database
 	// (default: the host name, node.DefaultName); Advertise the base URL of
-	// its API for other nodes and operators (default http://<Listen>, the
-	// host's name for an address on all interfaces).
+	// its API for other nodes and operators (default http://<Listen>, or
+	// https:// with TLSCert, the host's name for an address on all
+	// interfaces).
 	Node      string
 	Advertise string
 	// Listen is the API address (default 127.0.0.1:7070). New reads it only
@@ -94,6 +100,19 @@ type Config struct {
 	ResumeAckDeadline  time.Duration
 	// E2B configures the E2B-compatible API served beside API v1 (api/e2b).
 	E2B E2BConfig
+	// TLSCert and TLSKey, when set, are the PEM files of the certificate
+	// chain and private key Run serves HTTPS with (CertReloader: reloaded on
+	// SIGHUP); both or neither.
+	TLSCert string
+	TLSKey  string
+	// Limits are the sandboxes' limits and the host's admission control
+	// (manager.LimitsConfig: pids per sandbox, memory overcommit).
+	Limits manager.LimitsConfig
+	// Egress is the uplink sandbox traffic leaves through (docs/security.md,
+	// "Network egress"); nil = none, and no sandbox reaches anything outside
+	// itself. Listen's address, when it is a specific one, is added to the
+	// addresses no sandbox reaches.
+	Egress *sandboxnet.EgressConfig
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -128,6 +147,7 @@ type Server struct {
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
 	keys         *apikey.Verifier
+	idem         idempotency // idempotent creates and forks (idempotency.go)
 }
 
 // New opens the data directory, reconciles the host with the database (see
@@ -187,13 +207,23 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	closeStore = cs
+	if ks, ok := store.(interface{ KeyID() string }); ok && ks.KeyID() != "" {
+		cfg.Logger.Info("snapshot store: new snapshots are encrypted at rest", "key_id", ks.KeyID(), "old_keys", len(cfg.Store.OldKeyFiles))
+	}
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
 	engines := cfg.Engines
 	if engines == nil {
-		if engines, err = DefaultEngines(dir, cfg.RunscPath); err != nil {
+		if engines, err = DefaultEngines(dir, cfg.RunscPath, egressFor(cfg)); err != nil {
 			return fail(err)
+		}
+	}
+	if p, ok := engines.Default().(engine.EgressProvider); ok && cfg.Egress != nil {
+		if dns, err := p.Resolver(); err == nil && !dns.IsValid() {
+			cfg.Logger.Warn("egress: no resolver: the uplink has no IPv4 nameserver; sandboxes reach addresses but resolve no names until torpor serve --dns names one")
+		} else if err == nil {
+			cfg.Logger.Info("egress", "uplink_netns", cfg.Egress.UplinkNetns, "uplink", cfg.Egress.UplinkIface, "resolver", dns)
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -206,6 +236,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			VolumesDir: filepath.Join(dir, "volumes")},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
+		Limits:      cfg.Limits,
 	})
 	if err != nil {
 		return fail(err)
@@ -225,7 +256,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
 		heartbeat: heartbeat, node: heartbeat.Name(),
-		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger})}
+		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
 		return fail(err)
@@ -257,11 +288,28 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// egressFor is cfg.Egress with the API's listen address among the refused
+// ones (nil without an uplink).
+func egressFor(cfg Config) *sandboxnet.EgressConfig {
+	if cfg.Egress == nil {
+		return nil
+	}
+	eg := *cfg.Egress
+	eg.Refuse = slices.Clone(eg.Refuse)
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !a.IsUnspecified() && !a.IsLoopback() {
+			eg.Refuse = append(eg.Refuse, netip.PrefixFrom(a, 32))
+		}
+	}
+	return &eg
+}
+
 // DefaultEngines returns the engines of a server on data directory dir: gVisor
-// with runsc at runscPath, its state in dir/gvisor. Errors: runsc missing or
-// not executable, dir/gvisor not writable.
-func DefaultEngines(dir, runscPath string) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor")})
+// with runsc at runscPath, its state in dir/gvisor, sandbox traffic leaving
+// through egress (nil: none). Errors: runsc missing or not executable,
+// dir/gvisor not writable, a bad uplink (sandboxnet.NewEgress).
+func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress})
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +416,9 @@ func tuneGC() {
 // Run serves the API on cfg.Listen until ctx ends, then shuts down gracefully
 // (in-flight requests get 10 s). It listens before New sets up the data
 // directory: an address it cannot listen on (in use) is an error with nothing
-// created there.
+// created there. With cfg.TLSCert and cfg.TLSKey it serves HTTPS and loads
+// the pair again on every SIGHUP (a pair that fails to load is logged and
+// the previous certificate kept).
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
@@ -378,11 +428,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := ResolveAuth(cfg.Auth, cfg.Listen); err != nil {
 		return err
 	}
+	var certs *CertReloader
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		var err error
+		if certs, err = NewCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	if certs != nil {
+		stop := reloadOnSIGHUP(certs)
+		defer stop()
+	}
 	s, err := New(ctx, cfg)
 	if err != nil {
 		return err
@@ -396,10 +457,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.AuthRequired {
 		auth = "required"
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
+	scheme := "http"
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	if certs != nil {
+		scheme = "https"
+		hs.TLSConfig = certs.TLSConfig()
+		hs.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){} // HTTP/1.1 only
+	}
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "scheme", scheme, "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() {
+		if certs != nil {
+			errc <- hs.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- hs.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -415,4 +488,23 @@ func Run(ctx context.Context, cfg Config) error {
 	s.Manager.Wait()
 	s.CloseIdleEngines(sctx)
 	return nil
+}
+
+// reloadOnSIGHUP reloads certs on every SIGHUP until the returned stop is
+// called.
+func reloadOnSIGHUP(certs *CertReloader) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_ = certs.Reload()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(hup); close(done) }
 }

@@ -57,6 +57,12 @@ type StoreConfig struct {
 	// UploadRetry is the first delay before a failed background upload is
 	// retried (doubling up to 15 s, chunked.maxUploadRetry; default 1 s).
 	UploadRetry time.Duration
+	// KeyFile, when set, holds the key that encrypts new snapshots at rest
+	// (chunked.LoadKey: 32 bytes, raw, hex or base64, mode 0600 or
+	// stricter); OldKeyFiles hold earlier keys whose snapshots must still
+	// open (rotation). Not with the plain store.
+	KeyFile     string
+	OldKeyFiles []string
 
 	readOnly bool // OpenStore: no background upload
 }
@@ -245,16 +251,23 @@ func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.S
 // ResolveStoreKind); closeFn stops its background work.
 func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.Logger, autoGC bool) (snapshot.Store, func() error, error) {
 	nop := func() error { return nil }
+	key, oldKeys, err := cfg.loadKeys()
+	if err != nil {
+		return nil, nil, err
+	}
 	switch cfg.Kind {
 	case "plain":
 		if cfg.AsyncUpload {
 			return nil, nil, fmt.Errorf("snapshot store plain: --async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 		}
+		if key != nil || len(oldKeys) > 0 {
+			return nil, nil, fmt.Errorf("snapshot store plain: --snapshot-key needs --store chunked or s3 (the plain store keeps the engine's files as they are)")
+		}
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
 	case "chunked", "local":
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, OpenBytes: cfg.openBytes(),
-			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
+			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry, Key: key, OldKeys: oldKeys})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -284,7 +297,8 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 			cache = 0
 		}
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), Backend: b,
-			CacheBytes: cache, OpenBytes: cfg.openBytes(), AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry})
+			CacheBytes: cache, OpenBytes: cfg.openBytes(), AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry,
+			Key: key, OldKeys: oldKeys})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -292,6 +306,24 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	default:
 		return nil, nil, fmt.Errorf("snapshot store %q: want plain, chunked or s3", cfg.Kind)
 	}
+}
+
+// loadKeys reads KeyFile and OldKeyFiles (chunked.LoadKey); nil without
+// KeyFile. Errors name the file.
+func (c StoreConfig) loadKeys() (key *chunked.Key, old []*chunked.Key, err error) {
+	if c.KeyFile != "" {
+		if key, err = chunked.LoadKey(c.KeyFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, p := range c.OldKeyFiles {
+		k, err := chunked.LoadKey(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		old = append(old, k)
+	}
+	return key, old, nil
 }
 
 // openBytes maps StoreConfig.OpenBytes to chunked.Config.OpenBytes (0 = no bound).

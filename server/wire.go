@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/sandbox"
+	"net/netip"
 )
 
 // The REST API's mapping between the domain model (package sandbox), which the
@@ -15,13 +16,15 @@ import (
 func wireSandbox(s sandbox.Sandbox) apiv1.Sandbox {
 	w := apiv1.Sandbox{
 		ID: s.ID, State: apiv1.State(s.State), Image: s.Image, ImageDigest: s.ImageDigest,
-		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
+		MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
 		Error: s.Error, CreatedAt: s.CreatedAt, StateChangedAt: s.StateChangedAt,
 		LastHibernateAt: s.LastHibernateAt, LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
 		IdleTimeoutS: s.IdleTimeoutS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
 		Hibernation: apiv1.Hibernation(s.Hibernation), OnResume: s.OnResume,
 		Volumes: wireVolumeMounts(s.Volumes), Usage: apiv1.Usage(s.Usage),
 		LastResume: wireResumeReport(s.LastResume), ExpiresAt: s.ExpiresAt,
+		InternetAccess: s.Network.InternetAccess, AllowOut: prefixStrings(s.Network.AllowOut),
+		DenyOut: prefixStrings(s.Network.DenyOut),
 	}
 	if s.Snapshot != nil {
 		snap := apiv1.Snapshot(*s.Snapshot)
@@ -80,12 +83,15 @@ func WireStoreUsage(u sandbox.StoreUsage) apiv1.StoreUsage { return apiv1.StoreU
 // specFromWire is the sandbox spec of a POST /v1/sandboxes body.
 func specFromWire(r apiv1.CreateSandboxRequest) sandbox.Spec {
 	return sandbox.Spec{
-		Image: r.Image, MemoryMiB: r.MemoryMiB, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
+		Image: r.Image, MemoryMiB: r.MemoryMiB, PidsLimit: r.PidsLimit, CPUs: r.CPUs, Env: r.Env, IdleTimeoutS: r.IdleTimeoutS,
 		TimeoutS: r.TimeoutS, OnTimeout: r.OnTimeout, HibernationMode: r.HibernationMode, OnResume: r.OnResume,
-		ExpiresAt: r.ExpiresAt,
-		Volumes:   mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
+		ExpiresAt:      r.ExpiresAt,
+		Volumes:        mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
+		InternetAccess: r.InternetAccess, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
 }
+
+func prefixStrings(ps []netip.Prefix) []string { return mapList(ps, netip.Prefix.String) }
 
 // policyUpdateFromWire is the policy change of a PATCH /v1/sandboxes/{id} body.
 func policyUpdateFromWire(r apiv1.UpdateSandboxRequest) sandbox.PolicyUpdate {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -47,6 +48,10 @@ func fill(v any) {
 				v.Set(reflect.ValueOf(time.Date(2030, 1, 1, 0, 0, n, 0, time.UTC)))
 				return
 			}
+			if v.Type() == reflect.TypeOf(netip.Prefix{}) {
+				v.Set(reflect.ValueOf(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(n), 0, 0}), 16)))
+				return
+			}
 			for i := 0; i < v.NumField(); i++ {
 				f(v.Field(i))
 			}
@@ -62,12 +67,18 @@ func fill(v any) {
 func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 	s := sandbox.Sandbox{
 		ID: w.ID, State: sandbox.State(w.State), Image: w.Image, ImageDigest: w.ImageDigest,
-		MemoryMiB: w.MemoryMiB, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
+		MemoryMiB: w.MemoryMiB, PidsLimit: w.PidsLimit, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
 		Error: w.Error, CreatedAt: w.CreatedAt, StateChangedAt: w.StateChangedAt,
 		LastHibernateAt: w.LastHibernateAt, LastResumeAt: w.LastResumeAt, ResumeMS: w.ResumeMS,
 		IdleTimeoutS: w.IdleTimeoutS, TimeoutS: w.TimeoutS, OnTimeout: w.OnTimeout,
 		Hibernation: sandbox.Hibernation(w.Hibernation), OnResume: w.OnResume, Usage: sandbox.Usage(w.Usage),
-		ExpiresAt: w.ExpiresAt,
+		ExpiresAt: w.ExpiresAt, Network: sandbox.Network{InternetAccess: w.InternetAccess},
+	}
+	for _, p := range w.AllowOut {
+		s.Network.AllowOut = append(s.Network.AllowOut, netip.MustParsePrefix(p))
+	}
+	for _, p := range w.DenyOut {
+		s.Network.DenyOut = append(s.Network.DenyOut, netip.MustParsePrefix(p))
 	}
 	for _, v := range w.Volumes {
 		s.Volumes = append(s.Volumes, sandbox.VolumeMount(v))
@@ -91,9 +102,10 @@ func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 }
 
 func specToWire(s sandbox.Spec) apiv1.CreateSandboxRequest {
-	w := apiv1.CreateSandboxRequest{Image: s.Image, MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env,
+	w := apiv1.CreateSandboxRequest{Image: s.Image, MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env,
 		IdleTimeoutS: s.IdleTimeoutS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,
-		HibernationMode: s.HibernationMode, OnResume: s.OnResume, ExpiresAt: s.ExpiresAt}
+		HibernationMode: s.HibernationMode, OnResume: s.OnResume, ExpiresAt: s.ExpiresAt,
+		InternetAccess: s.InternetAccess, AllowOut: s.AllowOut, DenyOut: s.DenyOut}
 	for _, v := range s.Volumes {
 		w.Volumes = append(w.Volumes, apiv1.VolumeMount(v))
 	}

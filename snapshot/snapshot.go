@@ -209,3 +209,20 @@ type CorruptError struct {
 func (e *CorruptError) Error() string {
 	return fmt.Sprintf("snapshot %s failed its integrity check (corrupt or incomplete): file %s: %s", e.Snapshot, e.File, e.Reason)
 }
+
+// KeyError says that a snapshot is encrypted with a key the store was not
+// given: nothing of it can be read, and nothing was changed. KeyID is the
+// id of the key it was sealed with; Have the id of the store's current key
+// ("" when no key is configured).
+type KeyError struct {
+	Snapshot string
+	KeyID    string
+	Have     string
+}
+
+func (e *KeyError) Error() string {
+	if e.Have == "" {
+		return fmt.Sprintf("snapshot %s is encrypted (key %s) and no key is configured", e.Snapshot, e.KeyID)
+	}
+	return fmt.Sprintf("snapshot %s was encrypted with key %s, this server has key %s", e.Snapshot, e.KeyID, e.Have)
+}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,8 +28,9 @@ const maxBody = 1 << 20
 // Register adds E2B's control-plane routes to mux. Every route checks the
 // caller's X-API-KEY first. None of E2B's paths (/sandboxes…, /v2/sandboxes…,
 // /snapshots, /templates/…) is under torpor's /v1/, so both APIs share one
-// mux; a path under /sandboxes/, /v2/ or /templates/ that no route serves is
-// answered 404 in E2B's form.
+// mux; a path under /sandboxes/ or /v2/ that no route serves is answered 404
+// in E2B's form, and the calls of features torpor does not serve yet 501
+// naming the feature (see unsupported).
 func (s *Service) Register(mux *http.ServeMux) {
 	routes := map[string]http.HandlerFunc{
 		"POST /v2/sandboxes":              s.create,
@@ -53,9 +56,31 @@ func (s *Service) Register(mux *http.ServeMux) {
 	unknown := s.authorized(func(w http.ResponseWriter, r *http.Request) {
 		replyError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	for _, prefix := range []string{"/sandboxes/", "/v2/", "/templates/"} {
+	for _, prefix := range []string{"/sandboxes/", "/v2/"} {
 		mux.Handle(prefix, unknown)
 	}
+	for _, u := range unsupported {
+		msg := u.feature + " are not supported by this server yet: " + u.instead + " (docs/e2b.md)"
+		for _, pattern := range u.patterns {
+			mux.Handle(pattern, s.authorized(func(w http.ResponseWriter, r *http.Request) {
+				replyError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, msg))
+			}))
+		}
+	}
+}
+
+// unsupported are E2B's calls of features torpor does not serve yet, by the
+// mux patterns that catch them (every method), with what to do instead.
+// DELETE /templates/{id} (deleteSnapshot) is served.
+var unsupported = []struct {
+	feature  string
+	patterns []string
+	instead  string
+}{
+	{"template builds", []string{"/v3/", "/v2/templates", "/v2/templates/", "/templates", "/templates/"},
+		"build an image with `torpor image build` or take a snapshot (createSnapshot), and name it as the templateID"},
+	{"network rules", []string{"/sandboxes/{id}/network"}, "sandboxes have no internet access"},
+	{"volumes", []string{"/volumes", "/volumes/"}, "torpor's own API mounts host directories (volumes in a create of /v1/sandboxes)"},
 }
 
 // authorized checks X-API-KEY with the server's key verifier before h (when
@@ -79,10 +104,12 @@ func (s *Service) authorized(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// decodeBody reads a JSON object body into v. An empty body leaves v as it is
-// when allowEmpty. Fields the wire types do not name are ignored (a newer SDK
-// may send more), but every field they name must have its type.
-func decodeBody(r *http.Request, v any, allowEmpty bool) error {
+// decodeBody reads a JSON object body into v (a pointer to a wire struct).
+// An empty body leaves v as it is when allowEmpty. Every field the wire type
+// names must have its JSON type (else invalid argument naming the field, as
+// E2B's request validation answers); top-level fields it does not name are
+// ignored, as E2B's server does (a newer SDK may send more), and logged.
+func (s *Service) decodeBody(r *http.Request, v any, allowEmpty bool) error {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if err != nil {
 		return invalid("reading body: %v", err)
@@ -101,19 +128,83 @@ func decodeBody(r *http.Request, v any, allowEmpty bool) error {
 		return invalid("the body must be a JSON object")
 	}
 	if err := json.Unmarshal(b, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return invalid("body field %s: a JSON %s where %s is wanted", te.Field, te.Value, jsonKind(te.Type))
+		}
 		return invalid("malformed JSON body: %v", err)
+	}
+	if un := unknownFields(b, v); len(un) > 0 {
+		s.log.Info("e2b: ignoring body fields this server does not know", "method", r.Method, "path", r.URL.Path, "fields", un)
 	}
 	return nil
 }
 
+// jsonKind names the JSON type that decodes into t.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("an integer (%s)", t.Kind())
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return t.String()
+}
+
+// unknownFields are the top-level keys of the JSON object b that the struct
+// v points to has no field for, sorted.
+func unknownFields(b []byte, v any) []string {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return nil
+	}
+	known := map[string]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+				walk(f.Type)
+			case name == "":
+				known[strings.ToLower(f.Name)] = true
+			case name != "-":
+				known[strings.ToLower(name)] = true
+			}
+		}
+	}
+	walk(reflect.TypeOf(v).Elem())
+	var out []string
+	for k := range top {
+		// encoding/json matches names without regard to case.
+		if !known[strings.ToLower(k)] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // seconds turns a time to live into torpor's timeout_s: whole seconds, at
-// least 1 (E2B ends a sandbox of timeout 0 at once; torpor's 0 means none, so
-// it ends at the next lifecycle check instead).
+// least 1 (a setTimeout of 0 ends the sandbox at once in E2B; torpor's
+// timeout_s 0 means none, so it ends at the next lifecycle check instead,
+// within a second).
 func seconds(d time.Duration) int { return max(1, int(d/time.Second)) }
 
 func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	var req NewSandbox
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -133,14 +224,16 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 	if err != nil {
 		return sandbox.Sandbox{}, invalid("%v", err)
 	}
-	if ttl > manager.MaxTimeoutS*time.Second {
-		return sandbox.Sandbox{}, invalid("timeout %d: at most %d", int64(ttl/time.Second), manager.MaxTimeoutS)
+	internet, allowOut, denyOut, err := req.Egress()
+	if err != nil {
+		return sandbox.Sandbox{}, invalid("%v", err)
 	}
 	idle := 0
 	resume := req.ResumesOnRequest()
 	spec := sandbox.Spec{
 		Env: req.EnvVars, Metadata: req.Metadata, IdleTimeoutS: &idle, TimeoutS: seconds(ttl),
 		OnTimeout: sandbox.OnTimeoutDelete, HibernationMode: sandbox.ModeMemory, ResumeOnRequest: &resume,
+		InternetAccess: internet, AllowOut: allowOut, DenyOut: denyOut,
 	}
 	if req.PausesOnTimeout() {
 		spec.OnTimeout = sandbox.OnTimeoutHibernate
@@ -228,13 +321,13 @@ func (s *Service) listed(sb sandbox.Sandbox, now time.Time) ListedSandbox {
 }
 
 func (s *Service) detail(sb sandbox.Sandbox) SandboxDetail {
-	noInternet := false
+	internet := sb.Network.InternetAccess
 	on := OnTimeoutKill
 	if sb.OnTimeout == sandbox.OnTimeoutHibernate && sb.Hibernation.Mode != sandbox.ModeNone {
 		on = OnTimeoutPause
 	}
 	return SandboxDetail{ListedSandbox: s.listed(sb, time.Now()), EnvdAccessToken: s.AccessToken(sb.ID),
-		AllowInternetAccess: &noInternet, Domain: s.domain(),
+		AllowInternetAccess: &internet, Domain: s.domain(),
 		Lifecycle: &Lifecycle{AutoResume: sb.ResumeOnRequest, OnTimeout: on}}
 }
 
@@ -259,10 +352,47 @@ func (s *Service) info(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, s.detail(sb))
 }
 
-func (s *Service) list(w http.ResponseWriter, r *http.Request) {
-	q, err := ParseListQuery(r.URL.Query())
+// queryOf is r's query, parsed strictly: a parameter whose name or value is
+// not URL-decodable is an invalid-argument error naming it (r.URL.Query()
+// would drop it, and a filter the caller set would silently match all).
+func queryOf(r *http.Request) (url.Values, error) {
+	q := url.Values{}
+	for _, pair := range strings.Split(r.URL.RawQuery, "&") {
+		if pair == "" {
+			continue
+		}
+		rawKey, rawValue, _ := strings.Cut(pair, "=")
+		key, err := url.QueryUnescape(rawKey)
+		if err != nil {
+			return nil, invalid("query parameter %q: %v", rawKey, err)
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, invalid("query parameter %s=%q: %v", key, rawValue, err)
+		}
+		q.Add(key, value)
+	}
+	return q, nil
+}
+
+// listQuery is the ListQuery of r; errors are invalid-argument ones naming
+// the parameter.
+func listQuery(r *http.Request) (url.Values, ListQuery, error) {
+	q, err := queryOf(r)
 	if err != nil {
-		s.fail(w, r, invalid("%v", err))
+		return nil, ListQuery{}, err
+	}
+	lq, err := ParseListQuery(q)
+	if err != nil {
+		return nil, ListQuery{}, invalid("%v", err)
+	}
+	return q, lq, nil
+}
+
+func (s *Service) list(w http.ResponseWriter, r *http.Request) {
+	_, q, err := listQuery(r)
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	s.answerList(w, r, q)
@@ -271,12 +401,12 @@ func (s *Service) list(w http.ResponseWriter, r *http.Request) {
 // listRunning is the list of SDKs before /v2/sandboxes: running sandboxes
 // unless the query names states.
 func (s *Service) listRunning(w http.ResponseWriter, r *http.Request) {
-	q, err := ParseListQuery(r.URL.Query())
+	raw, q, err := listQuery(r)
 	if err != nil {
-		s.fail(w, r, invalid("%v", err))
+		s.fail(w, r, err)
 		return
 	}
-	if r.URL.Query().Get("state") == "" {
+	if raw.Get("state") == "" {
 		q.States = []State{StateRunning}
 	}
 	s.answerList(w, r, q)
@@ -342,7 +472,7 @@ func (s *Service) kill(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 	var req TimeoutRequest
-	if err := decodeBody(r, &req, false); err != nil {
+	if err := s.decodeBody(r, &req, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -365,7 +495,7 @@ func (s *Service) setTimeout(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 	var req PauseRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -412,7 +542,7 @@ func (s *Service) pause(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 	var req ConnectRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -452,7 +582,7 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req SnapshotRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -481,7 +611,11 @@ func snapshotInfo(snap sandbox.KeptSnapshot) SnapshotInfo {
 }
 
 func (s *Service) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, err := queryOf(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	limit := DefaultListLimit
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -532,17 +666,13 @@ func (s *Service) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 	var req ForkRequest
-	if err := decodeBody(r, &req, true); err != nil {
+	if err := s.decodeBody(r, &req, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	n, err := req.N()
 	if err != nil {
 		s.fail(w, r, invalid("%v", err))
-		return
-	}
-	if n > manager.MaxForkCount {
-		s.fail(w, r, invalid("count %d: this server forks at most %d sandboxes at once", n, manager.MaxForkCount))
 		return
 	}
 	ttl, err := req.TTL()
@@ -581,14 +711,27 @@ func (s *Service) fork(w http.ResponseWriter, r *http.Request) {
 const cpuWindow = 200 * time.Millisecond
 
 func (s *Service) metrics(w http.ResponseWriter, r *http.Request) {
+	q, err := queryOf(r)
+	var win MetricsWindow
+	if err == nil {
+		if win, err = ParseMetricsWindow(q); err != nil {
+			err = invalid("%v", err)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	id := r.PathValue("id")
 	sb, err := s.get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if sb.State != sandbox.StateRunning {
-		reply(w, http.StatusOK, []Metric{}) // a paused sandbox uses nothing
+	// A paused sandbox uses nothing; no sample is kept, so a window that
+	// ends before now has none.
+	if sb.State != sandbox.StateRunning || !win.Holds(time.Now().Truncate(time.Second)) {
+		reply(w, http.StatusOK, []Metric{})
 		return
 	}
 	a, err := s.cfg.Manager.Sample(r.Context(), id)

@@ -2,10 +2,16 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 
+	"connectrpc.com/connect"
+
+	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
+	"github.com/torpor/torpor/api/e2b/envd/gen/process/processconnect"
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -23,15 +29,16 @@ import (
 // Both wake a paused sandbox that resumes on request (autoResume) and wait
 // out a pause or resume in progress; a paused sandbox without autoResume is
 // refused until connect resumes it. Answers are streamed frame by frame
-// (Connect's server streams). Errors are E2B's {"code", "message"}: 400 for a
-// malformed route, 502 for an unknown sandbox, a paused one without
+// (Connect's server streams). Refusals are E2B's {"code", "message"}: 400 for
+// a malformed route, 502 for an unknown sandbox, a paused one without
 // autoResume and a port nothing listens on (failInSandbox), 501 for envd when
-// the sandbox's agent predates it (serveEnvd).
+// the sandbox's agent predates it (serveEnvd); a refused call of envd's RPC
+// services is answered in its own protocol instead (refuse).
 func (s *Service) Front(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		route, ok, err := RouteOf(r.Header, r.Host, s.cfg.Domain)
 		if err != nil {
-			replyError(w, http.StatusBadRequest, err.Error())
+			refuse(w, r, http.StatusBadRequest, connect.CodeInvalidArgument, err.Error())
 			return
 		}
 		if !ok {
@@ -45,10 +52,15 @@ func (s *Service) Front(next http.Handler) http.Handler {
 func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route) {
 	id := route.SandboxID
 	if route.Port == EnvdPort && !s.tokenOK(id, r.Header.Get(HeaderAccessToken)) {
-		replyError(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
+		refuse(w, r, http.StatusUnauthorized, connect.CodeUnauthenticated,
+			fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
 		return
 	}
-	if _, err := s.get(r.Context(), id); err != nil {
+	sb, err := s.get(r.Context(), id)
+	if err == nil && sb.State == sandbox.StateHibernated && !sb.ResumeOnRequest {
+		err = sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
+	}
+	if err != nil {
 		s.failInSandbox(w, r, err)
 		return
 	}
@@ -73,12 +85,78 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 // with the reason in the message: E2B's own front answers 502 for a sandbox
 // that is not running, and its SDKs read that status (isRunning is false,
 // other calls raise the sandbox-not-running error, not a missing file's or an
-// unimplemented method's). Other failures are answered as by fail.
+// unimplemented method's). An RPC gets unavailable for an unknown sandbox
+// (what the SDKs make of E2B's 502) and failed_precondition, with the
+// message, for a paused one. Other failures are answered as by fail.
 func (s *Service) failInSandbox(w http.ResponseWriter, r *http.Request, err error) {
-	if k := sandbox.KindOf(err); k == sandbox.NotFound || k == sandbox.Conflict {
+	switch sandbox.KindOf(err) {
+	case sandbox.NotFound:
 		s.log.Debug("e2b: in-sandbox request to a sandbox not running", "path", r.URL.Path, "err", err)
-		replyError(w, http.StatusBadGateway, err.Error())
+		refuse(w, r, http.StatusBadGateway, connect.CodeUnavailable, err.Error())
+		return
+	case sandbox.Conflict:
+		s.log.Debug("e2b: in-sandbox request to a sandbox not running", "path", r.URL.Path, "err", err)
+		refuse(w, r, http.StatusBadGateway, connect.CodeFailedPrecondition, err.Error())
 		return
 	}
-	s.fail(w, r, err)
+	if !isEnvdRPC(r) {
+		s.fail(w, r, err)
+		return
+	}
+	status := StatusOf(err)
+	if status == http.StatusInternalServerError {
+		s.log.Error("e2b request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	refuse(w, r, status, rpcCode(status), err.Error())
+}
+
+// rpcErrors writes errors in the RPC protocol of a request: Connect (unary
+// JSON, or a server stream's end-of-stream message), gRPC, gRPC-Web.
+var rpcErrors = connect.NewErrorWriter()
+
+// isEnvdRPC says whether r calls a method of envd's RPC services
+// (process.Process, filesystem.Filesystem) in a protocol rpcErrors writes.
+func isEnvdRPC(r *http.Request) bool {
+	p := r.URL.Path
+	return (strings.HasPrefix(p, "/"+processconnect.ProcessName+"/") || strings.HasPrefix(p, "/"+filesystemconnect.FilesystemName+"/")) &&
+		rpcErrors.IsSupported(r)
+}
+
+// refuse answers an in-sandbox request the front does not pass on. A call of
+// envd's RPC services gets the error in its protocol, with code and msg (a
+// Connect unary call: {"code": "unavailable", "message": msg} with code's
+// HTTP status; a server stream: 200 and an end-of-stream message
+// {"error": {"code", "message"}}; gRPC: grpc-status): connect-web raises it
+// as a ConnectError of that code, which E2B's SDKs map to their error classes
+// (unavailable → SandboxNotFoundError for commands and watchDir, TimeoutError
+// for the rest; not_found → NotFoundError, and false from files.exists and
+// commands.kill; anything else a SandboxError "<code>: <msg>"). Any other
+// request gets E2B's {"code": status, "message": msg}.
+func refuse(w http.ResponseWriter, r *http.Request, status int, code connect.Code, msg string) {
+	if !isEnvdRPC(r) {
+		replyError(w, status, msg)
+		return
+	}
+	_ = rpcErrors.Write(w, r, connect.NewError(code, errors.New(msg)))
+}
+
+// rpcCode is the RPC code of a refusal of HTTP status (StatusOf's).
+func rpcCode(status int) connect.Code {
+	switch status {
+	case http.StatusBadRequest:
+		return connect.CodeInvalidArgument
+	case http.StatusUnauthorized:
+		return connect.CodeUnauthenticated
+	case http.StatusNotFound:
+		return connect.CodeNotFound
+	case http.StatusConflict:
+		return connect.CodeFailedPrecondition
+	case http.StatusUnprocessableEntity:
+		return connect.CodeDataLoss
+	case http.StatusNotImplemented:
+		return connect.CodeUnimplemented
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		return connect.CodeUnavailable
+	}
+	return connect.CodeInternal
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"syscall"
 
 	"github.com/torpor/torpor/apikey"
@@ -174,6 +175,11 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := StatusOf(err)
 	if status >= 500 && status != http.StatusBadGateway && status != http.StatusServiceUnavailable {
 		s.log.Error("e2b request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	// A refusal of admission control (the host's memory is full: 503) says
+	// when to retry.
+	if n := manager.RetryAfterSeconds(err); n > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(n))
 	}
 	replyError(w, status, err.Error())
 }

@@ -16,10 +16,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/torpor/torpor/manager"
+	"go4.org/netipx"
 )
 
 // Defaults the server applies when a request leaves a field out.
@@ -32,10 +36,14 @@ const (
 	// DefaultTemplate is the template the SDKs name when the caller names none; it is
 	// always sent, never left out.
 	DefaultTemplate = "base"
+	// MaxTimeout is the longest time to live create, connect, setTimeout and fork
+	// accept: torpor's bound on a run timeout (E2B's is its plan's, 1 or 24 hours).
+	MaxTimeout = manager.MaxTimeoutS * time.Second
 	// DefaultForkCount is how many sandboxes a fork starts when count is left out.
 	DefaultForkCount = 1
-	// MaxForkCount is the largest count a fork accepts.
-	MaxForkCount = 100
+	// MaxForkCount is the largest count a fork accepts: the manager's limit on
+	// the clones of one snapshot (E2B's API allows 100).
+	MaxForkCount = manager.MaxForkCount
 	// DefaultListLimit and MaxListLimit bound a list page (limit).
 	DefaultListLimit = 100
 	MaxListLimit     = 100
@@ -54,7 +62,7 @@ const (
 	// headers, EntryInfo.metadata); 0.6.3 WatchDir include_entry; 0.6.4 watching
 	// network mounts. torpor reports the highest version whose features it serves;
 	// docs/e2b.md says which those are.
-	EnvdVersion = "0.5.7"
+	EnvdVersion = "0.6.2"
 	// DefaultUser is the sandbox user that commands and files run as when the caller
 	// names none (its home is /home/user).
 	DefaultUser = "user"
@@ -92,8 +100,9 @@ const (
 //     sandbox (an envdAccessToken, checked on every envd call) whatever it says.
 //   - AllowInternetAccess (allow_internet_access): ≤ 2.50 always send it (true
 //     unless the caller chose), 2.51 only when chosen; left out = true.
-//   - Network, IAM, VolumeMounts, MCP: egress rules, workload identity, volumes, the
-//     MCP gateway; not supported by torpor yet (docs/e2b.md).
+//   - Network: allowOut and denyOut map onto torpor's egress rules (Egress);
+//     the rest of it, IAM, VolumeMounts, MCP (workload identity, volumes, the
+//     MCP gateway) are not supported by torpor yet (docs/e2b.md).
 type NewSandbox struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int32            `json:"timeout,omitempty"`
@@ -111,9 +120,9 @@ type NewSandbox struct {
 }
 
 // TTL is the sandbox's time to live: Timeout seconds, DefaultTimeout when left out.
-// Timeout 0 is a TTL of 0 (E2B ends such a sandbox at once); a negative one is an
-// error.
-func (r NewSandbox) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// Errors: Timeout under 1 (E2B's API refuses 0 too: "Timeout must be greater than
+// 0") or over MaxTimeout.
+func (r NewSandbox) TTL() (time.Duration, error) { return ttl(r.Timeout, 1) }
 
 // PausesOnTimeout says whether the sandbox pauses (torpor: hibernates) rather than
 // being killed (deleted) when its time to live runs out.
@@ -135,13 +144,71 @@ func (r NewSandbox) InternetAccess() bool {
 	return r.AllowInternetAccess == nil || *r.AllowInternetAccess
 }
 
+// Egress maps E2B's egress fields onto torpor's (sandbox.Spec): internet is
+// false when allow_internet_access is false or denyOut holds 0.0.0.0/0, else
+// nil (the server's default: the SDKs ≤ 2.50 always send true); allowOut is
+// allow_out as given; E2B's allow wins over its deny, and torpor's deny_out
+// wins over allow_out, so deny_out is denyOut less allowOut (as prefixes).
+// Errors: an entry that is not an IP address or CIDR prefix (allowOut's domain
+// names are not served).
+func (r NewSandbox) Egress() (internet *bool, allowOut, denyOut []string, err error) {
+	if r.AllowInternetAccess != nil && !*r.AllowInternetAccess {
+		internet = new(bool)
+	}
+	if r.Network == nil {
+		return internet, nil, nil, nil
+	}
+	var deny, allow netipx.IPSetBuilder
+	for _, x := range r.Network.AllowOut {
+		p, err := egressPrefix(x)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		allow.AddPrefix(p)
+		allowOut = append(allowOut, p.String())
+	}
+	for _, x := range r.Network.DenyOut {
+		p, err := egressPrefix(x)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if p.Bits() == 0 {
+			internet = new(bool) // all traffic denied: only allowOut is reached
+			continue
+		}
+		deny.AddPrefix(p)
+	}
+	as, _ := allow.IPSet()
+	deny.RemoveSet(as)
+	ds, _ := deny.IPSet()
+	for _, p := range ds.Prefixes() {
+		denyOut = append(denyOut, p.String())
+	}
+	return internet, allowOut, denyOut, nil
+}
+
+func egressPrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("network: %q is not an IP address or CIDR prefix (domain names are not supported)", s)
+}
+
 // Unsupported names the fields set in r that torpor does not serve yet, in a fixed
 // order ("network", "iam", "volumeMounts", "mcp"); empty when there are none. The
 // server answers 400 naming them rather than ignoring a caller's egress rules.
 func (r NewSandbox) Unsupported() []string {
 	var out []string
-	if r.Network != nil && !r.Network.empty() {
-		out = append(out, "network")
+	if n := r.Network; n != nil {
+		// network.allowOut and denyOut are served (Egress); the rest is not.
+		rest := *n
+		rest.AllowOut, rest.DenyOut = nil, nil
+		if !rest.empty() {
+			out = append(out, "network")
+		}
 	}
 	if isSet(r.IAM) {
 		out = append(out, "iam")
@@ -381,8 +448,9 @@ type ConnectRequest struct {
 	Memory  *bool  `json:"memory,omitempty"`
 }
 
-// TTL is Timeout seconds, DefaultTimeout when left out.
-func (r ConnectRequest) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// TTL is Timeout seconds, DefaultTimeout when left out. 0 is valid (E2B's spec:
+// minimum 0): the end stays where it is. Errors: negative, over MaxTimeout.
+func (r ConnectRequest) TTL() (time.Duration, error) { return ttl(r.Timeout, 0) }
 
 // KeepsMemory says whether a resume restores memory (true unless Memory is false).
 func (r ConnectRequest) KeepsMemory() bool { return r.Memory == nil || *r.Memory }
@@ -394,12 +462,14 @@ type TimeoutRequest struct {
 	Timeout *int32 `json:"timeout"`
 }
 
-// TTL is the new time to live; an error when Timeout is missing or negative.
+// TTL is the new time to live. 0 ends the sandbox at once, as in E2B (killed, or
+// paused when it pauses on timeout). Errors: Timeout missing, negative or over
+// MaxTimeout.
 func (r TimeoutRequest) TTL() (time.Duration, error) {
 	if r.Timeout == nil {
-		return 0, errors.New("timeout is required")
+		return 0, errors.New("timeout is required (seconds from now)")
 	}
-	return ttl(r.Timeout)
+	return ttl(r.Timeout, 0)
 }
 
 // PauseRequest is POST /sandboxes/{sandboxID}/pause. 2.45 always sends memory (true
@@ -440,7 +510,8 @@ type ForkRequest struct {
 }
 
 // TTL is each fork's time to live: Timeout seconds, DefaultTimeout when left out.
-func (r ForkRequest) TTL() (time.Duration, error) { return ttl(r.Timeout) }
+// Errors as NewSandbox.TTL's.
+func (r ForkRequest) TTL() (time.Duration, error) { return ttl(r.Timeout, 1) }
 
 // N is how many sandboxes to start: Count, DefaultForkCount when left out; an error
 // outside 1 to MaxForkCount.
@@ -449,7 +520,7 @@ func (r ForkRequest) N() (int, error) {
 		return DefaultForkCount, nil
 	}
 	if *r.Count < 1 || *r.Count > MaxForkCount {
-		return 0, fmt.Errorf("count %d: want 1 to %d", *r.Count, MaxForkCount)
+		return 0, fmt.Errorf("count %d: want 1 to %d (this server forks at most %d sandboxes at once)", *r.Count, MaxForkCount, MaxForkCount)
 	}
 	return int(*r.Count), nil
 }
@@ -477,6 +548,42 @@ type Metric struct {
 	DiskTotal     int64     `json:"diskTotal"`
 }
 
+// MetricsWindow is the metrics query: start and end in unix seconds, both
+// optional (zero = unbounded), start not after end.
+type MetricsWindow struct {
+	Start, End int64
+}
+
+// ParseMetricsWindow reads a MetricsWindow from the metrics call's query
+// parameters. Errors name the parameter.
+func ParseMetricsWindow(q url.Values) (MetricsWindow, error) {
+	var w MetricsWindow
+	for _, p := range []struct {
+		name string
+		to   *int64
+	}{{"start", &w.Start}, {"end", &w.End}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return MetricsWindow{}, fmt.Errorf("%s %q: want a unix time in seconds", p.name, v)
+		}
+		*p.to = n
+	}
+	if w.Start > 0 && w.End > 0 && w.Start > w.End {
+		return MetricsWindow{}, fmt.Errorf("start %d is after end %d", w.Start, w.End)
+	}
+	return w, nil
+}
+
+// Holds says whether t lies in the window (bounds included).
+func (w MetricsWindow) Holds(t time.Time) bool {
+	u := t.Unix()
+	return (w.Start == 0 || u >= w.Start) && (w.End == 0 || u <= w.End)
+}
+
 // Error is the body of every control-plane error answer. Code repeats the HTTP
 // status: the SDKs test it (DELETE 404 → kill() returns false; pause 409 → false;
 // other 404 → NotFoundError; 401 → AuthenticationError; 429 → RateLimitError, retried
@@ -488,14 +595,21 @@ type Error struct {
 }
 
 // ttl turns an optional seconds field into a duration, DefaultTimeout when nil.
-func ttl(seconds *int32) (time.Duration, error) {
+// Errors (naming E2B's field, timeout): under least seconds, over MaxTimeout.
+func ttl(seconds *int32, least int32) (time.Duration, error) {
 	if seconds == nil {
 		return DefaultTimeout, nil
 	}
-	if *seconds < 0 {
-		return 0, fmt.Errorf("timeout %d: must not be negative", *seconds)
+	n := *seconds
+	switch {
+	case n < least && least > 0:
+		return 0, fmt.Errorf("timeout %d: must be at least %d second (leave it out for %d)", n, least, int(DefaultTimeout/time.Second))
+	case n < 0:
+		return 0, fmt.Errorf("timeout %d: must not be negative", n)
+	case time.Duration(n)*time.Second > MaxTimeout:
+		return 0, fmt.Errorf("timeout %d: at most %d seconds (%d days)", n, int64(MaxTimeout/time.Second), int64(MaxTimeout/(24*time.Hour)))
 	}
-	return time.Duration(*seconds) * time.Second, nil
+	return time.Duration(n) * time.Second, nil
 }
 
 // APIKeyPrefix starts every key: SDKs 2.27 to 2.45 check E2B_API_KEY client-side

@@ -26,8 +26,8 @@ func TestNewSandboxDefaults(t *testing.T) {
 			time.Minute, true, true, true, true, nil},
 		{"pause without memory, no internet", `{"templateID":"base","allow_internet_access":false,"autoPause":true,"autoPauseMemory":false}`,
 			DefaultTimeout, true, false, false, false, nil},
-		{"onTimeout kill", `{"templateID":"base","autoPause":false,"timeout":0}`, 0, false, true, false, true, nil},
-		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
+		{"onTimeout kill", `{"templateID":"base","autoPause":false,"timeout":60}`, time.Minute, false, true, false, true, nil},
+		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
 			DefaultTimeout, false, true, false, true, []string{"network", "iam", "volumeMounts", "mcp"}},
 		{"empty network and null mcp", `{"templateID":"base","network":{},"mcp":null}`, DefaultTimeout, false, true, false, true, nil},
 	} {
@@ -53,14 +53,34 @@ func TestNewSandboxDefaults(t *testing.T) {
 	}
 }
 
-func TestNegativeTimeouts(t *testing.T) {
-	for _, body := range []string{`{"templateID":"base","timeout":-1}`} {
-		var r NewSandbox
-		if err := json.Unmarshal([]byte(body), &r); err != nil {
-			t.Fatal(err)
+// TestTimeoutBounds: E2B's bounds on timeout, in E2B's field name: create and
+// fork refuse 0 (as E2B's API does), connect and setTimeout take it; none
+// takes a negative one or one over MaxTimeout.
+func TestTimeoutBounds(t *testing.T) {
+	huge := int32(MaxTimeout/time.Second) + 1
+	for _, c := range []struct {
+		what string
+		ttl  func(n int32) (time.Duration, error)
+		zero bool
+	}{
+		{"create", func(n int32) (time.Duration, error) { return NewSandbox{Timeout: &n}.TTL() }, false},
+		{"fork", func(n int32) (time.Duration, error) { return ForkRequest{Timeout: &n}.TTL() }, false},
+		{"connect", func(n int32) (time.Duration, error) { return ConnectRequest{Timeout: &n}.TTL() }, true},
+		{"setTimeout", func(n int32) (time.Duration, error) { return TimeoutRequest{Timeout: &n}.TTL() }, true},
+	} {
+		if d, err := c.ttl(0); c.zero != (err == nil) || d != 0 {
+			t.Errorf("%s timeout 0: %v, %v; want accepted %v", c.what, d, err, c.zero)
+		} else if err != nil && !strings.Contains(err.Error(), "at least 1 second") {
+			t.Errorf("%s timeout 0: %v", c.what, err)
 		}
-		if _, err := r.TTL(); err == nil {
-			t.Errorf("%s: TTL gave no error", body)
+		for _, n := range []int32{-1, huge} {
+			_, err := c.ttl(n)
+			if err == nil || !strings.HasPrefix(err.Error(), "timeout ") || strings.Contains(err.Error(), "timeout_s") || strings.Contains(err.Error(), "none") {
+				t.Errorf("%s timeout %d: %v, want an error naming timeout", c.what, n, err)
+			}
+		}
+		if d, err := c.ttl(huge - 1); err != nil || d != MaxTimeout {
+			t.Errorf("%s timeout %d: %v, %v", c.what, huge-1, d, err)
 		}
 	}
 	if _, err := (TimeoutRequest{}).TTL(); err == nil {
@@ -203,5 +223,42 @@ func TestValidAPIKey(t *testing.T) {
 		if got := ValidAPIKey(key); got != want {
 			t.Errorf("ValidAPIKey(%q) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// TestNewSandboxEgress: E2B's allow_internet_access and network.allowOut and
+// denyOut map onto torpor's rules, E2B's allow winning over its deny.
+func TestNewSandboxEgress(t *testing.T) {
+	cases := []struct {
+		name, body  string
+		internet    *bool
+		allow, deny []string
+		err         bool
+	}{
+		{"left out", `{}`, nil, nil, nil, false},
+		{"true is the default", `{"allow_internet_access":true}`, nil, nil, nil, false},
+		{"off", `{"allow_internet_access":false}`, new(bool), nil, nil, false},
+		{"deny all but one", `{"network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"]}}`, new(bool), []string{"1.1.1.1/32"}, nil, false},
+		{"allow carved out of deny", `{"network":{"allowOut":["10.1.0.0/17"],"denyOut":["10.1.0.0/16","8.8.8.8"]}}`, nil,
+			[]string{"10.1.0.0/17"}, []string{"8.8.8.8/32", "10.1.128.0/17"}, false},
+		{"domain", `{"network":{"allowOut":["*.example.com"]}}`, nil, nil, nil, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var r NewSandbox
+			if err := json.Unmarshal([]byte(tc.body), &r); err != nil {
+				t.Fatal(err)
+			}
+			if un := r.Unsupported(); len(un) != 0 {
+				t.Errorf("Unsupported() = %q", un)
+			}
+			internet, allow, deny, err := r.Egress()
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v, want error %v", err, tc.err)
+			}
+			if !reflect.DeepEqual(internet, tc.internet) || !reflect.DeepEqual(allow, tc.allow) || !reflect.DeepEqual(deny, tc.deny) {
+				t.Errorf("got internet %v allow %q deny %q, want %v %q %q", internet, allow, deny, tc.internet, tc.allow, tc.deny)
+			}
+		})
 	}
 }

@@ -187,6 +187,25 @@ await check("files: write/read text, bytes, a stream; getInfo; exists", async ()
   assert(missing === "FileNotFoundError" || missing === "NotFoundError", `read of a missing file threw ${missing}`);
 });
 
+await check("files: metadata on write (multipart and gzip octet-stream), getInfo, list; a rewrite replaces it", async () => {
+  const sorted = (m) => JSON.stringify(Object.entries(m || {}).sort());
+  const want = sorted({ author: "torpor", purpose: "sdk test" });
+  const w = await sbx.files.write("meta/m.txt", "m", { metadata: { Author: "torpor", purpose: "sdk test" } });
+  assert(sorted(w.metadata) === want, `write answered metadata ${JSON.stringify(w.metadata)}`);
+  const g = await sbx.files.write("meta/g.txt", "g".repeat(1000), { metadata: { k: "v" }, gzip: true });
+  assert(sorted(g.metadata) === sorted({ k: "v" }) && (await sbx.files.read("meta/g.txt")).length === 1000, `gzip write ${JSON.stringify(g)}`);
+  const info = await sbx.files.getInfo("meta/m.txt");
+  assert(sorted(info.metadata) === want, `getInfo metadata ${JSON.stringify(info.metadata)}`);
+  const listed = (await sbx.files.list("meta")).find((e) => e.name === "m.txt");
+  assert(listed && sorted(listed.metadata) === want, `list metadata ${JSON.stringify(listed)}`);
+  const again = await sbx.files.write("meta/m.txt", "m2", { metadata: { author: "other" } });
+  assert(sorted(again.metadata) === sorted({ author: "other" }), `rewrite metadata ${JSON.stringify(again.metadata)}`);
+  await sbx.files.write("meta/m.txt", "m3");
+  assert((await sbx.files.getInfo("meta/m.txt")).metadata === undefined, "a write without metadata left some");
+  const bad = await errName(() => sbx.files.write("meta/bad.txt", "x", { metadata: { "bad key": "v" } }));
+  assert(bad === "InvalidArgumentError", `a key with a space threw ${bad}`);
+});
+
 await check("files: makeDir, list with depth, rename, remove", async () => {
   assert((await sbx.files.makeDir("tree/sub/deeper")) === true, "makeDir did not return true");
   assert((await sbx.files.makeDir("tree/sub/deeper")) === false, "second makeDir did not return false");
@@ -249,6 +268,20 @@ for _ in sys.stdin: print("value", v)'`, { background: true, stdin: true, onStdo
     await c.commands.sendStdin(holder.pid, "\n");
     await waitFor("the Python value after the connect", async () => /value \d+\n/.test(py2), 10_000);
     assert(py2.match(/value (\d+)/)[1] === value, `value ${value} before the pause, ${py2} after`);
+  } finally {
+    await m.kill();
+  }
+});
+
+await check("/dev/shm is writable by user, also after pause and connect", async () => {
+  const m = await Sandbox.create("base");
+  try {
+    const r = await m.commands.run("stat -c %a /dev/shm; touch /dev/shm/x; python3 -c 'import multiprocessing as m; print(m.Lock().acquire())'");
+    assert(r.stdout === "1777\nTrue\n", `as user: ${JSON.stringify(r.stdout)}`);
+    assert((await m.pause()) === true, "pause did not return true");
+    const c = await Sandbox.connect(m.sandboxId);
+    const again = await c.commands.run("touch /dev/shm/y; ls /dev/shm");
+    assert(again.stdout === "x\ny\n", `after the connect: ${JSON.stringify(again.stdout)}`);
   } finally {
     await m.kill();
   }
@@ -321,6 +354,30 @@ await check("isRunning: true running, false paused (not woken) and killed; calls
   assert((await s.isRunning()) === false, "isRunning of a killed sandbox is not false");
   const e = await s.files.read("/etc/hostname").then(() => null, (err) => err);
   assert(e && e.name !== "FileNotFoundError", `files.read on a killed sandbox: ${e && e.name}: ${e && e.message}`);
+});
+
+await check("envd calls to a paused (no autoResume) or killed sandbox: the SDK's error classes, with the reason", async () => {
+  const s = await Sandbox.create("base");
+  const bg = await s.commands.run("sleep 600", { background: true });
+  const caught = (p) => p.then(() => null, (e) => e);
+  const describe = (e) => (e ? `${e.constructor.name}: ${e.message}` : "no error");
+  assert((await s.pause()) === true, "pause did not return true");
+  // Paused: a SandboxError (not a NotFoundError, not false) naming autoResume.
+  for (const [what, p] of [["commands.run", caught(s.commands.run("true"))], ["files.list", caught(s.files.list("/"))],
+    ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.SandboxError && !(e instanceof sdk.NotFoundError) && e.message.includes("autoResume"), `${what} on a paused sandbox: ${describe(e)}`);
+  }
+  assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "the refused calls woke the sandbox");
+  assert((await s.kill()) === true, "kill did not return true");
+  // Killed: commands raise SandboxNotFoundError; other calls the SDK's
+  // not-running TimeoutError, with the server's message; none answers false.
+  const run = await caught(s.commands.run("true"));
+  assert(run instanceof sdk.SandboxNotFoundError, `commands.run on a killed sandbox: ${describe(run)}`);
+  for (const [what, p] of [["files.list", caught(s.files.list("/"))], ["files.exists", caught(s.files.exists("/etc"))], ["commands.kill", caught(s.commands.kill(bg.pid))]]) {
+    const e = await p;
+    assert(e instanceof sdk.TimeoutError && e.message.includes(s.sandboxId), `${what} on a killed sandbox: ${describe(e)}`);
+  }
 });
 
 await check("kill twice (second false)", async () => {

@@ -6,7 +6,8 @@
 //     writable layer travels inside the memory checkpoint;
 //   - the guest agent as its first process, bind-mounted read-only at /.torpor;
 //   - its own pair of network namespaces (package sandboxnet);
-//   - a cgroup with the memory and CPU limits of its Spec.
+//   - a cgroup with the memory and CPU limits of its Spec, and its pids and
+//     writable-layer limits (limits.go).
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
@@ -26,6 +27,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +55,9 @@ type Config struct {
 	Platform string
 	// ExtraFlags are appended to runsc's global flags (e.g. "--debug").
 	ExtraFlags []string
+	// Egress is the host's uplink for instances whose Spec asks for egress
+	// (sandboxnet.Egress); nil = no instance gets a way out.
+	Egress *sandboxnet.EgressConfig
 }
 
 // Engine implements engine.Engine with runsc.
@@ -73,11 +78,14 @@ type Engine struct {
 	// runscCheckpoints counts checkpoints made by starting `runsc checkpoint`
 	// because the direct call could not be made (control.go).
 	runscCheckpoints atomic.Int64
+	// egress is the uplink (Config.Egress); nil = none.
+	egress *sandboxnet.Egress
 }
 
 var (
 	_ engine.Engine           = (*Engine)(nil)
 	_ engine.ExitCheckpointer = (*Engine)(nil)
+	_ engine.EgressProvider   = (*Engine)(nil)
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,59}$`)
@@ -104,6 +112,11 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	e := &Engine{cfg: cfg, runsc: path, scope: Scope(dir)}
+	if cfg.Egress != nil {
+		if e.egress, err = sandboxnet.NewEgress(e.scope, *cfg.Egress); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
 	e.thawAll()
 	e.version = "runsc"
 	if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -170,8 +183,8 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	}()
 	if imageDir == "" {
 		spec.RootFS, err = stableRootfs(spec.RootFS)
-	} else {
-		spec.RootFS, err = restoreRootfs(imageDir, spec.RootFS)
+	} else if spec.RootFS, err = restoreRootfs(imageDir, spec.RootFS); err == nil {
+		spec, err = restoredLimits(imageDir, spec)
 	}
 	if err != nil {
 		return err
@@ -179,6 +192,12 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	p := e.pair(spec.ID)
 	if err := sandboxnet.Create(ctx, p); err != nil {
 		return err
+	}
+	if spec.Egress != nil && e.egress != nil {
+		r := sandboxnet.Rules{InternetAccess: spec.Egress.InternetAccess, AllowOut: spec.Egress.AllowOut, DenyOut: spec.Egress.DenyOut}
+		if err := e.egress.Attach(ctx, p, r); err != nil {
+			return fmt.Errorf("gvisor: %s: %w", spec.ID, err)
+		}
 	}
 	b := e.bundle(spec.ID)
 	if err := os.MkdirAll(filepath.Join(b, "rootfs"), 0o700); err != nil {
@@ -189,6 +208,9 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
+		return err
+	}
+	if err := writeLimits(b, spec); err != nil {
 		return err
 	}
 	if imageDir == "" {
@@ -315,6 +337,9 @@ func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := e.recordRootfs(id, dir); err != nil {
 		return err
 	}
+	if err := e.recordLimits(id, dir); err != nil {
+		return err
+	}
 	err := e.checkpointDirect(ctx, id, dir, leaveRunning)
 	if err == nil {
 		return nil
@@ -426,6 +451,14 @@ func (e *Engine) Dial(ctx context.Context, id string, port int) (net.Conn, error
 		return nil, fmt.Errorf("gvisor: dial %s:%d: %w", id, port, err)
 	}
 	return c, nil
+}
+
+// Resolver implements engine.EgressProvider.
+func (e *Engine) Resolver() (netip.Addr, error) {
+	if e.egress == nil {
+		return netip.Addr{}, errors.New("no uplink is configured on this server (torpor serve --uplink-netns or --uplink)")
+	}
+	return e.egress.Resolver(), nil
 }
 
 // HostNetns returns the name (under /run/netns) of the instance's host-side network
@@ -610,10 +643,13 @@ func (e *Engine) processes() map[string][]int {
 }
 
 // Close releases what runsc keeps mounted in the engine's root (its null-netns
-// file) and removes the engine's empty parent cgroups (tests made thousands a
-// day otherwise). Call it only when no instance of this engine runs any more
-// (tests).
+// file), removes the engine's empty parent cgroups (tests made thousands a
+// day otherwise) and the uplink's table (Config.Egress). Call it only when no
+// instance of this engine runs any more (tests).
 func (e *Engine) Close() error {
+	if e.egress != nil {
+		_ = e.egress.Close()
+	}
 	p := filepath.Join(e.cfg.StateDir, "root", "null-netns")
 	if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("gvisor: unmount %s: %w", p, err)

@@ -54,6 +54,7 @@ func TestConformance(t *testing.T) {
 	}
 	enginetest.Run(t, enginetest.Setup{Engine: e, Spec: engine.Spec{
 		RootFS: images.Path(img.Digest), GuestDir: guest, MemoryMiB: 256, CPUs: 1,
+		PidsLimit: 512, WritableMiB: 128, TmpMiB: 64, // restores must reproduce them (limits.go)
 	}, KeepsProcesses: true, AfterCheckpointExit: func(t *testing.T, id string) {
 		// The exited sandbox waits frozen for Stop, its teardown off the
 		// commit's CPU (CheckpointExit).

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/torpor/torpor/engine"
@@ -64,6 +65,11 @@ type ociNamespace struct {
 type ociResources struct {
 	Memory *ociMemory `json:"memory,omitempty"`
 	CPU    *ociCPU    `json:"cpu,omitempty"`
+	Pids   *ociPids   `json:"pids,omitempty"`
+}
+
+type ociPids struct {
+	Limit int64 `json:"limit"`
 }
 
 type ociMemory struct {
@@ -101,6 +107,31 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 	if spec.MemoryMiB > 0 {
 		res.Memory = &ociMemory{Limit: int64(spec.MemoryMiB) << 20}
 	}
+	rlimits := []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}}
+	if spec.PidsLimit > 0 {
+		rlimits = append(rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: uint64(spec.PidsLimit), Soft: uint64(spec.PidsLimit)})
+		res.Pids = &ociPids{Limit: hostPidsLimit(spec.PidsLimit)}
+	}
+	// gVisor reads an EROFS root from these annotations (docs/decisions/gvisor-engine.md);
+	// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
+	annotations := map[string]string{
+		rootfsAnnotation:                 spec.RootFS,
+		"dev.gvisor.spec.rootfs.type":    "erofs",
+		"dev.gvisor.spec.rootfs.overlay": "memory",
+	}
+	mounts := []ociMount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
+	}
+	if spec.WritableMiB > 0 {
+		annotations["dev.gvisor.spec.rootfs.options"] = fmt.Sprintf("size=%dm", spec.WritableMiB)
+	}
+	if spec.TmpMiB > 0 {
+		mounts = append(mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"mode=1777", fmt.Sprintf("size=%dm", spec.TmpMiB)}})
+	}
 	// The CPU quota is not in the spec: runsc would apply it before the sandbox
 	// boots, and a restore (seccomp compilation and page loading run in parallel)
 	// takes ~250 ms longer under a 1-CPU quota on these 2-core machines (measured,
@@ -112,23 +143,12 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 			Env:          env,
 			Cwd:          "/",
 			Capabilities: caps,
-			Rlimits:      []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+			Rlimits:      rlimits,
 		},
-		Root:     ociRoot{Path: "rootfs", Readonly: false}, // writes go to the memory overlay
-		Hostname: "sandbox",
-		Mounts: append([]ociMount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/.torpor", Type: "bind", Source: spec.GuestDir, Options: []string{"rbind", "ro"}},
-		}, volumeMounts(spec.Mounts)...),
-		// gVisor reads an EROFS root from these annotations (docs/decisions/gvisor-engine.md);
-		// "memory" puts the writable overlay in sandbox memory, inside checkpoints.
-		Annotations: map[string]string{
-			rootfsAnnotation:                 spec.RootFS,
-			"dev.gvisor.spec.rootfs.type":    "erofs",
-			"dev.gvisor.spec.rootfs.overlay": "memory",
-		},
+		Root:        ociRoot{Path: "rootfs", Readonly: false}, // writes go to the memory overlay
+		Hostname:    "sandbox",
+		Mounts:      append(mounts, volumeMounts(spec.Mounts)...),
+		Annotations: annotations,
 		Linux: ociLinux{
 			Namespaces: []ociNamespace{
 				{Type: "pid"}, {Type: "network", Path: p.GuestPath()}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"},

@@ -32,19 +32,27 @@ func (e *Engine) Wait(ctx context.Context, id string) (engine.ExitStatus, error)
 	if !idRE.MatchString(id) {
 		return engine.ExitStatus{}, fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
-	pid := 0
+	pid, exited := 0, 0
 	if e.hasRunscState(id) {
 		sctx, cancel := context.WithTimeout(ctx, listTimeout)
 		st, err := e.state(sctx, id) // whatever its status (a checkpoint may be under way)
 		cancel()
 		if err == nil && alive(st.Pid) {
 			pid = st.Pid
+		} else if err == nil && st.Pid > 0 {
+			exited = st.Pid
 		}
 	}
 	if pid == 0 {
 		if pids := e.processes()[id]; len(pids) > 0 {
 			pid = pids[0]
 		}
+	}
+	if pid == 0 && exited > 0 {
+		// The sandbox process runsc recorded is gone (or a zombie) and nothing
+		// of the instance runs: it has exited, e.g. killed in the moment
+		// between its start and this call.
+		return engine.ExitStatus{What: fmt.Sprintf("the sandbox's process (host pid %d)", exited)}, nil
 	}
 	if pid == 0 {
 		return engine.ExitStatus{}, fmt.Errorf("gvisor: wait %s: no sandbox process: %w", id, engine.ErrNotRunning)

@@ -25,6 +25,9 @@ const (
 	BinaryPath = "/.torpor/torpor-agent"
 	// LogPath is where Run writes the agent's own log inside the sandbox.
 	LogPath = "/tmp/torpor-agent.log"
+	// DevShm is the sandbox's shared-memory directory, which Run makes writable by
+	// every user (mode 1777).
+	DevShm = "/dev/shm"
 	// DefaultPath is the PATH commands get unless the sandbox env or the request sets one.
 	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
@@ -74,6 +77,16 @@ func Run(ctx context.Context, addr string) error {
 	}
 	if lg != nil {
 		lg.Printf("pid %d listening on %s", os.Getpid(), ln.Addr())
+	}
+	// gVisor makes /dev/shm a directory of mode 0755 on the /dev tmpfs; POSIX
+	// shared memory and semaphores (Python's multiprocessing, Chromium) need
+	// it writable by every user, as Linux distributions mount it (1777). A
+	// /dev/shm mount in the OCI spec would do it too, but runsc's restore
+	// refuses a spec whose mounts differ from the checkpoint's, so snapshots
+	// taken before would no longer resume. The mode is in sandbox memory and
+	// kept by every checkpoint.
+	if err := os.Chmod(DevShm, os.ModeSticky|0o777); err != nil && lg != nil && !errors.Is(err, os.ErrNotExist) {
+		lg.Printf("chmod %s: %v", DevShm, err)
 	}
 	return Serve(ctx, ln, Options{Log: lg, RunDir: RunDir, HooksDir: HooksDir})
 }
@@ -158,10 +171,11 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("GET /files", s.handleGetFile)
 	mux.HandleFunc("PUT /files", s.handlePutFile)
 	mux.HandleFunc("POST /resume", s.handleResume)
+	mux.HandleFunc("POST "+proto.PathPrepareHibernate, s.handlePrepareHibernate)
 	s.envd.mount(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/health", "/exec", "/files", "/resume":
+		case "/health", "/exec", "/files", "/resume", proto.PathPrepareHibernate:
 			writeError(w, http.StatusMethodNotAllowed, proto.CodeInvalidArgument, "method "+r.Method+" not allowed on "+r.URL.Path)
 		default:
 			writeError(w, http.StatusNotFound, proto.CodeNotFound, "no such endpoint: "+r.URL.Path)

@@ -70,9 +70,14 @@ type envdUser struct {
 }
 
 // lookupUser finds name in the sandbox's user database (/etc/passwd and
-// /etc/group: the agent is built without cgo). An unknown user is
-// invalid_argument.
+// /etc/group: the agent is built without cgo), through userDB. An unknown
+// user is invalid_argument. The user is shared: callers do not change it.
 func lookupUser(name string) (*envdUser, error) {
+	return userDB.user(name)
+}
+
+// readUser is lookupUser without the cache.
+func readUser(name string) (*envdUser, error) {
 	u, err := user.Lookup(name)
 	if err != nil {
 		msg := fmt.Sprintf("user %q does not exist in this sandbox", name)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"mime/multipart"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +30,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem"
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
@@ -112,8 +115,8 @@ func startEnvd(t *testing.T, runDir string) *envdAgent {
 	if err := a.ac.WaitReady(context.Background(), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if v := a.ac.ProtocolVersion(); v != proto.Version3 {
-		t.Fatalf("agent protocol version %d, want %d", v, proto.Version3)
+	if v := a.ac.ProtocolVersion(); v != proto.Version {
+		t.Fatalf("agent protocol version %d, want %d", v, proto.Version)
 	}
 	if err := a.ac.Envd(); err != nil {
 		t.Fatal(err)
@@ -816,7 +819,14 @@ func (a *envdAgent) upload(t *testing.T, path, username, ctype, cenc string, bod
 
 func (a *envdAgent) get(t *testing.T, path string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, envdURL+path, nil)
+	return a.do(t, http.MethodGet, path, hdr, nil)
+}
+
+// do sends an envd request with the headers hdr and answers the response and
+// its body.
+func (a *envdAgent) do(t *testing.T, method, path string, hdr map[string]string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, envdURL+path, body)
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
@@ -927,13 +937,13 @@ func TestEnvdHTTP(t *testing.T) {
 		t.Fatalf("GET /health (envd): %d %q, want 204", resp.StatusCode, b)
 	}
 	// torpor's own routes are not reachable through envd's paths.
-	for _, p := range []string{"/exec", "/resume", "/envd/health"} {
+	for _, p := range []string{"/exec", "/resume", "/envd/health", proto.PathPrepareHibernate} {
 		if resp, b := a.get(t, p, nil); resp.StatusCode != 404 {
 			t.Fatalf("GET %s through envd: %d %s, want 404", p, resp.StatusCode, b)
 		}
 	}
 	// torpor's own /health and /files are unchanged beside envd's.
-	if h, err := a.ac.Info(context.Background()); err != nil || h.ProtocolVersion != proto.Version3 {
+	if h, err := a.ac.Info(context.Background()); err != nil || h.ProtocolVersion != proto.Version {
 		t.Fatalf("torpor health: %+v, %v", h, err)
 	}
 	rc, _, err := a.ac.ReadFile(context.Background(), dir+"/gz.txt")
@@ -966,6 +976,29 @@ func TestEnvdGRPC(t *testing.T) {
 // streams opened before it (their client's connection did not survive the
 // checkpoint); the processes run on and can be re-attached.
 func TestEnvdStreamsCutOnResume(t *testing.T) {
+	testEnvdStreamsCut(t, "a resume", func(ctx context.Context, a *envdAgent) error {
+		_, err := a.ac.Resume(ctx, proto.ResumeRequest{Generation: 2, HostTime: time.Now()})
+		return err
+	})
+}
+
+// TestEnvdStreamsEndedForHibernate: POST /hibernate/prepare ends the open
+// envd streams (a command's output, a watch) and counts them; the processes
+// run on and can be re-attached, as after the resume.
+func TestEnvdStreamsEndedForHibernate(t *testing.T) {
+	testEnvdStreamsCut(t, "a hibernate's prepare", func(ctx context.Context, a *envdAgent) error {
+		n, err := a.ac.PrepareHibernate(ctx)
+		if err == nil && n != 2 {
+			err = fmt.Errorf("prepare ended %d streams, want 2 (Start and WatchDir)", n)
+		}
+		return err
+	})
+}
+
+// testEnvdStreamsCut opens a Start stream of a command that goes on printing
+// and a WatchDir stream, calls cut, and checks that both streams end with
+// unavailable within seconds and that Connect re-attaches to the command.
+func testEnvdStreamsCut(t *testing.T, what string, cut func(context.Context, *envdAgent) error) {
 	a := startEnvd(t, filepath.Join(t.TempDir(), "run"))
 	ctx := ctxT(t, 30*time.Second)
 	ev, pid := start(t, ctx, a.proc, connect.NewRequest(&process.StartRequest{Process: shell("while true; do echo tick; sleep 0.05; done")}))
@@ -976,7 +1009,7 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	}
 	w.Receive()
 
-	if _, err := a.ac.Resume(ctx, proto.ResumeRequest{Generation: 2, HostTime: time.Now()}); err != nil {
+	if err := cut(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan *collected, 1)
@@ -984,15 +1017,15 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	select {
 	case c := <-done:
 		if connect.CodeOf(c.err) != connect.CodeUnavailable || c.end != nil {
-			t.Fatalf("Start stream after a resume ended with %v (end %v), want unavailable", c.err, c.end)
+			t.Fatalf("Start stream after %s ended with %v (end %v), want unavailable", what, c.err, c.end)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the Start stream was not cut by the resume")
+		t.Fatalf("the Start stream was not cut by %s", what)
 	}
 	for w.Receive() {
 	}
 	if connect.CodeOf(w.Err()) != connect.CodeUnavailable {
-		t.Fatalf("WatchDir stream after a resume ended with %v, want unavailable", w.Err())
+		t.Fatalf("WatchDir stream after %s ended with %v, want unavailable", what, w.Err())
 	}
 	cs, err := a.proc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}}))
 	if err != nil {
@@ -1001,7 +1034,7 @@ func TestEnvdStreamsCutOnResume(t *testing.T) {
 	cev := connectEvents(t, cs)
 	cev.pid()
 	if c := cev.until(func(c *collected) bool { return strings.Contains(c.stdout, "tick") }); !strings.Contains(c.stdout, "tick") {
-		t.Fatalf("re-attached after the resume: %q (%v)", c.stdout, c.err)
+		t.Fatalf("re-attached after %s: %q (%v)", what, c.stdout, c.err)
 	}
 }
 
@@ -1027,4 +1060,88 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestEnvdFileMetadata: X-Metadata-* headers of an upload become the file's
+// metadata (user.e2b.* extended attributes, keys lower-cased), answered by the
+// upload and by Stat and ListDir; an upload replaces the whole set; bad
+// metadata is refused with 400 and writes nothing.
+func TestEnvdFileMetadata(t *testing.T) {
+	a := startEnvd(t, "")
+	ctx := ctxT(t, 30*time.Second)
+	dir := t.TempDir()
+	post := func(path string, hdr map[string]string, multi bool) (int, []map[string]any) {
+		t.Helper()
+		body, ctype := io.Reader(strings.NewReader("data")), "application/octet-stream"
+		if multi {
+			var mp bytes.Buffer
+			mw := multipart.NewWriter(&mp)
+			w, _ := mw.CreateFormFile("file", path)
+			io.WriteString(w, "data")
+			mw.Close()
+			body, ctype = &mp, mw.FormDataContentType()
+		}
+		h := map[string]string{"Content-Type": ctype}
+		for k, v := range hdr {
+			h[k] = v
+		}
+		resp, b := a.do(t, http.MethodPost, "/files?path="+url.QueryEscape(path), h, body)
+		var out []map[string]any
+		if resp.StatusCode == 200 {
+			if err := json.Unmarshal(b, &out); err != nil || len(out) != 1 {
+				t.Fatalf("upload answer %s: %v", b, err)
+			}
+		}
+		return resp.StatusCode, out
+	}
+	stat := func(path string) map[string]string {
+		t.Helper()
+		res, err := a.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: path}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetEntry().GetMetadata()
+	}
+	f := dir + "/m.txt"
+	for _, multi := range []bool{false, true} {
+		status, out := post(f, map[string]string{"X-Metadata-Author": "mish", "x-metadata-purpose": "upload test", "X-Other": "no"}, multi)
+		want := map[string]any{"author": "mish", "purpose": "upload test"}
+		if status != 200 || !reflect.DeepEqual(out[0]["metadata"], want) {
+			t.Fatalf("upload (multipart %v) with metadata: %d %v, want metadata %v", multi, status, out, want)
+		}
+		if got := stat(f); !reflect.DeepEqual(got, map[string]string{"author": "mish", "purpose": "upload test"}) {
+			t.Fatalf("Stat metadata %v", got)
+		}
+	}
+	if v, err := unix.Getxattr(f, "user.e2b.author", make([]byte, 16)); err != nil || v != 4 {
+		t.Fatalf("xattr user.e2b.author: %d bytes, %v", v, err)
+	}
+	res, err := a.fs.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: dir}))
+	if err != nil || len(res.Msg.GetEntries()) != 1 || res.Msg.GetEntries()[0].GetMetadata()["author"] != "mish" {
+		t.Fatalf("ListDir: %v %v", res.Msg.GetEntries(), err)
+	}
+
+	// Written again: the new set replaces the old one, keys left out go.
+	if status, out := post(f, map[string]string{"X-Metadata-Author": "ana"}, false); status != 200 || !reflect.DeepEqual(out[0]["metadata"], map[string]any{"author": "ana"}) {
+		t.Fatalf("second upload: %d %v", status, out)
+	}
+	if status, out := post(f, nil, false); status != 200 || out[0]["metadata"] != nil {
+		t.Fatalf("upload without metadata: %d %v, want no metadata", status, out)
+	}
+	if got := stat(f); got != nil {
+		t.Fatalf("Stat after an upload without metadata: %v", got)
+	}
+
+	for _, bad := range []map[string]string{
+		{"X-Metadata-K": "caf\u00e9"},
+		{"X-Metadata-" + strings.Repeat("k", 250): "v"},
+		{"X-Metadata-Big": strings.Repeat("v", 4100)},
+	} {
+		if status, _ := post(dir+"/bad.txt", bad, false); status != 400 {
+			t.Errorf("upload with metadata %.40v: %d, want 400", bad, status)
+		}
+	}
+	if _, err := os.Stat(dir + "/bad.txt"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused upload wrote its file: %v", err)
+	}
 }

@@ -275,6 +275,18 @@ func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, s.resume.resume(rq, received))
 }
 
+// handlePrepareHibernate ends every open envd stream before the host drains
+// the sandbox's requests for a hibernate (proto.PathPrepareHibernate): the
+// streams E2B's SDKs keep open (a background command's output, a PTY, a
+// watch) never end on their own. Their processes and watches go on.
+func (s *server) handlePrepareHibernate(w http.ResponseWriter, req *http.Request) {
+	n := s.envd.cutStreams()
+	if n > 0 {
+		s.log.Printf("hibernate: ended %d envd streams", n)
+	}
+	writeJSON(w, http.StatusOK, proto.PrepareHibernateReport{Streams: n})
+}
+
 // resume runs the contract's steps in their fixed order and returns the report.
 // received is when the request arrived: the clock step compares the host's time
 // with the sandbox's at that moment, so the skew does not count the steps before it.

@@ -430,6 +430,26 @@ func (c *Client) Resume(ctx context.Context, req proto.ResumeRequest) (proto.Res
 	return rep, nil
 }
 
+// PrepareHibernate asks the agent to end its open envd streams before a
+// hibernate drains the sandbox's requests (POST /hibernate/prepare) and
+// returns how many it ended. An agent below proto.Version4 is not asked
+// (0, nil): its streams are drained and cut as before.
+func (c *Client) PrepareHibernate(ctx context.Context) (int, error) {
+	if c.ProtocolVersion() < proto.Version4 {
+		return 0, nil
+	}
+	resp, err := c.do(ctx, http.MethodPost, proto.PathPrepareHibernate, nil, 0, "")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var rep proto.PrepareHibernateReport
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		return 0, fmt.Errorf("torpor agent: prepare hibernate: %w", err)
+	}
+	return rep.Streams, nil
+}
+
 // ErrNoEnvd is the error (via errors.Is) of an envd call to an agent older
 // than proto.EnvdMinVersion: a sandbox started, or resumed from a snapshot
 // taken, before the agent served E2B's envd.

@@ -31,6 +31,15 @@
 //     rewrites their paths with EnvdPath and must not forward them to an agent
 //     below EnvdMinVersion (agentclient.Client.Envd names the error). Every
 //     version 2 call is served unchanged.
+//   - Version 4: POST /hibernate/prepare (PathPrepareHibernate,
+//     PrepareHibernateReport): before a hibernate drains the requests in
+//     flight, the host asks the agent to end its open envd streams (a
+//     background command's output, a PTY, a watch), which never end on their
+//     own. An older agent is not asked; its streams are drained and then cut
+//     as before. envd's POST /files also keeps file metadata (X-Metadata-*
+//     headers as user.e2b.* extended attributes, envd 0.6.2), which EntryInfo
+//     reports; a version 3 agent ignores those headers. Every version 3 call
+//     is served unchanged.
 //
 // # Rules
 //

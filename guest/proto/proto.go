@@ -12,10 +12,13 @@ const (
 	// process.Process and filesystem.Filesystem and the plain HTTP routes under
 	// EnvdPrefix.
 	Version3 = 3
+	// Version4 adds POST /hibernate/prepare (PathPrepareHibernate): the agent
+	// ends its open envd streams before a checkpoint; and envd's file metadata.
+	Version4 = 4
 
 	// Version is the protocol this tree's agent speaks and the newest this
 	// tree's host knows.
-	Version = Version3
+	Version = Version4
 	// MinVersion is the oldest protocol the host still speaks. It is never
 	// raised while snapshots taken with an agent of an older version may exist.
 	MinVersion = Version1
@@ -30,7 +33,22 @@ const (
 	PathExec   = "/exec"   // POST ExecRequest: application/x-ndjson ExecEvent lines
 	PathFiles  = "/files"  // GET ?path=: the file's bytes; PUT ?path=[&mode=]: replace it
 	PathResume = "/resume" // POST ResumeRequest: ResumeReport
+	// PathPrepareHibernate is POST (no body): PrepareHibernateReport (since
+	// Version4). The host calls it before a hibernate's drain.
+	PathPrepareHibernate = "/hibernate/prepare"
 )
+
+// PrepareHibernateReport is the answer of POST /hibernate/prepare. The agent
+// has ended every open envd stream (a command's output followed by Start or
+// Connect, a watch): such streams never end on their own and would hold the
+// hibernate's drain until its end. Their processes and watches go on; a
+// client re-attaches after the resume (envd's Connect by pid). Calls that
+// end by themselves (an upload, a command without a stream) are not touched:
+// the drain waits for them.
+type PrepareHibernateReport struct {
+	// Streams is how many streams were ended.
+	Streams int `json:"streams"`
+}
 
 // Query parameters and content types of the file endpoints.
 const (

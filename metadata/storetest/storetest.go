@@ -3,7 +3,8 @@
 // checks what the sandbox manager relies on: every record kind's create,
 // read, list order, update and delete (API keys: by id and by hash, the
 // last-used time), the not-found and exists errors, the
-// version check on sandbox updates (also inside BeginRestore and
+// version check on sandbox updates, idempotency keys (one claim of a key
+// wins, also at once; finish, delete, expiry by time) (also inside BeginRestore and
 // CommitHibernate, which must then write nothing), the generation counter,
 // concurrent updates of different records, and that records survive a
 // reopen (a schema set up once is set up again without change); node
@@ -15,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"sync"
 	"testing"
@@ -47,6 +49,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"Volumes", testVolumes},
 		{"Images", testImages},
 		{"APIKeys", testAPIKeys},
+		{"IdempotencyKeys", testIdempotencyKeys},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Nodes", testNodes},
 	} {
@@ -78,14 +81,16 @@ func tp(t time.Time) *time.Time { return &t }
 func fullSandbox(id string) *metadata.Sandbox {
 	return &metadata.Sandbox{
 		ID: id, State: sandbox.StateHibernated, Image: "base", ImageDigest: "sha256:aa", GuestDigest: "g1",
-		MemoryMiB: 256, CPUs: 0.5, Env: map[string]string{"A": "1", "B": "two words"}, Generation: 7,
+		MemoryMiB: 256, CPUs: 0.5, Env: map[string]string{"A": "1", "B": "two words"}, PidsLimit: 333, Generation: 7,
 		ForkedFrom: "sbx-src", SnapshotID: "snap-" + id, PendingSnapshot: "snap-p" + id, Instance: id + "-00000003", Seq: 3,
 		Error: "an error", Deleting: true, CreatedAt: at(1).Add(250 * time.Millisecond), StateChangedAt: at(2),
 		LastHibernateAt: tp(at(3)), LastResumeAt: tp(at(4).Add(time.Microsecond)), ResumeMS: 321,
 		Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: sandbox.OnTimeoutDelete,
 			HibernationMode: sandbox.ModeFilesystem, OnResume: []string{"sh", "-c", "serve"},
 			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
-			ExpiresAt: tp(at(100)), ResumeOnRequest: true},
+			ExpiresAt: tp(at(100)), ResumeOnRequest: true,
+			Network: sandbox.Network{InternetAccess: true, AllowOut: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
+				DenyOut: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("2001:db8::/32")}}},
 		Metadata: map[string]string{"user": "abc", "my key": "a&b=c"},
 		Meter:    metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
 		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",
@@ -776,6 +781,87 @@ func testNodes(t *testing.T, st metadata.Store) {
 	}
 }
 
+// testIdempotencyKeys: a claim stores its record once; a second claim of
+// the key gets the stored record unchanged, also with other ids and hash;
+// of concurrent claims exactly one creates; finish sets the status; delete
+// frees the key; records made before a time expire, the others stay.
+func testIdempotencyKeys(t *testing.T, st metadata.Store) {
+	first := metadata.IdempotencyKey{Key: "k-1", RequestHash: hash32(1), SandboxIDs: []string{"sbx-a", "sbx-b"},
+		CreatedAt: at(10).Add(500 * time.Millisecond)}
+	got, created, err := st.ClaimIdempotencyKey(ctx, first)
+	if err != nil || !created || !equal(got, first) {
+		t.Fatalf("first claim: %+v created %v %v, want %+v created", got, created, err, first)
+	}
+	again := metadata.IdempotencyKey{Key: "k-1", RequestHash: hash32(2), SandboxIDs: []string{"sbx-c"}, CreatedAt: at(20)}
+	if got, created, err := st.ClaimIdempotencyKey(ctx, again); err != nil || created || !equal(got, first) {
+		t.Errorf("second claim: %+v created %v %v, want the first record, not created", got, created, err)
+	}
+	if err := st.FinishIdempotencyKey(ctx, "k-1", 201); err != nil {
+		t.Fatal(err)
+	}
+	want := first
+	want.Status = 201
+	if got, _, err := st.ClaimIdempotencyKey(ctx, again); err != nil || !equal(got, want) {
+		t.Errorf("claim after finish: %+v %v, want %+v", got, err, want)
+	}
+	if err := st.FinishIdempotencyKey(ctx, "k-none", 201); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("finish of a missing key: %v, want ErrNotFound", err)
+	}
+
+	const racers = 8
+	var wg sync.WaitGroup
+	wins := make(chan string, racers)
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := metadata.IdempotencyKey{Key: "k-race", RequestHash: hash32(byte(i)), SandboxIDs: []string{fmt.Sprintf("sbx-%d", i)}, CreatedAt: at(30)}
+			got, created, err := st.ClaimIdempotencyKey(ctx, r)
+			if err != nil {
+				t.Errorf("racer %d: %v", i, err)
+				return
+			}
+			if created {
+				wins <- got.SandboxIDs[0]
+			}
+		}()
+	}
+	wg.Wait()
+	close(wins)
+	var winners []string
+	for w := range wins {
+		winners = append(winners, w)
+	}
+	if len(winners) != 1 {
+		t.Errorf("concurrent claims of one key: %d created (%v), want exactly 1", len(winners), winners)
+	} else if got, _, _ := st.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: "k-race", RequestHash: hash32(0xee), CreatedAt: at(31)}); len(got.SandboxIDs) != 1 || got.SandboxIDs[0] != winners[0] {
+		t.Errorf("k-race holds %+v, want the winner's %s", got, winners[0])
+	}
+
+	if err := st.DeleteIdempotencyKey(ctx, "k-race"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteIdempotencyKey(ctx, "k-race"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v, want ErrNotFound", err)
+	}
+	fresh := metadata.IdempotencyKey{Key: "k-race", RequestHash: hash32(9), SandboxIDs: []string{"sbx-new"}, CreatedAt: at(40)}
+	if got, created, err := st.ClaimIdempotencyKey(ctx, fresh); err != nil || !created || !equal(got, fresh) {
+		t.Errorf("claim of a deleted key: %+v created %v %v", got, created, err)
+	}
+
+	// Expiry: k-1 (made at 10.5 s) goes, k-race (40 s) stays.
+	n, err := st.DeleteIdempotencyKeysBefore(ctx, at(11))
+	if err != nil || n != 1 {
+		t.Errorf("expire before 11 s: %d removed %v, want 1", n, err)
+	}
+	if got, created, _ := st.ClaimIdempotencyKey(ctx, again); !created || !equal(got, again) {
+		t.Errorf("k-1 after its expiry: %+v created %v, want a new record", got, created)
+	}
+	if got, created, _ := st.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: "k-race", RequestHash: hash32(0xee), CreatedAt: at(50)}); created || !equal(got, fresh) {
+		t.Errorf("k-race after the expiry of older keys: %+v created %v, want it kept", got, created)
+	}
+}
+
 // testConcurrentUpdates: writers updating different records at once all
 // succeed, and each record ends with all of its writer's updates.
 func testConcurrentUpdates(t *testing.T, st metadata.Store) {
@@ -844,6 +930,10 @@ func testReopen(t *testing.T, open func() (metadata.Store, error)) {
 	if _, err := st.NextGeneration(ctx); err != nil {
 		t.Fatal(err)
 	}
+	idem := metadata.IdempotencyKey{Key: "k", RequestHash: hash32(5), SandboxIDs: []string{"sbx-full"}, Status: 201, CreatedAt: at(3)}
+	if _, _, err := st.ClaimIdempotencyKey(ctx, idem); err != nil {
+		t.Fatal(err)
+	}
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -864,6 +954,9 @@ func testReopen(t *testing.T, open func() (metadata.Store, error)) {
 		}
 		if k, err := st.APIKeyByHash(ctx, key.Hash); err != nil || !equal(k, key) {
 			t.Errorf("reopen %d: api key %+v %v", round, k, err)
+		}
+		if k, created, err := st.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: "k", RequestHash: hash32(0xee), CreatedAt: at(9)}); err != nil || created || !equal(k, idem) {
+			t.Errorf("reopen %d: idempotency key %+v created %v %v", round, k, created, err)
 		}
 		if g, err := st.NextGeneration(ctx); err != nil || g != int64(1+round) {
 			t.Errorf("reopen %d: next generation %d %v, want %d", round, g, err, 1+round)

@@ -26,6 +26,8 @@ import (
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/gvisor"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
 )
 
@@ -81,6 +83,10 @@ type Options struct {
 	// the default is no keys. With server.AuthRequired, Start makes a key
 	// (Server.APIKey) and Client sends it.
 	Auth server.AuthMode
+	// Limits are passed to server.Config.Limits (pids limit, admission).
+	Limits manager.LimitsConfig
+	// Egress is passed to server.Config.Egress (nil: sandboxes have no way out).
+	Egress *sandboxnet.EgressConfig
 }
 
 var (
@@ -175,7 +181,7 @@ func Start(t testing.TB, opts Options) *Server {
 		DataDir: dir, RunscPath: Runsc(t), AgentPath: agent,
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
-		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B,
+		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits, Egress: opts.Egress,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
@@ -205,7 +211,7 @@ func (s *Server) start(t testing.TB) {
 	ctx := context.Background()
 	cfg := s.cfg
 	if s.resumeDelay > 0 {
-		engines, err := server.DefaultEngines(s.DataDir, cfg.RunscPath)
+		engines, err := server.DefaultEngines(s.DataDir, cfg.RunscPath, cfg.Egress)
 		if err != nil {
 			t.Fatalf("start server: %v", err)
 		}

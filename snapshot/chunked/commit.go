@@ -3,7 +3,6 @@ package chunked
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -195,7 +194,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			s.kickUpload()
 		}
 	}()
-	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]chunkSum, len(names))}
+	d := doc{Format: 1, Chunking: chunkingTag, Files: make([]fileChunks, len(names)), keys: make([][]chunkSum, len(names)), key: s.key}
 	par := s.openParent(m.Parent)
 	var target Backend = s.b
 	set := s.idx.known
@@ -305,7 +304,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	}
 	m.LogicalBytes, m.StoredBytes, m.NewBytes, m.Chunks = logical, stored, st.newBytes, nchunks
 	d.Manifest = m
-	b, err := json.Marshal(d)
+	b, err := s.marshalDoc(id, d)
 	if err != nil {
 		return m, err
 	}
@@ -325,9 +324,16 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		"sync_ms", tSynced.Sub(tHashed).Milliseconds(), "manifest_ms", time.Since(tSynced).Milliseconds(),
 		"chunks", m.Chunks, "from_parent_copy", st.reused.Load(), "new_bytes", m.NewBytes)
 	s.lastReused.Store(st.reused.Load())
-	// Committed. The staged files become the opened copy (verified on Open).
+	// Committed. The staged files become the opened copy (verified on
+	// Open) — unless the store encrypts: then no plaintext of a hibernated
+	// sandbox stays on disk, and the next Open rebuilds the copy from the
+	// chunks (the keys, in memory, still serve the next diff commit).
 	_ = os.RemoveAll(s.opened(id))
-	if err := os.Rename(dir, s.opened(id)); err != nil {
+	if s.key != nil {
+		if err := os.RemoveAll(dir); err != nil {
+			s.log.Warn("snapshot commit: removing the staged plaintext", "snapshot", id, "err", err)
+		}
+	} else if err := os.Rename(dir, s.opened(id)); err != nil {
 		_ = os.RemoveAll(dir)
 	} else {
 		s.useOpened(id)
@@ -337,7 +343,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 
 // putChunk stores one chunk through pw unless it is all zeros or already
 // stored: in the backend, or with async in the outbox (unless the backend has
-// it). id, when set, is data's sha256 already known from its key match with a
+// it). id, when set, is data's address (sha256, or keyed: seal.go) already known from its key match with a
 // parent chunk (parent.go).
 func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, data []byte, async bool, id string) (chunkRef, error) {
 	ref := chunkRef{Len: int64(len(data)), ID: id}
@@ -345,7 +351,7 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 		if allZero(data) {
 			return ref, nil
 		}
-		ref.ID = sha256Hex(data)
+		ref.ID = s.key.address(data)
 	}
 	s.idx.pin(ref.ID)
 	st.mu.Lock()
@@ -363,6 +369,9 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 		return ref, nil
 	}
 	comp := s.enc.EncodeAll(data, make([]byte, 0, len(data)+64))
+	if s.key != nil {
+		comp = s.key.sealChunk(ref.ID, comp)
+	}
 	ref.Stored = int64(len(comp))
 	added, err := pw.add(ctx, ref.ID, comp)
 	if err != nil {

@@ -42,6 +42,15 @@
 // one whose outbox copy is lost before the upload is refused by Open, naming the
 // missing chunk.
 //
+// # Encryption at rest
+//
+// With Config.Key, chunks are addressed by HMAC-SHA256 under the key instead
+// of their sha256 and stored sealed (AES-256-GCM), manifests are sealed, and
+// a commit removes its staged plaintext instead of keeping it as the opened
+// copy (seal.go). Manifests and chunks written without a key, or with an old
+// key in Config.OldKeys, stay readable; one sealed with a key the store lacks
+// fails with a *snapshot.KeyError.
+//
 // # Verification
 //
 // Open re-hashes every chunk of the snapshot: from open/<snapshot> when present
@@ -85,6 +94,7 @@
 //	cache.go     the chunk cache
 //	gc.go        Delete, Collect, repack, the automatic collection
 //	upload.go    the outbox: Durable, Pending, the background upload
+//	seal.go      encryption at rest (Config.Key): keyed chunk addresses, sealed chunks and manifests
 //	backend.go   Backend and its optional interfaces; the filesystem backend
 //	s3.go        the S3 backend
 //

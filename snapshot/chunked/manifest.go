@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -29,6 +28,9 @@ type doc struct {
 	// keys[file][chunk] are the chunk keys (fingerprint), known in memory
 	// for snapshots this process committed or verified; not stored.
 	keys [][]chunkSum
+	// key is the encryption key the manifest is sealed with and its chunks
+	// are addressed under (seal.go); nil for a plain manifest. Not stored.
+	key *Key
 }
 
 type fileChunks struct {
@@ -74,19 +76,22 @@ func (s *Store) readDoc(ctx context.Context, id string) (doc, error) {
 	if err != nil {
 		return d, fmt.Errorf("snapshot %s: manifest: %w", id, err)
 	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: err.Error()}
-	}
+	return s.unmarshalDoc(id, b)
+}
+
+// checkDoc checks a parsed manifest of snapshot id against itself: format,
+// id, and every file's chunk list against its digest.
+func checkDoc(id string, d doc) error {
 	if d.Format != 1 || d.Manifest.ID != id || len(d.Files) != len(d.Manifest.Files) {
-		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "inconsistent manifest"}
+		return &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "inconsistent manifest"}
 	}
 	for i, fc := range d.Files {
 		if fc.Name != d.Manifest.Files[i].Name || treeHash(fc.Chunks) != d.Manifest.Files[i].SHA256 ||
 			strings.ContainsAny(fc.Name, "/\x00") || fc.Name == "." || fc.Name == ".." {
-			return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "chunk list of " + fc.Name + " does not match its digest"}
+			return &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "chunk list of " + fc.Name + " does not match its digest"}
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // Manifest implements snapshot.Store. A manifest this process committed or

@@ -173,7 +173,7 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 				if ctx.Err() != nil {
 					continue
 				}
-				if err := s.runFetch(ctx, id, d.Files[ft.file].Name, ft, useCache); err != nil {
+				if err := s.runFetch(ctx, id, d.Files[ft.file].Name, d.key, ft, useCache); err != nil {
 					fail(err)
 				}
 			}
@@ -267,8 +267,9 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 }
 
 // runFetch gets the chunks of ft (from the cache when allowed and valid, else
-// with one ranged read of their pack), verifies them and writes them to ft.f.
-func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useCache bool) error {
+// with one ranged read of their pack), verifies them (addresses under key k,
+// the manifest's) and writes them to ft.f.
+func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fetch, useCache bool) error {
 	corrupt := func(i int, reason string) error {
 		return &snapshot.CorruptError{Snapshot: snap, File: file,
 			Reason: fmt.Sprintf("chunk %s at offset %d: %s", ft.refs[i].ID, ft.offs[i], reason)}
@@ -284,7 +285,7 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 	for i, r := range ft.refs {
 		if useCache && s.cache != nil {
 			if comp, ok := s.cache.Get(r.ID); ok {
-				if data, err := s.decode(comp, r); err == nil {
+				if data, err := s.decode(comp, r, k); err == nil {
 					out[i] = data
 					continue
 				}
@@ -338,19 +339,19 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 		}
 		var data []byte
 		if err == nil {
-			data, err = s.decode(comp, r)
+			data, err = s.decode(comp, r, k)
 			if err != nil && ft.tier != Backend(s.b) {
 				// A damaged outbox copy: the backend may hold the chunk too.
 				if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
 					comp = c
-					data, err = s.decode(comp, r)
+					data, err = s.decode(comp, r, k)
 				}
 			}
 		}
 		if err != nil && ft.tier == Backend(s.b) {
 			// Another copy of the chunk, if the backend has one; else the next
 			// commit that has the chunk's bytes stores it again (suspect).
-			if d, c, ok := s.fromAlternative(ctx, r, l); ok {
+			if d, c, ok := s.fromAlternative(ctx, r, l, k); ok {
 				data, comp, err = d, c, nil
 			} else {
 				s.suspect(r.ID, l)
@@ -388,7 +389,7 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, ft *fetch, useC
 // fromAlternative reads chunk r from a copy in the backend other than bad (an
 // alternative, or its current location if it moved since it was looked up)
 // and verifies it; that copy becomes the chunk's location.
-func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (data, comp []byte, ok bool) {
+func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc, k *Key) (data, comp []byte, ok bool) {
 	s.idx.mu.Lock()
 	alts := append([]chunkLoc(nil), s.idx.known.alt[r.ID]...)
 	if cur, ok := s.idx.known.locs[r.ID]; ok && cur != bad {
@@ -403,7 +404,7 @@ func (s *Store) fromAlternative(ctx context.Context, r chunkRef, bad chunkLoc) (
 		if err != nil {
 			continue
 		}
-		d, err := s.decode(c, r)
+		d, err := s.decode(c, r, k)
 		if err != nil {
 			continue
 		}
@@ -435,18 +436,34 @@ func (s *Store) fromBackend(ctx context.Context, cid string) ([]byte, error) {
 	return readStored(ctx, s.b, cid, l)
 }
 
-func (s *Store) decode(comp []byte, ref chunkRef) ([]byte, error) {
-	data, err := s.dec.DecodeAll(comp, make([]byte, 0, ref.Len))
+// decode returns the bytes of chunk ref from its stored form comp (opened
+// when sealed, decompressed) and checks them against ref's address under k,
+// the key of the manifest naming it (nil: sha256). Errors say what failed.
+func (s *Store) decode(comp []byte, ref chunkRef, k *Key) ([]byte, error) {
+	z, _, err := s.unsealChunk(comp, ref.ID)
+	if err != nil {
+		return nil, err
+	}
+	data, err := s.dec.DecodeAll(z, make([]byte, 0, ref.Len))
 	if err != nil {
 		return nil, fmt.Errorf("undecodable: %v", err)
 	}
 	if int64(len(data)) != ref.Len {
 		return nil, fmt.Errorf("size %d != %d", len(data), ref.Len)
 	}
-	if sum := sha256Hex(data); sum != ref.ID {
-		return nil, fmt.Errorf("sha256 mismatch: got %s", sum)
+	if sum := k.address(data); sum != ref.ID {
+		return nil, fmt.Errorf("%s mismatch: got %s", addressName(k), sum)
 	}
 	return data, nil
+}
+
+// addressName names the hash chunk addresses are under k: "sha256", or
+// "keyed hash" (HMAC-SHA256, seal.go).
+func addressName(k *Key) string {
+	if k == nil {
+		return "sha256"
+	}
+	return "keyed hash"
 }
 
 // verifyDir checks the opened copy of a snapshot chunk by chunk, in parallel,
@@ -531,14 +548,14 @@ func (s *Store) verifyDir(ctx context.Context, id, dir string, d doc) ([][]chunk
 					b := span[:t.ref.Len]
 					span = span[t.ref.Len:]
 					*t.key = fingerprint(b)
-					ok, check := false, "sha256"
+					ok, check := false, addressName(d.key)
 					switch {
 					case known:
 						ok, check = *t.key == t.want, "fingerprint"
 					case t.ref.ID == "":
 						ok = allZero(b)
 					default:
-						ok = sha256Hex(b) == t.ref.ID
+						ok = d.key.address(b) == t.ref.ID
 					}
 					if !ok {
 						errs[w] = &snapshot.CorruptError{Snapshot: id, File: t.fn, Reason: fmt.Sprintf("chunk %s at offset %d: %s mismatch", t.ref.ID, t.off, check)}

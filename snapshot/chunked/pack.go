@@ -357,14 +357,20 @@ func deletePack(ctx context.Context, b Backend, id string) (indexGone bool, err 
 	return true, b.Delete(ctx, packKey(id))
 }
 
-// checkStored checks that comp is the zstd frame of chunk id's bytes.
+// checkStored checks that comp is the stored form of chunk id's bytes: a
+// zstd frame of bytes whose sha256 is id, or one sealed with a key of the
+// store (seal.go) of bytes whose keyed hash under that key is id.
 func (s *Store) checkStored(comp []byte, id string) error {
-	plain, err := s.dec.DecodeAll(comp, nil)
+	z, k, err := s.unsealChunk(comp, id)
+	if err != nil {
+		return err
+	}
+	plain, err := s.dec.DecodeAll(z, nil)
 	if err != nil {
 		return fmt.Errorf("undecodable: %v", err)
 	}
-	if sha256Hex(plain) != id {
-		return errors.New("sha256 mismatch")
+	if k.address(plain) != id {
+		return errors.New(addressName(k) + " mismatch")
 	}
 	return nil
 }

@@ -33,13 +33,16 @@ type parentKeys struct {
 
 // openParent returns the parent's chunk index, or nil when this process does
 // not know the keys of its chunks (parent committed or opened before it
-// started, and not opened since).
+// started, and not opened since) or the parent was sealed with another
+// encryption key than the store's (or without one, or the store has none).
 func (s *Store) openParent(parent string) *parentKeys {
 	if parent == "" {
 		return nil
 	}
 	d, ok := s.docs.get(parent)
-	if !ok || !knownKeys(d) {
+	if !ok || !knownKeys(d) || d.key != s.key {
+		// A parent under another key (or none) has its chunks addressed
+		// otherwise: this commit must not name them.
 		return nil
 	}
 	p := &parentKeys{files: make(map[string]map[chunkSum]chunkRef, len(d.Files))}

@@ -47,6 +47,14 @@ type Config struct {
 	// upload runs.
 	ReadOnly bool
 	Logger   *slog.Logger
+	// Key, when set, encrypts what the store writes from now on (seal.go):
+	// chunks and manifests are sealed before they reach the backend or the
+	// outbox, and a commit removes its staged plaintext instead of keeping
+	// it as the opened copy. Snapshots written without a key stay readable.
+	Key *Key
+	// OldKeys open snapshots sealed with an earlier key (rotation: new
+	// snapshots are sealed with Key only).
+	OldKeys []*Key
 }
 
 // Store implements snapshot.Store on chunks. Its fields are grouped by the
@@ -62,6 +70,10 @@ type Store struct {
 	dec     *zstd.Decoder
 	log     *slog.Logger
 	closed  chan struct{} // closed by Close: the background loops stop
+	// key seals new chunks and manifests (nil: written plain); keys opens
+	// them, by key id: key and the old keys (seal.go).
+	key  *Key
+	keys map[string]*Key
 
 	// idx is what the store knows of the chunks in the backend and the
 	// outbox, and the pins by which commits and Collect stay out of each
@@ -113,9 +125,14 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger, closed: make(chan struct{}),
-		idx:     newIndex(),
+		idx: newIndex(), key: cfg.Key, keys: map[string]*Key{},
 		opening: snapshotLocks{locks: map[string]*snapshotLock{}},
 		up:      uploader{kick: make(chan struct{}, 1), done: make(chan struct{}), retry: cfg.UploadRetry}}
+	for _, k := range append([]*Key{cfg.Key}, cfg.OldKeys...) {
+		if k != nil {
+			s.keys[k.id] = k
+		}
+	}
 	openLimit := cfg.OpenBytes
 	if cfg.ReadOnly {
 		openLimit = 0 // the server owning the store trims its copies

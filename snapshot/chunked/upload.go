@@ -3,7 +3,6 @@ package chunked
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -250,7 +249,7 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	if err := syncTier(ctx, s.b); err != nil {
 		return err
 	}
-	b, err := json.Marshal(d)
+	b, err := s.marshalDoc(id, d)
 	if err != nil {
 		return err
 	}
@@ -303,9 +302,8 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 	if err != nil {
 		return fmt.Errorf("chunk %s: the outbox copy: %w", cid, err)
 	}
-	data, err := s.dec.DecodeAll(comp, nil)
-	if err != nil || sha256Hex(data) != cid {
-		return fmt.Errorf("chunk %s: the outbox copy is damaged", cid)
+	if err := s.checkStored(comp, cid); err != nil {
+		return fmt.Errorf("chunk %s: the outbox copy is damaged: %w", cid, err)
 	}
 	if err := s.b.Put(ctx, chunkKey(cid), bytes.NewReader(comp), int64(len(comp))); err != nil {
 		return fmt.Errorf("chunk %s: %w", cid, err)
@@ -319,15 +317,16 @@ func (s *Store) uploadChunk(ctx context.Context, cid string) error {
 }
 
 func (s *Store) readOutboxDoc(ctx context.Context, id string) (doc, error) {
-	var d doc
 	b, err := getAll(ctx, s.outbox, manifestKey(id))
 	if err != nil {
-		return d, err
+		return doc{}, err
 	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		return d, &snapshot.CorruptError{Snapshot: id, File: "manifest.json", Reason: "outbox copy: " + err.Error()}
+	d, err := s.unmarshalDoc(id, b)
+	var ce *snapshot.CorruptError
+	if errors.As(err, &ce) {
+		ce.Reason = "outbox copy: " + ce.Reason
 	}
-	return d, nil
+	return d, err
 }
 
 // dropOutboxChunks removes the outbox packs (and loose chunks) holding d's
@@ -385,9 +384,17 @@ func (s *Store) dropOutboxLocked(ctx context.Context, cid string, l chunkLoc, st
 // outboxRefs is the set of chunks the pending manifests reference; nil when
 // one cannot be read.
 func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
+	refs, _ := s.outboxRefsErr(ctx)
+	return refs
+}
+
+// outboxRefsErr is outboxRefs with the reason it is nil: the outbox's listing
+// or the first pending manifest that cannot be read (a *snapshot.KeyError
+// when it is sealed with a key the store lacks).
+func (s *Store) outboxRefsErr(ctx context.Context) (map[string]bool, error) {
 	ids, err := s.Pending(ctx)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	refs := map[string]bool{}
 	for _, id := range ids {
@@ -396,7 +403,7 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 			continue
 		}
 		if err != nil {
-			return nil
+			return nil, err
 		}
 		for _, fc := range d.Files {
 			for _, r := range fc.Chunks {
@@ -406,7 +413,7 @@ func (s *Store) outboxRefs(ctx context.Context) map[string]bool {
 			}
 		}
 	}
-	return refs
+	return refs, nil
 }
 
 // outGeneration reads outGen: a drop of outbox packs acts only if no manifest
@@ -452,9 +459,9 @@ func (s *Store) dropOutboxAllLocked(ctx context.Context, still map[string]bool) 
 // and packs without an index (left by a crash mid-commit or mid-cleanup). Only
 // at start-up: no commit is in progress.
 func (s *Store) cleanOutbox(ctx context.Context) error {
-	still := s.outboxRefs(ctx)
-	if still == nil {
-		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable")
+	still, err := s.outboxRefsErr(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot store: outbox: a pending manifest is unreadable: %w", err)
 	}
 	orphans, err := s.orphanPacks(ctx, s.outbox, s.idx.outKnown)
 	if err != nil {

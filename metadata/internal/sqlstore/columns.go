@@ -7,6 +7,7 @@ package sqlstore
 
 import (
 	"encoding/json"
+	"net/netip"
 
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
@@ -20,6 +21,7 @@ type jsonColumns struct {
 	onResume   string // the command, a list of strings
 	volumes    string // [{"name", "path"}, …]
 	metadata   string // map of strings
+	network    string // the egress policy (networkJSON)
 }
 
 // encodeJSON returns s's JSON columns.
@@ -42,6 +44,10 @@ func encodeJSON(s *metadata.Sandbox) jsonColumns {
 	if len(s.Metadata) > 0 {
 		b, _ := json.Marshal(s.Metadata)
 		c.metadata = string(b)
+	}
+	if n := s.Network; n.InternetAccess || len(n.AllowOut) > 0 || len(n.DenyOut) > 0 {
+		b, _ := json.Marshal(networkJSON{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
+		c.network = string(b)
 	}
 	return c
 }
@@ -70,6 +76,20 @@ func (c jsonColumns) decode(s *metadata.Sandbox) {
 	if c.metadata != "" {
 		_ = json.Unmarshal([]byte(c.metadata), &s.Metadata)
 	}
+	if c.network != "" {
+		var n networkJSON
+		if json.Unmarshal([]byte(c.network), &n) == nil {
+			s.Network = sandbox.Network{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+		}
+	}
+}
+
+// networkJSON is how a sandbox.Network is stored (column network; none = the
+// zero Network).
+type networkJSON struct {
+	InternetAccess bool           `json:"internet_access"`
+	AllowOut       []netip.Prefix `json:"allow_out,omitempty"`
+	DenyOut        []netip.Prefix `json:"deny_out,omitempty"`
 }
 
 // storedPolicy returns the hibernation mode and timeout action a record is

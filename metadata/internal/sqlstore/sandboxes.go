@@ -18,7 +18,7 @@ var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
 	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "version"}
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "version"}
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`
@@ -46,24 +46,25 @@ func (st *Store) sandboxValues(s *metadata.Sandbox) []any {
 		s.Deleting, st.ts(s.CreatedAt), st.ts(s.StateChangedAt), st.tsp(s.LastHibernateAt), st.tsp(s.LastResumeAt), s.ResumeMS,
 		st.orNone(j.lastResume), p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, st.orNone(j.onResume), st.orNone(j.volumes),
 		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, st.tsOrNone(mt.UsageAt), st.tspOrNone(p.ExpiresAt), st.orNone(j.metadata),
-		p.ResumeOnRequest, s.Version}
+		p.ResumeOnRequest, s.PidsLimit, st.orNone(j.network), s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	var s metadata.Sandbox
 	var state, env, created, changed string
-	var lastH, lastR, usageAt, expiresAt, lastResume, onResume, volumes, md sql.NullString
+	var lastH, lastR, usageAt, expiresAt, lastResume, onResume, volumes, md, network sql.NullString
 	p, mt := &s.Policy, &s.Meter
 	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
 		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
 		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.Version)
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &s.Version)
 	if err != nil {
 		return nil, err
 	}
 	s.State = sandbox.State(state)
-	jsonColumns{env: env, lastResume: lastResume.String, onResume: onResume.String, volumes: volumes.String, metadata: md.String}.decode(&s)
+	jsonColumns{env: env, lastResume: lastResume.String, onResume: onResume.String, volumes: volumes.String,
+		metadata: md.String, network: network.String}.decode(&s)
 	s.CreatedAt, s.StateChangedAt = parseTS(created), parseTS(changed)
 	s.LastHibernateAt, s.LastResumeAt, p.ExpiresAt = parseTSp(lastH), parseTSp(lastR), parseTSp(expiresAt)
 	if t := parseTSp(usageAt); t != nil {

@@ -203,5 +203,10 @@ func (s *Server) Thaw() {
 	}
 }
 
+// DataDir is the directory versitygw keeps its buckets in (one
+// sub-directory per bucket, one file per object): what tests read to check
+// what reached the server.
+func (s *Server) DataDir() string { return filepath.Join(s.dir, "data") }
+
 // String describes the server.
 func (s *Server) String() string { return fmt.Sprintf("versitygw %s at %s", Version, s.Endpoint) }

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/server/servertest"
+)
+
+// pidsCgroup returns the pids cgroup directory of sandbox id's running
+// instance.
+func pidsCgroup(t *testing.T, srv *servertest.Server, id string) string {
+	t.Helper()
+	running, _, _ := instancesOf(t, srv, id)
+	if len(running) != 1 {
+		t.Fatalf("running instances of %s: %v, want one", id, running)
+	}
+	m, _ := filepath.Glob("/sys/fs/cgroup/pids/torpor-*/" + running[0])
+	if len(m) == 0 {
+		m, _ = filepath.Glob("/sys/fs/cgroup/torpor-*/" + running[0])
+	}
+	if len(m) != 1 {
+		t.Fatalf("pids cgroup of %s: %v", running[0], m)
+	}
+	return m[0]
+}
+
+func readInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %q", path, b)
+	}
+	return n
+}
+
+// maxProcesses is the "Max processes" soft limit a new process in sandbox id
+// has.
+func maxProcesses(t *testing.T, c *client.Client, id string) string {
+	t.Helper()
+	out := sh(t, c, id, "grep 'Max processes' /proc/self/limits")
+	f := strings.Fields(out)
+	if len(f) < 4 {
+		t.Fatalf("limits line %q", out)
+	}
+	return f[2]
+}
+
+// TestForkBombContained: a sandbox with pids_limit 64 runs a fork bomb; its
+// tasks stay under the limit (the host cgroup's count stays under its
+// backstop), the host, the API and another sandbox keep answering, and the
+// sandbox is then deleted with nothing left. The limit survives a hibernate
+// and resume (restored from the checkpoint), and a sandbox without a
+// pids_limit gets the server's default.
+func TestForkBombContained(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	bomb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256, PidsLimit: 64})
+	other := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	if bomb.PidsLimit != 64 || other.PidsLimit != manager.DefaultPidsLimit {
+		t.Errorf("pids_limit %d and %d, want 64 and the default %d", bomb.PidsLimit, other.PidsLimit, manager.DefaultPidsLimit)
+	}
+	if got := maxProcesses(t, c, other.ID); got != strconv.Itoa(manager.DefaultPidsLimit) {
+		t.Errorf("default sandbox's Max processes %s, want %d", got, manager.DefaultPidsLimit)
+	}
+	hibernate(t, c, bomb.ID)
+	if _, err := c.Resume(ctx, bomb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := maxProcesses(t, c, bomb.ID); got != "64" {
+		t.Errorf("Max processes after hibernate and resume: %s, want 64", got)
+	}
+	cg := pidsCgroup(t, srv, bomb.ID)
+	backstop := readInt(t, filepath.Join(cg, "pids.max"))
+	if backstop != 4*64+256 {
+		t.Errorf("host pids.max %d, want %d", backstop, 4*64+256)
+	}
+
+	if _, err := c.ExecBackground(ctx, bomb.ID, apiv1.ExecRequest{Cmd: []string{"bash", "-c", ":(){ :|:& };:"}}); err != nil {
+		t.Fatal(err)
+	}
+	peak := 0
+	for range 10 {
+		time.Sleep(500 * time.Millisecond)
+		peak = max(peak, readInt(t, filepath.Join(cg, "pids.current")))
+	}
+	t.Logf("fork bomb under pids_limit 64: host tasks of the sandbox peaked at %d (pids.max %d)", peak, backstop)
+	if peak >= backstop {
+		t.Errorf("the sandbox's host tasks reached the backstop %d: the in-sandbox limit did not hold", backstop)
+	}
+	if peak < 64 {
+		t.Errorf("host tasks peaked at %d: the bomb did not run", peak)
+	}
+	// The rest of the host answers: the API, the other sandbox.
+	t0 := time.Now()
+	if err := c.Health(ctx); err != nil {
+		t.Errorf("health during the bomb: %v", err)
+	}
+	if got := sh(t, c, other.ID, "echo alive"); got != "alive\n" {
+		t.Errorf("other sandbox during the bomb: %q", got)
+	}
+	t.Logf("health and another sandbox's exec during the bomb: %v", time.Since(t0).Round(time.Millisecond))
+	// The bombed sandbox refuses new processes with the kernel's error.
+	_, errb, code, err := c.ExecCollect(ctx, bomb.ID, apiv1.ExecRequest{Cmd: []string{"true"}})
+	t.Logf("exec in the bombed sandbox: code %d err %v stderr %q", code, err, errb)
+	if st := get(t, c, bomb.ID); st.State != apiv1.StateRunning {
+		t.Errorf("bombed sandbox in state %s (%s), want running", st.State, st.Error)
+	}
+
+	t0 = time.Now()
+	if err := c.DeleteSandbox(ctx, bomb.ID); err != nil {
+		t.Fatalf("delete the bombed sandbox: %v", err)
+	}
+	t.Logf("deleted the bombed sandbox in %v", time.Since(t0).Round(time.Millisecond))
+	assertGone(t, srv, bomb.ID)
+	if got := sh(t, c, other.ID, "echo still"); got != "still\n" {
+		t.Errorf("other sandbox after the delete: %q", got)
+	}
+}
+
+// TestWritableLayerBound: a 256 MiB sandbox's root file system takes 128
+// MiB (half its memory) of writes and its /tmp 64 MiB (a quarter); beyond
+// them a write fails with ENOSPC in the sandbox, which keeps running, also
+// with both full at once, and the bounds hold after a hibernate and resume.
+func TestWritableLayerBound(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	check := func(when string) {
+		for _, d := range []struct {
+			dir string
+			mib int
+		}{{"/root", 128}, {"/tmp", 64}} {
+			out := sh(t, c, sb.ID, "dd if=/dev/zero of="+d.dir+"/big bs=1M count=400 2>&1 | grep -c 'No space left on device'; stat -c %s "+d.dir+"/big; df -m "+d.dir+" | tail -1")
+			t.Logf("%s: 400 MiB into %s: %s", when, d.dir, strings.ReplaceAll(out, "\n", " | "))
+			f := strings.Fields(out)
+			if len(f) < 4 || f[0] != "1" {
+				t.Errorf("%s: 400 MiB into %s: %q, want ENOSPC", when, d.dir, out)
+				continue
+			}
+			if size, _ := strconv.Atoi(f[1]); size > d.mib<<20 || size < (d.mib-16)<<20 {
+				t.Errorf("%s: %s/big took %d bytes, want up to the %d MiB bound", when, d.dir, size, d.mib)
+			}
+			if f[3] != strconv.Itoa(d.mib) {
+				t.Errorf("%s: df of %s: %q, want a %d MiB file system", when, d.dir, out, d.mib)
+			}
+		}
+		// Both full at once: the sandbox keeps running.
+		sh(t, c, sb.ID, "echo both full; rm /root/big /tmp/big")
+		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+			t.Errorf("%s: sandbox in state %s (%s) after the writes, want running", when, st.State, st.Error)
+		}
+	}
+	check("created")
+	hibernate(t, c, sb.ID)
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("resumed")
+}
+
+// hostMemBytes is MemTotal of /proc/meminfo.
+func hostMemBytes(t *testing.T) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb int64
+		if _, err := fmt.Sscanf(sc.Text(), "MemTotal: %d kB", &kb); err == nil {
+			return kb << 10
+		}
+	}
+	t.Fatal("no MemTotal in /proc/meminfo")
+	return 0
+}
+
+// TestAdmissionOnHost: with an overcommit ratio that leaves room for one
+// 256 MiB sandbox of the host's memory, the next create is 503 with
+// Retry-After and the reason; a hibernated sandbox frees its share (another
+// create fits), and its resume is then refused.
+func TestAdmissionOnHost(t *testing.T) {
+	ratio := float64(384<<20) / float64(hostMemBytes(t))
+	srv := start(t, servertest.Options{Limits: manager.LimitsConfig{MemoryOvercommit: ratio}})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	first := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	res := rawCall(t, http.MethodPost, srv.URL+"/v1/sandboxes", "application/json", []byte(`{"memory_mib":256}`))
+	if res.Status != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" || !strings.Contains(string(res.Body), "host memory full") {
+		t.Fatalf("second create: %d Retry-After %q %s, want 503 with Retry-After and the reason", res.Status, res.Header.Get("Retry-After"), res.Body)
+	}
+	t.Logf("refused: %s", res.Body)
+	hibernate(t, c, first.ID)
+	second := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	_, err := c.Resume(ctx, first.ID)
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable {
+		t.Errorf("resume with the host full: %v, want 503", err)
+	}
+	if err := c.DeleteSandbox(ctx, second.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, first.ID); err != nil {
+		t.Errorf("resume once memory is free: %v", err)
+	}
+}

@@ -1,0 +1,209 @@
+package manager
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/torpor/torpor/sandbox"
+)
+
+// LimitsConfig bounds what each sandbox, and all of them together, may take
+// of the host (docs/security.md lists the limits and their defaults).
+type LimitsConfig struct {
+	// PidsLimit is the pids limit of a sandbox whose spec asks for none: the
+	// tasks (processes and threads) each user may have in it (default
+	// DefaultPidsLimit; negative: no limit).
+	PidsLimit int
+	// MemoryOvercommit is the admission ratio: a create, resume or fork is
+	// admitted while the memory limits of the sandboxes holding host memory
+	// (every state but hibernated and error), with those it would start,
+	// stay within HostMemoryBytes × MemoryOvercommit (default 1.0).
+	MemoryOvercommit float64
+	// HostMemoryBytes is the host's memory in bytes (default: MemTotal of
+	// /proc/meminfo).
+	HostMemoryBytes int64
+	// RetryAfter is what a refused call is told to wait before it retries
+	// (default 10 s).
+	RetryAfter time.Duration
+}
+
+// Limits of a sandbox's pids (sandbox.Spec.PidsLimit).
+const (
+	DefaultPidsLimit = 1024
+	MinPidsLimit     = 16
+	MaxPidsLimit     = 65536
+)
+
+// withDefaults fills the zero fields of c; HostMemoryBytes from
+// /proc/meminfo (an error when it cannot be read and none is given).
+func (c LimitsConfig) withDefaults() (LimitsConfig, error) {
+	if c.PidsLimit == 0 {
+		c.PidsLimit = DefaultPidsLimit
+	}
+	if c.MemoryOvercommit <= 0 {
+		c.MemoryOvercommit = 1
+	}
+	if c.RetryAfter <= 0 {
+		c.RetryAfter = 10 * time.Second
+	}
+	if c.HostMemoryBytes <= 0 {
+		n, err := hostMemTotal()
+		if err != nil {
+			return c, fmt.Errorf("manager: host memory for admission control: %w", err)
+		}
+		c.HostMemoryBytes = n
+	}
+	return c, nil
+}
+
+// hostMemTotal returns MemTotal of /proc/meminfo in bytes.
+func hostMemTotal() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: MemTotal %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/meminfo: no MemTotal")
+}
+
+// pidsLimit returns the pids limit a new sandbox asking for want gets (0 =
+// the configured default; the record keeps 0 for no limit). Errors:
+// sandbox.ErrInvalidArgument outside MinPidsLimit..MaxPidsLimit.
+func (m *Manager) pidsLimit(want int) (int, error) {
+	if want == 0 {
+		return max(m.cfg.Limits.PidsLimit, 0), nil
+	}
+	if want < MinPidsLimit || want > MaxPidsLimit {
+		return 0, invalid("pids_limit %d: must be between %d and %d", want, MinPidsLimit, MaxPidsLimit)
+	}
+	return want, nil
+}
+
+// writableMiB and tmpMiB are the bounds of a sandbox's writable layer and
+// of its /tmp (engine.Spec), both in sandbox memory: half and a quarter of
+// its memory limit, so that filling both still leaves a quarter for its
+// processes, and a runaway write fails with ENOSPC rather than the sandbox
+// being killed for its memory. (gVisor keeps memory a deleted file freed
+// for reuse inside the sandbox, so the bounds must hold together, not one
+// at a time.)
+func writableMiB(memoryMiB int) int { return memoryMiB / 2 }
+func tmpMiB(memoryMiB int) int      { return memoryMiB / 4 }
+
+// admission is the manager's admission control: the host memory reserved by
+// creates, resumes and forks in progress, on top of what the sandbox records
+// say (admit).
+type admission struct {
+	mu       sync.Mutex
+	reserved map[*reservation]struct{}
+}
+
+// reservation is one admitted call's memory, for the sandboxes ids, until
+// release.
+type reservation struct {
+	mib int
+	ids []string
+}
+
+// AdmissionError is a call refused because the host's memory would be
+// exceeded. It is wrapped in a *sandbox.Error of kind Unavailable; an API
+// surface tells the caller to retry after RetryAfter (HTTP 503 with
+// Retry-After).
+type AdmissionError struct {
+	// NeedMiB is what the call would add; UsedMiB what the sandboxes holding
+	// memory (and calls admitted before) have; CapMiB the host's memory ×
+	// the overcommit ratio.
+	NeedMiB, UsedMiB, CapMiB int64
+	Overcommit               float64
+	Retry                    time.Duration
+}
+
+func (e *AdmissionError) Error() string {
+	return fmt.Sprintf("host memory full: %d MiB more would exceed the %d MiB admitted (host memory × overcommit %.3g); sandboxes holding memory have %d MiB of limits",
+		e.NeedMiB, e.CapMiB, e.Overcommit, e.UsedMiB)
+}
+
+// RetryAfter is how long the caller should wait before retrying.
+func (e *AdmissionError) RetryAfter() time.Duration { return e.Retry }
+
+// RetryAfterSeconds returns the whole seconds (at least 1) an API surface
+// tells the caller to wait before retrying (HTTP Retry-After) when err is
+// an admission refusal (*AdmissionError in its chain), else 0.
+func RetryAfterSeconds(err error) int {
+	var ae *AdmissionError
+	if !errors.As(err, &ae) {
+		return 0
+	}
+	return max(1, int(math.Ceil(ae.Retry.Seconds())))
+}
+
+// holdsMemory says whether a sandbox in state st holds host memory: every
+// state but hibernated and error (a paused sandbox keeps its memory).
+func holdsMemory(st sandbox.State) bool {
+	return st != sandbox.StateHibernated && st != sandbox.StateError
+}
+
+// admit reserves mib MiB of host memory for op ("create", "resume", "fork")
+// on sandbox id ("" for a create) that will start the sandboxes ids, and
+// returns release, which the caller calls once those sandboxes' records say
+// what they hold. Records of ids do not count while reserved (their memory
+// is the reservation's). Errors: a *sandbox.Error of kind Unavailable
+// wrapping an *AdmissionError when the host's memory would be exceeded; the
+// database's.
+func (m *Manager) admit(ctx context.Context, op, id string, mib int, ids ...string) (release func(), err error) {
+	a := &m.adm
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var used int64
+	covered := map[string]bool{}
+	for r := range a.reserved {
+		used += int64(r.mib)
+		for _, c := range r.ids {
+			covered[c] = true
+		}
+	}
+	for _, s := range all {
+		if holdsMemory(s.State) && !covered[s.ID] {
+			used += int64(s.MemoryMiB)
+		}
+	}
+	lim := m.cfg.Limits
+	capMiB := int64(math.Floor(float64(lim.HostMemoryBytes) * lim.MemoryOvercommit / (1 << 20)))
+	if used+int64(mib) > capMiB {
+		m.cfg.Metrics.refused.Inc()
+		ae := &AdmissionError{NeedMiB: int64(mib), UsedMiB: used, CapMiB: capMiB, Overcommit: lim.MemoryOvercommit, Retry: lim.RetryAfter}
+		return nil, (&sandbox.Error{Kind: sandbox.Unavailable, Op: op, SandboxID: id, Err: ae}).
+			WithHint("retry later, or hibernate or delete sandboxes to free memory; the operator can raise the memory overcommit ratio")
+	}
+	r := &reservation{mib: mib, ids: ids}
+	if a.reserved == nil {
+		a.reserved = map[*reservation]struct{}{}
+	}
+	a.reserved[r] = struct{}{}
+	return func() {
+		a.mu.Lock()
+		delete(a.reserved, r)
+		a.mu.Unlock()
+	}, nil
+}

@@ -1,0 +1,256 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// Idempotent creates and forks (header Idempotency-Key, docs/api.md). A call
+// with a key
+//
+//  1. chooses its sandboxes' ids and records them under the key (the
+//     metadata store's IdempotencyKeys) before it makes anything;
+//  2. makes the sandboxes with those ids;
+//  3. records the status it answers, then answers.
+//
+// A retry with the key gets the sandboxes of the record, as they are now,
+// with the recorded status: it waits for a call with the key still running
+// in this server; after a crash that cut the call (no status recorded) it
+// answers the sandboxes that exist, or, when none was made, runs the call
+// with the recorded ids. A call that failed without making any sandbox
+// removes its record, so a retry runs again (a refusal of admission control
+// is retried this way). The same key with another call (method, path or
+// body) is 422 idempotency_key_reused.
+
+// IdempotencyKeyTTL is how long a key's record is kept: a retry later than
+// that makes new sandboxes.
+const IdempotencyKeyTTL = 24 * time.Hour
+
+// idempotency is the server's state for idempotent calls.
+type idempotency struct {
+	db metadata.IdempotencyKeys
+	mu sync.Mutex
+	// running holds, per key, a channel closed when the call holding the key
+	// in this process ends.
+	running map[string]chan struct{}
+	// expiredAt is when records older than IdempotencyKeyTTL were last
+	// removed (at most once a minute, before a claim).
+	expiredAt time.Time
+}
+
+// idempotentCall is one create or fork: n sandboxes; run makes them with
+// ids (nil: ids of its own choice) and returns the answer's status and body;
+// view answers with the sandboxes ids that exist now (a replay).
+type idempotentCall struct {
+	n    int
+	run  func(ctx context.Context, ids []string) (status int, body any, err error)
+	view func(ctx context.Context, ids []string) any
+}
+
+// validIdempotencyKey: 1 to 255 printable ASCII characters.
+func validIdempotencyKey(k string) bool {
+	if len(k) == 0 || len(k) > 255 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// serveIdempotent answers call c of request r, whose body is body, as the
+// header Idempotency-Key asks (without one: c.run as it is).
+func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []byte, c idempotentCall) {
+	key := r.Header.Get(apiv1.IdempotencyKeyHeader)
+	if key == "" {
+		status, v, err := c.run(r.Context(), nil)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, status, v)
+		return
+	}
+	if !validIdempotencyKey(key) {
+		s.fail(w, r, invalidArgument("%s: 1 to 255 printable ASCII characters, got %d bytes", apiv1.IdempotencyKeyHeader, len(key)))
+		return
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s\n", r.Method, r.URL.Path)
+	h.Write(body)
+	hash := h.Sum(nil)
+	ctx := r.Context()
+	done, err := s.idem.hold(ctx, key)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer done()
+	s.idem.expire(ctx, s)
+	ids := make([]string, c.n)
+	for i := range ids {
+		ids[i] = manager.NewSandboxID()
+	}
+	rec, created, err := s.idem.db.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: key, RequestHash: hash, SandboxIDs: ids, CreatedAt: time.Now().UTC()})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !created {
+		if !bytes.Equal(rec.RequestHash, hash) {
+			writeError(w, http.StatusUnprocessableEntity, apiv1.CodeIdempotencyReuse,
+				fmt.Sprintf("%s %q was sent before with another call (method, path or body); send a new key for a new call", apiv1.IdempotencyKeyHeader, key))
+			return
+		}
+		if rec.Status != 0 {
+			s.replay(w, r, c, rec)
+			return
+		}
+		// Recorded without a status and held by no call here: a crash cut
+		// the call. What it made is the answer; if it made nothing, it runs
+		// now with the recorded ids.
+		if made := s.existing(ctx, rec.SandboxIDs); len(made) > 0 {
+			rec.Status = http.StatusCreated
+			if err := s.idem.db.FinishIdempotencyKey(context.WithoutCancel(ctx), key, rec.Status); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			s.replay(w, r, c, rec)
+			return
+		}
+		ids = rec.SandboxIDs
+	}
+	faultPoint("idempotency-claimed")
+	status, v, err := c.run(ctx, ids)
+	wctx := context.WithoutCancel(ctx)
+	if err != nil {
+		status, _ = classify(err)
+		if len(s.existing(wctx, ids)) == 0 {
+			// Nothing made: a retry may run the call again.
+			if derr := s.idem.db.DeleteIdempotencyKey(wctx, key); derr != nil {
+				s.log.Error("idempotency key: remove the record of a call that made nothing", "key", key, "err", derr)
+			}
+		} else if ferr := s.idem.db.FinishIdempotencyKey(wctx, key, status); ferr != nil {
+			s.log.Error("idempotency key: record a failed call's status", "key", key, "err", ferr)
+		}
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.idem.db.FinishIdempotencyKey(wctx, key, status); err != nil {
+		// The sandboxes exist and the record names them: a retry answers
+		// them (as after a crash).
+		s.log.Error("idempotency key: record the answer's status", "key", key, "err", err)
+	}
+	faultPoint("idempotency-recorded")
+	writeJSON(w, status, v)
+}
+
+// replay answers a retry of the call recorded in rec: the recorded status
+// with the sandboxes as they are now (2xx), or an error naming the
+// sandboxes the failed first call left.
+func (s *Server) replay(w http.ResponseWriter, r *http.Request, c idempotentCall, rec metadata.IdempotencyKey) {
+	ctx := r.Context()
+	made := s.existing(ctx, rec.SandboxIDs)
+	if rec.Status < 200 || rec.Status > 299 {
+		code := apiv1.CodeInternal
+		if rec.Status < 500 {
+			code = apiv1.CodeConflict
+		}
+		writeError(w, rec.Status, code, fmt.Sprintf("the first call with %s %q failed (status %d); the sandboxes it left: %s (see their state and error)",
+			apiv1.IdempotencyKeyHeader, rec.Key, rec.Status, strings.Join(made, ", ")))
+		return
+	}
+	if len(made) == 0 {
+		s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "the sandboxes made by the first call with %s %q (%s) were deleted since",
+			apiv1.IdempotencyKeyHeader, rec.Key, strings.Join(rec.SandboxIDs, ", ")))
+		return
+	}
+	writeJSON(w, rec.Status, c.view(ctx, made))
+}
+
+// existing returns those of ids that name sandboxes (not deleted).
+func (s *Server) existing(ctx context.Context, ids []string) []string {
+	var out []string
+	for _, id := range ids {
+		if _, err := s.Manager.Get(ctx, id); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// hold makes the caller the one call of key in this process, waiting while
+// another holds it; done releases it. Errors: ctx ended first.
+func (i *idempotency) hold(ctx context.Context, key string) (done func(), err error) {
+	for {
+		i.mu.Lock()
+		ch := i.running[key]
+		if ch == nil {
+			ch = make(chan struct{})
+			if i.running == nil {
+				i.running = map[string]chan struct{}{}
+			}
+			i.running[key] = ch
+			i.mu.Unlock()
+			return func() {
+				i.mu.Lock()
+				delete(i.running, key)
+				i.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		i.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// expire removes the records older than IdempotencyKeyTTL, at most once a
+// minute.
+func (i *idempotency) expire(ctx context.Context, s *Server) {
+	i.mu.Lock()
+	due := time.Since(i.expiredAt) >= time.Minute
+	if due {
+		i.expiredAt = time.Now()
+	}
+	i.mu.Unlock()
+	if !due {
+		return
+	}
+	if n, err := i.db.DeleteIdempotencyKeysBefore(ctx, time.Now().Add(-IdempotencyKeyTTL)); err != nil {
+		s.log.Warn("idempotency keys: expiry failed", "err", err)
+	} else if n > 0 {
+		s.log.Debug("idempotency keys expired", "count", n)
+	}
+}
+
+// faultEnv names the environment variable that makes the server kill
+// itself (SIGKILL) at one named point, for crash tests (e2e): never set
+// otherwise.
+const faultEnv = "TORPOR_TEST_KILL_AT"
+
+// faultPoint kills the process when faultEnv names point.
+func faultPoint(point string) {
+	if os.Getenv(faultEnv) == point {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
