@@ -53,25 +53,13 @@ func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.Idempotency
 // FinishIdempotencyKey implements metadata.IdempotencyKeys.
 func (st *Store) FinishIdempotencyKey(ctx context.Context, key string, status int) error {
 	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET status = ? WHERE key = ?`, status, key)
-	return idempotencyWrote(res, err, "finish", key)
+	return updated(res, err, "idempotency key", key)
 }
 
 // DeleteIdempotencyKey implements metadata.IdempotencyKeys.
 func (st *Store) DeleteIdempotencyKey(ctx context.Context, key string) error {
 	res, err := st.exec(ctx, st.db, `DELETE FROM idempotency_keys WHERE key = ?`, key)
-	return idempotencyWrote(res, err, "delete", key)
-}
-
-// idempotencyWrote is the error of a write of one idempotency key's record:
-// the database's, or ErrNotFound when it touched no row.
-func idempotencyWrote(res sql.Result, err error, op, key string) error {
-	if err != nil {
-		return fmt.Errorf("metadata: %s idempotency key: %w", op, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("idempotency key %q: %w", key, metadata.ErrNotFound)
-	}
-	return nil
+	return deleted(res, err, "idempotency key", key)
 }
 
 // DeleteIdempotencyKeysBefore implements metadata.IdempotencyKeys.
