@@ -41,6 +41,7 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/store":                              {"get"},
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
+		"/v1/nodes":                              {"get"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},
@@ -149,6 +150,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ResumeSubscribers":     ResumeSubscribers{},
 		"ResumeHook":            ResumeHook{},
 		"StoreUsage":            StoreUsage{},
+		"Node":                  Node{}, "NodeResources": NodeResources{}, "ListNodesResponse": ListNodesResponse{},
 	}
 	for name, v := range cases {
 		raw, ok := doc.Components.Schemas[name]

@@ -177,6 +177,37 @@ type CreateVolumeRequest struct {
 	Name string `json:"name"`
 }
 
+// Node is a host whose torpor server uses the same metadata database (a
+// node), as GET /v1/nodes reports it.
+type Node struct {
+	Name string `json:"name"`
+	// Advertise is the base URL of the node's API.
+	Advertise string `json:"advertise"`
+	// State is active, draining (takes no new sandboxes) or lost (no
+	// heartbeat for the lease time).
+	State       string        `json:"state"`
+	Capacity    NodeResources `json:"capacity"`
+	Load        NodeResources `json:"load"`
+	StartedAt   time.Time     `json:"started_at"`
+	HeartbeatAt time.Time     `json:"heartbeat_at"`
+	// Self: the node that answers.
+	Self bool `json:"self"`
+}
+
+// NodeResources are a node's capacity or load: memory in MiB, CPUs
+// (cores), sandboxes (a count; in the load, those that have an instance:
+// not hibernated, not in error).
+type NodeResources struct {
+	MemoryMiB int64   `json:"memory_mib"`
+	CPUs      float64 `json:"cpus"`
+	Sandboxes int     `json:"sandboxes"`
+}
+
+// ListNodesResponse is the body of GET /v1/nodes.
+type ListNodesResponse struct {
+	Nodes []Node `json:"nodes"`
+}
+
 // ListVolumesResponse is the body of GET /v1/volumes.
 type ListVolumesResponse struct {
 	Volumes []Volume `json:"volumes"`

@@ -107,6 +107,7 @@ server's certificate must be signed by a system authority or one in --ca-cert
 		a.setCommand(),
 		a.snapshotCommand(),
 		a.keyCommand(),
+		a.nodeCommand(),
 	)
 	return root
 }

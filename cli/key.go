@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/server"
 )
 
 // keyJSON is a key as `torpor key … --json` prints it. Key is set only in
@@ -30,20 +32,28 @@ func wireKey(k metadata.APIKey) keyJSON {
 	return keyJSON{ID: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: k.CreatedAt, LastUsedAt: k.LastUsedAt}
 }
 
-// keyCommand: API keys. They are made, listed and removed in the data
-// directory's database directly, not through the API: the first key must be
+// keyCommand: API keys. They are made, listed and removed in the server's
+// database directly (the data directory's SQLite file, or --database's
+// PostgreSQL), not through the API: the first key must be
 // makeable before any key exists, on the server's host, by whoever may read
 // its data directory. SQLite (WAL, a busy timeout) lets this run beside a
 // running server; the server sees a new key at once and a removed one within
 // apikey's cache bound (5 s).
 func (a *app) keyCommand() *cobra.Command {
 	var (
-		dataDir string
-		asJSON  bool
+		dataDir, database string
+		asJSON            bool
 	)
-	// open opens the metadata database; create makes the data directory if it
-	// is missing (a first key before the first `torpor serve`).
-	open := func(create bool) (*sqlite.DB, error) {
+	// open opens the metadata database: --database's PostgreSQL, else the
+	// data directory's SQLite file; create makes the data directory if it is
+	// missing (a first key before the first `torpor serve`).
+	open := func(ctx context.Context, create bool) (metadata.Store, error) {
+		if err := server.CheckDatabase(database); err != nil {
+			return nil, usageError{err}
+		}
+		if database != "" {
+			return server.OpenDatabase(ctx, "", database)
+		}
 		path := filepath.Join(dataDir, "torpor.db")
 		if create {
 			if err := os.MkdirAll(dataDir, 0o755); err != nil {
@@ -62,6 +72,7 @@ func (a *app) keyCommand() *cobra.Command {
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&dataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory, whose database holds the keys")
+	pf.StringVar(&database, "database", os.Getenv("TORPOR_DATABASE"), "the server's PostgreSQL database (postgres://…, as torpor serve --database; default $TORPOR_DATABASE), which holds the keys instead of the data directory")
 
 	var name string
 	create := &cobra.Command{
@@ -72,7 +83,7 @@ func (a *app) keyCommand() *cobra.Command {
 			if !apikey.ValidName(name) {
 				return usagef("--name %q: at most %d printable characters", name, apikey.MaxNameLen)
 			}
-			db, err := open(true)
+			db, err := open(cmd.Context(), true)
 			if err != nil {
 				return err
 			}
@@ -103,7 +114,7 @@ func (a *app) keyCommand() *cobra.Command {
 		Short:   "List keys: id, name, prefix, created, last used (never the keys)",
 		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := open(false)
+			db, err := open(cmd.Context(), false)
 			if err != nil {
 				return err
 			}
@@ -141,7 +152,7 @@ func (a *app) keyCommand() *cobra.Command {
 		Short:   "Remove keys (a running server refuses them within 5 s)",
 		Args:    usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, err := open(false)
+			db, err := open(cmd.Context(), false)
 			if err != nil {
 				return err
 			}

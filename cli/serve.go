@@ -24,6 +24,9 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 	return server.Run(ctx, server.Config{
 		StandbyMemoryMiB: standby,
 		DataDir:          cfg.DataDir,
+		Database:         cfg.Database,
+		Node:             cfg.Node,
+		Advertise:        cfg.Advertise,
 		Listen:           cfg.Listen,
 		RunscPath:        cfg.RunscPath,
 		AgentPath:        cfg.AgentPath,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/quickstart"
 	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
@@ -20,7 +21,10 @@ import (
 
 // serveConfig is what `torpor serve` hands to server.Run (see serve.go).
 type serveConfig struct {
-	DataDir   string
+	DataDir string
+	// Database is the metadata database ("" = SQLite in DataDir, or a
+	// postgres:// URL; server.Config.Database).
+	Database  string
 	Listen    string
 	RunscPath string
 	AgentPath string
@@ -35,6 +39,9 @@ type serveConfig struct {
 	CacheBytes  int64
 	OpenBytes   int64
 	AsyncUpload bool
+	// Node and Advertise: the node's name and API URL (server.Config).
+	Node      string
+	Advertise string
 	// E2BDomain routes E2B in-sandbox requests by host name (docs/e2b.md).
 	E2BDomain string
 	// Auth: required, none or auto (server.ResolveAuth).
@@ -109,6 +116,17 @@ func (a *app) serveCommand() *cobra.Command {
 			if _, err := server.ResolveAuth(server.AuthMode(cfg.Auth), cfg.Listen); err != nil {
 				return usageError{err}
 			}
+			if err := server.CheckDatabase(cfg.Database); err != nil {
+				return usageError{err}
+			}
+			if cfg.Node != "" {
+				if err := node.CheckName(cfg.Node); err != nil {
+					return usageError{fmt.Errorf("--node: %w", err)}
+				}
+			}
+			if a := cfg.Advertise; a != "" && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
+				return usagef("--advertise %q: want http://host:port or https://host:port", a)
+			}
 			if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 				return usagef("--tls-cert and --tls-key go together")
 			}
@@ -129,6 +147,9 @@ func (a *app) serveCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/torpor", "directory for images, snapshots and metadata")
+	f.StringVar(&cfg.Database, "database", os.Getenv("TORPOR_DATABASE"), "metadata database: a PostgreSQL URL, postgres://user@host:port/dbname (password from PGPASSWORD or ~/.pgpass rather than the URL; docs/multi-host.md); default $TORPOR_DATABASE, else SQLite in the data directory")
+	f.StringVar(&cfg.Node, "node", "", "the name this server registers as a node in the metadata database (default: the host name)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "the base URL of this server's API for other nodes and operators (default: http://<--listen>, with the host name for an address on all interfaces)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address to serve the API on")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of runsc (default $TORPOR_RUNSC, else runsc in PATH, else the pinned one in .tools/ of the checkout)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the torpor-agent binary (default $TORPOR_AGENT, else torpor-agent next to torpor)")

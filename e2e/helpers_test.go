@@ -37,6 +37,13 @@ func TestMain(m *testing.M) {
 	}
 	dataDir = d
 	code := m.Run()
+	removeDataDir(d)
+	os.Exit(code)
+}
+
+// removeDataDir removes a data directory whose servers have stopped and
+// whose sandboxes are gone, with what the engine left on the host for it.
+func removeDataDir(d string) {
 	// The engine's per-data-dir parent cgroups (empty once every sandbox is
 	// gone; servertest's Engine.Close removes them too, except after tests
 	// that keep their sandboxes).
@@ -50,7 +57,6 @@ func TestMain(m *testing.M) {
 	// runsc's null-netns mount in the engine's root (servertest unmounts it too).
 	syscall.Unmount(filepath.Join(d, "gvisor", "root", "null-netns"), syscall.MNT_DETACH)
 	os.RemoveAll(d)
-	os.Exit(code)
 }
 
 // start starts a server on the shared data directory. Tests run one at a time

@@ -4,9 +4,9 @@
 // here before it acknowledges it.
 //
 // Implementations: metadata/sqlite (an embedded SQLite database in the data
-// directory, the default). Every implementation passes the conformance suite
-// metadata/storetest, and nothing in this interface depends on one database:
-// a shared SQL database for several hosts only has to pass the same suite.
+// directory, the default) and metadata/postgres (a PostgreSQL database, which
+// several hosts can reach). Every implementation passes the conformance suite
+// metadata/storetest, and nothing in this interface depends on one database.
 package metadata
 
 import (
@@ -71,6 +71,7 @@ type Store interface {
 	Keys
 	IdempotencyKeys
 	Counters
+	Nodes
 	// Close releases the store. Calls after Close fail.
 	Close() error
 }
@@ -194,6 +195,52 @@ type APIKey struct {
 	// LastUsedAt is when a request last presented the key (nil: never), to
 	// the minute.
 	LastUsedAt *time.Time
+}
+
+// Nodes are the records of the hosts whose torpor servers use this store
+// (package node registers a server and heartbeats). A record's Name is its
+// node's; a node that starts again replaces its record, keeping Draining.
+type Nodes interface {
+	// PutNode stores n: a new record, or in place of the record of n.Name
+	// with that record's Draining kept (n.Draining is not written).
+	PutNode(ctx context.Context, n Node) error
+	// HeartbeatNode sets the record's Load and HeartbeatAt. ErrNotFound if
+	// there is no such record.
+	HeartbeatNode(ctx context.Context, name string, load NodeResources, at time.Time) error
+	// GetNode returns the record of name. ErrNotFound if there is none.
+	GetNode(ctx context.Context, name string) (Node, error)
+	// ListNodes returns every record, by name.
+	ListNodes(ctx context.Context) ([]Node, error)
+	// SetNodeDraining sets the record's Draining. ErrNotFound if there is no
+	// such record.
+	SetNodeDraining(ctx context.Context, name string, draining bool) error
+	// DeleteNode removes the record of name. ErrNotFound if there is none.
+	DeleteNode(ctx context.Context, name string) error
+}
+
+// Node is a node's record.
+type Node struct {
+	Name string
+	// Advertise is the base URL of the node's API that other nodes and
+	// operators use (http://host:port).
+	Advertise string
+	// Capacity is what the host has for sandboxes; Load what its running and
+	// paused sandboxes hold, as of HeartbeatAt.
+	Capacity NodeResources
+	Load     NodeResources
+	// Draining: the node takes no new sandboxes (an operator's choice; it
+	// survives the node's restart).
+	Draining    bool
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+}
+
+// NodeResources are a node's capacity or load: memory in MiB, CPUs (cores)
+// and a number of sandboxes.
+type NodeResources struct {
+	MemoryMiB int64
+	CPUs      float64
+	Sandboxes int
 }
 
 // IdempotencyKeys are the records of calls made with an idempotency key (REST

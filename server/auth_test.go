@@ -96,6 +96,32 @@ type authServer struct {
 
 func startAuthServer(t *testing.T) *authServer {
 	t.Helper()
+	logs := &lockedBuffer{}
+	srv, url, dir, eng := startFake(t, server.Config{Auth: server.AuthRequired, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if !srv.AuthRequired {
+		t.Fatal("Auth required did not require keys")
+	}
+	a := &authServer{srv: srv, url: url, dir: dir, eng: eng, log: logs}
+	if !strings.Contains(logs.String(), "there is none") {
+		t.Errorf("no warning that no key exists:\n%s", logs.String())
+	}
+	ctx := context.Background()
+	key, rec, err := apikey.Create(ctx, srv.Keys(), "test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.key, a.keyID = key, rec.ID
+	a.client = client.New(url)
+	a.client.APIKey = key
+	return a
+}
+
+// startFake starts a server with cfg on the fake engine (no root, no runsc)
+// in a new data directory with the plain store, no lifecycle loop and image
+// "tiny", served over real HTTP on loopback, stopped at the test's end. It
+// returns the server, its URL, the data directory and the engine.
+func startFake(t *testing.T, cfg server.Config) (*server.Server, string, string, *fake.Engine) {
+	t.Helper()
 	dir := t.TempDir()
 	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake")})
 	if err != nil {
@@ -109,19 +135,13 @@ func startAuthServer(t *testing.T) *authServer {
 	if err := os.WriteFile(agent, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
 	ctx := context.Background()
-	srv, err := server.New(ctx, server.Config{DataDir: dir, AgentPath: agent, Engines: engines,
-		Store: server.StoreConfig{Kind: "plain"}, Auth: server.AuthRequired, DisableLifecycle: true,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	cfg.DataDir, cfg.AgentPath, cfg.Engines, cfg.Store, cfg.DisableLifecycle = dir, agent, engines, server.StoreConfig{Kind: "plain"}, true
+	srv, err := server.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !srv.AuthRequired {
-		t.Fatal("Auth required did not require keys")
-	}
 	hs := httptest.NewServer(srv.Handler())
-	a := &authServer{srv: srv, url: hs.URL, dir: dir, eng: eng, log: logs}
 	t.Cleanup(func() {
 		hs.Close()
 		infos, _ := eng.List(ctx)
@@ -130,9 +150,6 @@ func startAuthServer(t *testing.T) *authServer {
 		}
 		srv.Close()
 	})
-	if !strings.Contains(logs.String(), "there is none") {
-		t.Errorf("no warning that no key exists:\n%s", logs.String())
-	}
 	var tiny bytes.Buffer
 	tw := tar.NewWriter(&tiny)
 	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
@@ -140,14 +157,7 @@ func startAuthServer(t *testing.T) *authServer {
 	if _, err := srv.Images.Import(ctx, "tiny", &tiny, nil); err != nil {
 		t.Fatalf("import image: %v", err)
 	}
-	key, rec, err := apikey.Create(ctx, srv.Keys(), "test", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.key, a.keyID = key, rec.ID
-	a.client = client.New(hs.URL)
-	a.client.APIKey = key
-	return a
+	return srv, hs.URL, dir, eng
 }
 
 // do sends method path with the Authorization header auth ("" = none) from
@@ -183,7 +193,7 @@ func (a *authServer) doFrom(t *testing.T, from int, method, path, auth string) (
 func TestAuthRequired(t *testing.T) {
 	a := startAuthServer(t)
 	wrong, _ := apikey.Generate()
-	paths := []string{"/v1/sandboxes", "/v1/sandboxes/sbx-none", "/v1/images", "/v1/snapshots", "/v1/store", "/v1/volumes",
+	paths := []string{"/v1/sandboxes", "/v1/sandboxes/sbx-none", "/v1/images", "/v1/snapshots", "/v1/store", "/v1/volumes", "/v1/nodes",
 		"/v1/openapi.json", "/v1/sandboxes/sbx-none/ports/8080/x", "/v1/no-such-route", "/metrics"}
 	for i, p := range paths {
 		for _, auth := range []string{"", "Bearer " + wrong, "Bearer not-a-key", "Basic " + a.key, a.key} {

@@ -1,12 +1,13 @@
 // Package server is torpor's HTTP server: REST API v1 (apiv1), the port proxy that
 // wakes hibernated sandboxes, /healthz and Prometheus /metrics, with API keys
 // required or not (Config.Auth, auth.go; the keys are package apikey's). It wires the
-// embedded defaults — SQLite metadata, the local snapshot store, the image store,
-// the gVisor engine — into a sandbox manager and serves it.
+// embedded defaults — SQLite metadata (or PostgreSQL: Config.Database), the local
+// snapshot store, the image store, the gVisor engine — into a sandbox manager,
+// registers the host as a node (Config.Node) and serves it.
 //
 // Data directory layout (default /var/lib/torpor):
 //
-//	torpor.db        metadata (SQLite)
+//	torpor.db        metadata (SQLite; none with Config.Database PostgreSQL)
 //	store            the snapshot store kind the directory was set up with
 //	images/          content-addressed EROFS images
 //	chunks/          snapshot store (default): packs, manifests, opened snapshots, cache
@@ -47,7 +48,7 @@ import (
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
-	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandboxnet"
 )
 
@@ -55,8 +56,19 @@ import (
 type Config struct {
 	// DataDir holds everything the server keeps (default /var/lib/torpor).
 	DataDir string
+	// Database is the metadata database: "" for SQLite in DataDir/torpor.db,
+	// or a postgres:// URL (OpenDatabase). With PostgreSQL the data
+	// directory still holds images, snapshots and engine state.
+	Database string
+	// Node is the name the server registers as a node in the database
+	// (default: the host name, node.DefaultName); Advertise the base URL of
+	// its API for other nodes and operators (default http://<Listen>, or
+	// https:// with TLSCert, the host's name for an address on all
+	// interfaces).
+	Node      string
+	Advertise string
 	// Listen is the API address (default 127.0.0.1:7070). New reads it only
-	// to resolve Auth; Run listens on it.
+	// to resolve Auth and the node's default Advertise; Run listens on it.
 	Listen string
 	// Auth says whether REST v1, the port proxy and /metrics require an API
 	// key (default AuthAuto: required unless Listen is a loopback address;
@@ -124,12 +136,14 @@ type Server struct {
 	Engine  engine.Engine
 	// StoreKind is the snapshot store in use: chunked, s3 or plain.
 	StoreKind  string
-	db         *sqlite.DB
+	db         metadata.Store
 	log        *slog.Logger
 	reg        *prometheus.Registry
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
+	heartbeat  *node.Heartbeat
+	node       string // the node's name
 	handler    http.Handler
 	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
 	e2b        *e2b.Service
@@ -166,7 +180,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
+	db, err := openServerDatabase(ctx, dir, cfg.Database)
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -235,7 +249,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
+	heartbeat, err := startNode(ctx, db, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	failStarted := fail
+	fail = func(err error) (*Server, error) {
+		heartbeat.Stop()
+		return failStarted(err)
+	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+		heartbeat: heartbeat, node: heartbeat.Name(),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
 	if err != nil {
@@ -254,7 +278,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if authRequired {
 		s.handler = s.requireKeys(s.handler)
 		if keys, err := db.ListAPIKeys(ctx); err == nil && len(keys) == 0 {
-			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create --data-dir " + dir + "`")
+			where := "--data-dir " + dir
+			if cfg.Database != "" {
+				where = "--database URL (or TORPOR_DATABASE)"
+			}
+			cfg.Logger.Warn("API keys are required and there is none: every call but /healthz is refused until one is made with `torpor key create " + where + "`")
 		}
 	}
 	// In-sandbox requests (E2B's routing) reach the sandbox whatever their
@@ -327,6 +355,9 @@ func (s *Server) Close() error {
 		s.stopLC()
 	}
 	s.Manager.Wait()
+	if s.heartbeat != nil {
+		s.heartbeat.Stop()
+	}
 	if s.closeStore != nil {
 		s.closeStore()
 	}

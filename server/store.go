@@ -222,8 +222,12 @@ func storeID(dir string) (string, error) {
 // store configuration cfg uses, without background collection, for tools that
 // inspect or verify snapshots next to a running server (read-only use only).
 func OpenStore(ctx context.Context, dataDir string, cfg StoreConfig) (snapshot.Store, func() error, error) {
+	// A server's directory has its SQLite file, or with its metadata in
+	// PostgreSQL at least the lock file every server writes.
 	if _, err := os.Stat(filepath.Join(dataDir, "torpor.db")); err != nil {
-		return nil, nil, fmt.Errorf("%s is not a torpor data directory (no torpor.db): %w", dataDir, err)
+		if _, lerr := os.Stat(filepath.Join(dataDir, "lock")); lerr != nil {
+			return nil, nil, fmt.Errorf("%s is not a torpor data directory (no torpor.db, no lock): %w", dataDir, err)
+		}
 	}
 	kind, err := ResolveStoreKind(dataDir, cfg)
 	if err != nil {

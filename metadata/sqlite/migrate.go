@@ -4,9 +4,8 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"strconv"
-	"strings"
+
+	"github.com/torpor/torpor/metadata/internal/migration"
 )
 
 // The schema is the numbered migrations in migrations/ (embedded in the
@@ -23,34 +22,10 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations returns the embedded migrations in order. Errors: a file name
-// without a number, or numbers that do not run 1, 2, 3 ….
-func migrations() ([]migration, error) {
-	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var out []migration
-	for i, name := range names { // Glob returns them sorted
-		base := strings.TrimPrefix(name, "migrations/")
-		num, _, _ := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if err != nil || v != i+1 {
-			return nil, fmt.Errorf("migration %s: want number %04d", base, i+1)
-		}
-		b, err := migrationFiles.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, migration{version: v, name: base, sql: string(b)})
-	}
-	return out, nil
+// migrations returns the embedded migrations in order (see
+// migration.Load for its errors).
+func migrations() ([]migration.Migration, error) {
+	return migration.Load(migrationFiles, "migrations")
 }
 
 // SchemaVersion is the schema version this package brings a database to.
@@ -84,16 +59,16 @@ func migrate(db *sql.DB) error {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(m.sql); err != nil {
+		if _, err := tx.Exec(m.SQL); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", m.name, err)
+			return fmt.Errorf("migration %s: %w", m.Name, err)
 		}
-		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, m.version)); err != nil {
+		if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, m.Version)); err != nil {
 			tx.Rollback()
-			return fmt.Errorf("migration %s: record version: %w", m.name, err)
+			return fmt.Errorf("migration %s: record version: %w", m.Name, err)
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %s: %w", m.name, err)
+			return fmt.Errorf("migration %s: %w", m.Name, err)
 		}
 	}
 	return nil

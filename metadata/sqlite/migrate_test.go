@@ -205,7 +205,7 @@ func TestMigrationsNumbered(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, m := range ms {
-		if m.version != i+1 || m.sql == "" {
+		if m.Version != i+1 || m.SQL == "" {
 			t.Errorf("migration %d: %+v", i, m)
 		}
 	}

@@ -7,7 +7,8 @@
 // wins, also at once; finish, delete, expiry by time) (also inside BeginRestore and
 // CommitHibernate, which must then write nothing), the generation counter,
 // concurrent updates of different records, and that records survive a
-// reopen (a schema set up once is set up again without change).
+// reopen (a schema set up once is set up again without change); node
+// records: register again, heartbeat, draining kept over a restart.
 package storetest
 
 import (
@@ -50,6 +51,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"APIKeys", testAPIKeys},
 		{"IdempotencyKeys", testIdempotencyKeys},
 		{"ConcurrentUpdates", testConcurrentUpdates},
+		{"Nodes", testNodes},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.f(t, openStore(t, newStore(t)))
@@ -706,6 +708,76 @@ func testAPIKeys(t *testing.T, st metadata.Store) {
 	// The hash of a deleted key is free again.
 	if err := st.CreateAPIKey(ctx, metadata.APIKey{ID: "key_eeeeeeeeeeee", Prefix: "e2b_11111111", Hash: hash32(1), CreatedAt: at(8)}); err != nil {
 		t.Errorf("create with a deleted key's hash: %v", err)
+	}
+}
+
+// testNodes: a put makes a record, a heartbeat sets its load and time, a
+// second put (the node starting again) replaces it but keeps Draining; list
+// by name; not found for heartbeat, drain and delete of a missing name.
+func testNodes(t *testing.T, st metadata.Store) {
+	b := metadata.Node{Name: "node-b", Advertise: "http://10.0.0.2:7070",
+		Capacity:  metadata.NodeResources{MemoryMiB: 64000, CPUs: 16, Sandboxes: 120},
+		StartedAt: at(1), HeartbeatAt: at(1).Add(250 * time.Millisecond)}
+	a := metadata.Node{Name: "node-a", Advertise: "http://10.0.0.1:7070",
+		Capacity: metadata.NodeResources{MemoryMiB: 2048, CPUs: 2.5, Sandboxes: 4}, StartedAt: at(2), HeartbeatAt: at(2)}
+	for _, n := range []metadata.Node{b, a} {
+		if err := st.PutNode(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := st.GetNode(ctx, "node-b"); err != nil || !equal(got, b) {
+		t.Errorf("get: %+v %v, want %+v", got, err, b)
+	}
+	load := metadata.NodeResources{MemoryMiB: 768, CPUs: 1.5, Sandboxes: 3}
+	if err := st.HeartbeatNode(ctx, "node-a", load, at(3).Add(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := st.GetNode(ctx, "node-a")
+	if got.Load != load || !got.HeartbeatAt.Equal(at(3).Add(time.Millisecond)) || !got.StartedAt.Equal(at(2)) || got.Capacity != a.Capacity {
+		t.Errorf("after heartbeat: %+v", got)
+	}
+	if err := st.SetNodeDraining(ctx, "node-a", true); err != nil {
+		t.Fatal(err)
+	}
+	again := a
+	again.Advertise, again.StartedAt, again.HeartbeatAt = "http://10.0.0.9:7070", at(9), at(9)
+	if err := st.PutNode(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = st.GetNode(ctx, "node-a")
+	if want := again; true {
+		want.Draining = true
+		if !equal(got, want) {
+			t.Errorf("after a second put: %+v, want %+v (draining kept)", got, want)
+		}
+	}
+	all, err := st.ListNodes(ctx)
+	if err != nil || len(all) != 2 || all[0].Name != "node-a" || all[1].Name != "node-b" || !all[0].Draining || all[1].Draining {
+		t.Errorf("list: %+v %v", all, err)
+	}
+	if err := st.SetNodeDraining(ctx, "node-a", false); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetNode(ctx, "node-a"); got.Draining {
+		t.Errorf("undrained node: %+v", got)
+	}
+	for name, err := range map[string]error{
+		"heartbeat": st.HeartbeatNode(ctx, "node-none", load, at(4)),
+		"drain":     st.SetNodeDraining(ctx, "node-none", true),
+		"delete":    st.DeleteNode(ctx, "node-none"),
+	} {
+		if !errors.Is(err, metadata.ErrNotFound) {
+			t.Errorf("%s of a missing node: %v", name, err)
+		}
+	}
+	if _, err := st.GetNode(ctx, "node-none"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get of a missing node: %v", err)
+	}
+	if err := st.DeleteNode(ctx, "node-b"); err != nil {
+		t.Fatal(err)
+	}
+	if all, err := st.ListNodes(ctx); err != nil || len(all) != 1 {
+		t.Errorf("list after delete: %+v %v", all, err)
 	}
 }
 

@@ -1,12 +1,10 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -15,7 +13,7 @@ import (
 )
 
 // sandboxCols are the columns of a sandbox record, in the order of
-// sandboxValues and scanSandbox; id first.
+// sandboxValues and scanSandbox; id first, version last.
 var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest", "memory_mib", "cpus", "env", "generation",
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
@@ -39,55 +37,22 @@ var (
 )
 
 // sandboxValues are s's column values in the order of sandboxCols.
-func sandboxValues(s *metadata.Sandbox) []any {
-	env, _ := json.Marshal(s.Env)
-	lastResume := ""
-	if s.LastResume != nil {
-		b, _ := json.Marshal(toResumeJSON(s.LastResume))
-		lastResume = string(b)
-	}
+func (st *Store) sandboxValues(s *metadata.Sandbox) []any {
+	j := encodeJSON(s)
 	p, mt := s.Policy, s.Meter
-	onResume, volumes := "", ""
-	if len(p.OnResume) > 0 {
-		b, _ := json.Marshal(p.OnResume)
-		onResume = string(b)
-	}
-	if len(p.Volumes) > 0 {
-		b, _ := json.Marshal(volumesJSON(p.Volumes))
-		volumes = string(b)
-	}
-	usageAt := ""
-	if !mt.UsageAt.IsZero() {
-		usageAt = ts(mt.UsageAt)
-	}
-	mode := p.HibernationMode
-	if mode == "" {
-		mode = sandbox.ModeMemory
-	}
-	onTimeout := p.OnTimeout
-	if onTimeout == "" {
-		onTimeout = sandbox.OnTimeoutHibernate
-	}
-	expires := ""
-	if p.ExpiresAt != nil {
-		expires = ts(*p.ExpiresAt)
-	}
-	md := ""
-	if len(s.Metadata) > 0 {
-		b, _ := json.Marshal(s.Metadata)
-		md = string(b)
-	}
-	return []any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, string(env),
+	mode, onTimeout := storedPolicy(p)
+	return []any{s.ID, string(s.State), s.Image, s.ImageDigest, s.GuestDigest, s.MemoryMiB, s.CPUs, j.env,
 		s.Generation, s.ForkedFrom, s.SnapshotID, s.PendingSnapshot, s.Instance, s.Seq, s.Error,
-		s.Deleting, ts(s.CreatedAt), ts(s.StateChangedAt), tsp(s.LastHibernateAt), tsp(s.LastResumeAt), s.ResumeMS, lastResume,
-		p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, onResume, volumes,
-		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, usageAt, expires, md, p.ResumeOnRequest, s.PidsLimit, networkColumn(p.Network), p.PauseAfterS, s.Version}
+		s.Deleting, st.ts(s.CreatedAt), st.ts(s.StateChangedAt), st.tsp(s.LastHibernateAt), st.tsp(s.LastResumeAt), s.ResumeMS,
+		st.orNone(j.lastResume), p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, st.orNone(j.onResume), st.orNone(j.volumes),
+		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, st.tsOrNone(mt.UsageAt), st.tspOrNone(p.ExpiresAt), st.orNone(j.metadata),
+		p.ResumeOnRequest, s.PidsLimit, st.orNone(j.network), p.PauseAfterS, s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 	var s metadata.Sandbox
-	var state, env, created, changed, lastResume, onResume, volumes, usageAt, expiresAt, md, network string
-	var lastH, lastR sql.NullString
+	var state, env, created, changed string
+	var lastH, lastR, usageAt, expiresAt, lastResume, onResume, volumes, md, network sql.NullString
 	p, mt := &s.Policy, &s.Meter
 	err := r.Scan(&s.ID, &state, &s.Image, &s.ImageDigest, &s.GuestDigest, &s.MemoryMiB, &s.CPUs, &env,
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
@@ -98,86 +63,21 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 		return nil, err
 	}
 	s.State = sandbox.State(state)
-	_ = json.Unmarshal([]byte(env), &s.Env)
+	jsonColumns{env: env, lastResume: lastResume.String, onResume: onResume.String, volumes: volumes.String,
+		metadata: md.String, network: network.String}.decode(&s)
 	s.CreatedAt, s.StateChangedAt = parseTS(created), parseTS(changed)
-	if lastH.Valid {
-		t := parseTS(lastH.String)
-		s.LastHibernateAt = &t
-	}
-	if lastR.Valid {
-		t := parseTS(lastR.String)
-		s.LastResumeAt = &t
-	}
-	if lastResume != "" {
-		var rep resumeJSON
-		if json.Unmarshal([]byte(lastResume), &rep) == nil {
-			s.LastResume = rep.report()
-		}
-	}
-	if onResume != "" {
-		_ = json.Unmarshal([]byte(onResume), &p.OnResume)
-	}
-	if volumes != "" {
-		var vs []volumeMountJSON
-		if json.Unmarshal([]byte(volumes), &vs) == nil {
-			for _, v := range vs {
-				p.Volumes = append(p.Volumes, sandbox.VolumeMount(v))
-			}
-		}
-	}
-	if usageAt != "" {
-		mt.UsageAt = parseTS(usageAt)
-	}
-	if md != "" {
-		_ = json.Unmarshal([]byte(md), &s.Metadata)
-	}
-	if t, err := time.Parse(time.RFC3339Nano, expiresAt); err == nil {
-		p.ExpiresAt = &t
-	}
-	if network != "" {
-		var n networkJSON
-		if json.Unmarshal([]byte(network), &n) == nil {
-			p.Network = sandbox.Network{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
-		}
+	s.LastHibernateAt, s.LastResumeAt, p.ExpiresAt = parseTSp(lastH), parseTSp(lastR), parseTSp(expiresAt)
+	if t := parseTSp(usageAt); t != nil {
+		mt.UsageAt = *t
 	}
 	return &s, nil
 }
 
-// networkJSON is how a sandbox.Network is stored (column network; ” = the
-// zero Network).
-type networkJSON struct {
-	InternetAccess bool           `json:"internet_access"`
-	AllowOut       []netip.Prefix `json:"allow_out,omitempty"`
-	DenyOut        []netip.Prefix `json:"deny_out,omitempty"`
-}
-
-func networkColumn(n sandbox.Network) string {
-	if !n.InternetAccess && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 {
-		return ""
-	}
-	b, _ := json.Marshal(networkJSON{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
-	return string(b)
-}
-
-// volumeMountJSON is how a sandbox.VolumeMount is stored (column volumes).
-type volumeMountJSON struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-}
-
-func volumesJSON(vs []sandbox.VolumeMount) []volumeMountJSON {
-	out := make([]volumeMountJSON, len(vs))
-	for i, v := range vs {
-		out[i] = volumeMountJSON(v)
-	}
-	return out
-}
-
 // CreateSandbox implements metadata.Sandboxes.
-func (d *DB) CreateSandbox(ctx context.Context, s *metadata.Sandbox) error {
+func (st *Store) CreateSandbox(ctx context.Context, s *metadata.Sandbox) error {
 	c := *s
 	c.Version = 1
-	res, err := d.sql.ExecContext(ctx, sandboxInsert, sandboxValues(&c)...)
+	res, err := st.exec(ctx, st.db, sandboxInsert, st.sandboxValues(&c)...)
 	if err != nil {
 		return fmt.Errorf("metadata: create sandbox %s: %w", s.ID, err)
 	}
@@ -189,8 +89,8 @@ func (d *DB) CreateSandbox(ctx context.Context, s *metadata.Sandbox) error {
 }
 
 // GetSandbox implements metadata.Sandboxes.
-func (d *DB) GetSandbox(ctx context.Context, id string) (*metadata.Sandbox, error) {
-	s, err := scanSandbox(d.sql.QueryRowContext(ctx, sandboxSelect+` WHERE id = ?`, id))
+func (st *Store) GetSandbox(ctx context.Context, id string) (*metadata.Sandbox, error) {
+	s, err := scanSandbox(st.row(ctx, st.db, sandboxSelect+` WHERE id = ?`, id))
 	if err != nil {
 		return nil, notFound(err, "sandbox", id)
 	}
@@ -198,18 +98,18 @@ func (d *DB) GetSandbox(ctx context.Context, id string) (*metadata.Sandbox, erro
 }
 
 // ListSandboxes implements metadata.Sandboxes.
-func (d *DB) ListSandboxes(ctx context.Context) ([]*metadata.Sandbox, error) {
-	out, err := queryList(ctx, d, "list sandboxes", sandboxSelect+` ORDER BY created_at, id`, scanSandbox)
+func (st *Store) ListSandboxes(ctx context.Context) ([]*metadata.Sandbox, error) {
+	out, err := queryList(ctx, st, "list sandboxes", sandboxSelect+` ORDER BY created_at, id`, scanSandbox)
 	oldestFirst(out, func(s *metadata.Sandbox) (time.Time, string) { return s.CreatedAt, s.ID })
 	return out, err
 }
 
 // updateSandbox writes s in x if its stored version is s.Version; the caller
 // advances s.Version once the write is committed.
-func updateSandbox(ctx context.Context, x execer, s *metadata.Sandbox) error {
-	vals := sandboxValues(s)
+func (st *Store) updateSandbox(ctx context.Context, x execer, s *metadata.Sandbox) error {
+	vals := st.sandboxValues(s)
 	args := append(vals[1:len(vals)-1:len(vals)-1], s.ID, s.Version)
-	res, err := x.ExecContext(ctx, sandboxUpdate, args...)
+	res, err := st.exec(ctx, x, sandboxUpdate, args...)
 	if err != nil {
 		return fmt.Errorf("metadata: update sandbox %s: %w", s.ID, err)
 	}
@@ -217,7 +117,7 @@ func updateSandbox(ctx context.Context, x execer, s *metadata.Sandbox) error {
 		return nil
 	}
 	var stored int64
-	err = x.QueryRowContext(ctx, `SELECT version FROM sandboxes WHERE id = ?`, s.ID).Scan(&stored)
+	err = st.row(ctx, x, `SELECT version FROM sandboxes WHERE id = ?`, s.ID).Scan(&stored)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("sandbox %s: %w", s.ID, metadata.ErrNotFound)
 	}
@@ -228,8 +128,8 @@ func updateSandbox(ctx context.Context, x execer, s *metadata.Sandbox) error {
 }
 
 // UpdateSandbox implements metadata.Sandboxes.
-func (d *DB) UpdateSandbox(ctx context.Context, s *metadata.Sandbox) error {
-	if err := updateSandbox(ctx, d.sql, s); err != nil {
+func (st *Store) UpdateSandbox(ctx context.Context, s *metadata.Sandbox) error {
+	if err := st.updateSandbox(ctx, st.db, s); err != nil {
 		return err
 	}
 	s.Version++
@@ -237,20 +137,20 @@ func (d *DB) UpdateSandbox(ctx context.Context, s *metadata.Sandbox) error {
 }
 
 // DeleteSandbox implements metadata.Sandboxes.
-func (d *DB) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := d.sql.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+func (st *Store) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := st.exec(ctx, st.db, `DELETE FROM sandboxes WHERE id = ?`, id)
 	return deleted(res, err, "sandbox", id)
 }
 
 // BeginRestore implements metadata.Sandboxes.
-func (d *DB) BeginRestore(ctx context.Context, s *metadata.Sandbox) (int64, error) {
+func (st *Store) BeginRestore(ctx context.Context, s *metadata.Sandbox) (int64, error) {
 	var gen int64
-	err := d.inTx(ctx, "begin restore "+s.ID, func(tx *sql.Tx) error {
+	err := st.inTx(ctx, "begin restore "+s.ID, func(tx *sql.Tx) error {
 		var err error
-		if gen, err = nextGeneration(ctx, tx); err != nil {
+		if gen, err = st.nextGeneration(ctx, tx); err != nil {
 			return err
 		}
-		return updateSandbox(ctx, tx, s)
+		return st.updateSandbox(ctx, tx, s)
 	})
 	if err != nil {
 		return 0, err
@@ -260,10 +160,10 @@ func (d *DB) BeginRestore(ctx context.Context, s *metadata.Sandbox) (int64, erro
 }
 
 // CommitHibernate implements metadata.Sandboxes.
-func (d *DB) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *metadata.Sandbox) error {
-	err := d.inTx(ctx, "commit hibernate "+s.ID, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
-			snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, ts(snap.CreatedAt),
+func (st *Store) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *metadata.Sandbox) error {
+	err := st.inTx(ctx, "commit hibernate "+s.ID, func(tx *sql.Tx) error {
+		res, err := st.exec(ctx, tx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
+			snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, st.ts(snap.CreatedAt),
 			snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap))
 		if err != nil {
 			return fmt.Errorf("metadata: put snapshot %s: %w", snap.ID, err)
@@ -271,7 +171,7 @@ func (d *DB) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *me
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("snapshot %s: %w", snap.ID, metadata.ErrExists)
 		}
-		return updateSandbox(ctx, tx, s)
+		return st.updateSandbox(ctx, tx, s)
 	})
 	if err != nil {
 		return err
@@ -281,8 +181,8 @@ func (d *DB) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *me
 }
 
 // SnapshotUsers implements metadata.Sandboxes.
-func (d *DB) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
-	return queryList(ctx, d, "snapshot users "+id,
+func (st *Store) SnapshotUsers(ctx context.Context, id string) ([]string, error) {
+	return queryList(ctx, st, "snapshot users "+id,
 		`SELECT id FROM sandboxes WHERE snapshot_id = ? OR pending_snapshot = ? ORDER BY id`, scanString, id, id)
 }
 
@@ -302,8 +202,8 @@ func scanSnapshot(r scanner) (*metadata.Snapshot, error) {
 }
 
 // GetSnapshot implements metadata.Snapshots.
-func (d *DB) GetSnapshot(ctx context.Context, id string) (*metadata.Snapshot, error) {
-	s, err := scanSnapshot(d.sql.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, id))
+func (st *Store) GetSnapshot(ctx context.Context, id string) (*metadata.Snapshot, error) {
+	s, err := scanSnapshot(st.row(ctx, st.db, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, id))
 	if err != nil {
 		return nil, notFound(err, "snapshot", id)
 	}
@@ -311,15 +211,15 @@ func (d *DB) GetSnapshot(ctx context.Context, id string) (*metadata.Snapshot, er
 }
 
 // ListSnapshots implements metadata.Snapshots.
-func (d *DB) ListSnapshots(ctx context.Context) ([]*metadata.Snapshot, error) {
-	out, err := queryList(ctx, d, "list snapshots", `SELECT `+snapshotCols+` FROM snapshots ORDER BY created_at, id`, scanSnapshot)
+func (st *Store) ListSnapshots(ctx context.Context) ([]*metadata.Snapshot, error) {
+	out, err := queryList(ctx, st, "list snapshots", `SELECT `+snapshotCols+` FROM snapshots ORDER BY created_at, id`, scanSnapshot)
 	oldestFirst(out, func(s *metadata.Snapshot) (time.Time, string) { return s.CreatedAt, s.ID })
 	return out, err
 }
 
 // SetSnapshotSizes implements metadata.Snapshots.
-func (d *DB) SetSnapshotSizes(ctx context.Context, id string, logical, stored, newBytes int64) error {
-	res, err := d.sql.ExecContext(ctx, `UPDATE snapshots SET logical_bytes = ?, stored_bytes = ?, new_bytes = ? WHERE id = ?`,
+func (st *Store) SetSnapshotSizes(ctx context.Context, id string, logical, stored, newBytes int64) error {
+	res, err := st.exec(ctx, st.db, `UPDATE snapshots SET logical_bytes = ?, stored_bytes = ?, new_bytes = ? WHERE id = ?`,
 		logical, stored, newBytes, id)
 	if err != nil {
 		return fmt.Errorf("metadata: set snapshot sizes %s: %w", id, err)
@@ -331,8 +231,8 @@ func (d *DB) SetSnapshotSizes(ctx context.Context, id string, logical, stored, n
 }
 
 // UnreferencedSnapshots implements metadata.Snapshots.
-func (d *DB) UnreferencedSnapshots(ctx context.Context) ([]string, error) {
-	return queryList(ctx, d, "unreferenced snapshots", `SELECT id FROM snapshots WHERE id NOT IN
+func (st *Store) UnreferencedSnapshots(ctx context.Context) ([]string, error) {
+	return queryList(ctx, st, "unreferenced snapshots", `SELECT id FROM snapshots WHERE id NOT IN
 		(SELECT snapshot_id FROM sandboxes UNION SELECT pending_snapshot FROM sandboxes) AND NOT kept ORDER BY id`, scanString)
 }
 
@@ -345,13 +245,13 @@ func snapName(s *metadata.Snapshot) string {
 }
 
 // SetSnapshotKept implements metadata.Snapshots.
-func (d *DB) SetSnapshotKept(ctx context.Context, id string, kept bool, name string) error {
+func (st *Store) SetSnapshotKept(ctx context.Context, id string, kept bool, name string) error {
 	if !kept {
 		name = ""
 	}
-	res, err := d.sql.ExecContext(ctx, `UPDATE snapshots SET kept = ?, name = ? WHERE id = ?`, kept, name, id)
+	res, err := st.exec(ctx, st.db, `UPDATE snapshots SET kept = ?, name = ? WHERE id = ?`, kept, name, id)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
+		if st.d.Unique(err) {
 			return fmt.Errorf("snapshot name %q: %w", name, metadata.ErrExists)
 		}
 		return fmt.Errorf("metadata: keep snapshot %s: %w", id, err)
@@ -363,11 +263,11 @@ func (d *DB) SetSnapshotKept(ctx context.Context, id string, kept bool, name str
 }
 
 // SnapshotByName implements metadata.Snapshots.
-func (d *DB) SnapshotByName(ctx context.Context, name string) (*metadata.Snapshot, error) {
+func (st *Store) SnapshotByName(ctx context.Context, name string) (*metadata.Snapshot, error) {
 	if name == "" {
 		return nil, fmt.Errorf("snapshot name %q: %w", name, metadata.ErrNotFound)
 	}
-	s, err := scanSnapshot(d.sql.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE name = ? AND kept`, name))
+	s, err := scanSnapshot(st.row(ctx, st.db, `SELECT `+snapshotCols+` FROM snapshots WHERE name = ? AND kept`, name))
 	if err != nil {
 		return nil, notFound(err, "snapshot named", name)
 	}
@@ -375,7 +275,7 @@ func (d *DB) SnapshotByName(ctx context.Context, name string) (*metadata.Snapsho
 }
 
 // DeleteSnapshot implements metadata.Snapshots.
-func (d *DB) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := d.sql.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+func (st *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	res, err := st.exec(ctx, st.db, `DELETE FROM snapshots WHERE id = ?`, id)
 	return deleted(res, err, "snapshot", id)
 }

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -21,19 +21,15 @@ func scanAPIKey(r scanner) (metadata.APIKey, error) {
 	if err := r.Scan(&k.ID, &k.Name, &k.Prefix, &k.Hash, &created, &lastUsed); err != nil {
 		return metadata.APIKey{}, err
 	}
-	k.CreatedAt = parseTS(created)
-	if lastUsed.Valid {
-		t := parseTS(lastUsed.String)
-		k.LastUsedAt = &t
-	}
+	k.CreatedAt, k.LastUsedAt = parseTS(created), parseTSp(lastUsed)
 	return k, nil
 }
 
 // CreateAPIKey implements metadata.Keys.
-func (d *DB) CreateAPIKey(ctx context.Context, k metadata.APIKey) error {
+func (st *Store) CreateAPIKey(ctx context.Context, k metadata.APIKey) error {
 	// DO NOTHING without a target covers the id and the hash's UNIQUE.
-	res, err := d.sql.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-		k.ID, k.Name, k.Prefix, k.Hash, ts(k.CreatedAt), tsp(k.LastUsedAt))
+	res, err := st.exec(ctx, st.db, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		k.ID, k.Name, k.Prefix, k.Hash, st.ts(k.CreatedAt), st.tsp(k.LastUsedAt))
 	if err != nil {
 		return fmt.Errorf("metadata: create api key %s: %w", k.ID, err)
 	}
@@ -44,8 +40,8 @@ func (d *DB) CreateAPIKey(ctx context.Context, k metadata.APIKey) error {
 }
 
 // GetAPIKey implements metadata.Keys.
-func (d *DB) GetAPIKey(ctx context.Context, id string) (metadata.APIKey, error) {
-	k, err := scanAPIKey(d.sql.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE id = ?`, id))
+func (st *Store) GetAPIKey(ctx context.Context, id string) (metadata.APIKey, error) {
+	k, err := scanAPIKey(st.row(ctx, st.db, `SELECT `+apiKeyCols+` FROM api_keys WHERE id = ?`, id))
 	if err != nil {
 		return metadata.APIKey{}, notFound(err, "api key", id)
 	}
@@ -54,8 +50,8 @@ func (d *DB) GetAPIKey(ctx context.Context, id string) (metadata.APIKey, error) 
 
 // APIKeyByHash implements metadata.Keys. The hash is looked up in the
 // table's unique index.
-func (d *DB) APIKeyByHash(ctx context.Context, hash []byte) (metadata.APIKey, error) {
-	k, err := scanAPIKey(d.sql.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ?`, hash))
+func (st *Store) APIKeyByHash(ctx context.Context, hash []byte) (metadata.APIKey, error) {
+	k, err := scanAPIKey(st.row(ctx, st.db, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ?`, hash))
 	if err != nil {
 		// The error names the hash's first bytes only: enough to tell two
 		// apart in a log, nothing a key can be found from.
@@ -69,15 +65,15 @@ func (d *DB) APIKeyByHash(ctx context.Context, hash []byte) (metadata.APIKey, er
 }
 
 // ListAPIKeys implements metadata.Keys.
-func (d *DB) ListAPIKeys(ctx context.Context) ([]metadata.APIKey, error) {
-	out, err := queryList(ctx, d, "list api keys", `SELECT `+apiKeyCols+` FROM api_keys`, scanAPIKey)
+func (st *Store) ListAPIKeys(ctx context.Context) ([]metadata.APIKey, error) {
+	out, err := queryList(ctx, st, "list api keys", `SELECT `+apiKeyCols+` FROM api_keys`, scanAPIKey)
 	oldestFirst(out, func(k metadata.APIKey) (time.Time, string) { return k.CreatedAt, k.ID })
 	return out, err
 }
 
 // TouchAPIKey implements metadata.Keys.
-func (d *DB) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
-	res, err := d.sql.ExecContext(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, ts(at), id)
+func (st *Store) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
+	res, err := st.exec(ctx, st.db, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, st.ts(at), id)
 	if err != nil {
 		return fmt.Errorf("metadata: touch api key %s: %w", id, err)
 	}
@@ -88,7 +84,7 @@ func (d *DB) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
 }
 
 // DeleteAPIKey implements metadata.Keys.
-func (d *DB) DeleteAPIKey(ctx context.Context, id string) error {
-	res, err := d.sql.ExecContext(ctx, `DELETE FROM api_keys WHERE id = ?`, id)
+func (st *Store) DeleteAPIKey(ctx context.Context, id string) error {
+	res, err := st.exec(ctx, st.db, `DELETE FROM api_keys WHERE id = ?`, id)
 	return deleted(res, err, "api key", id)
 }

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -14,17 +14,17 @@ import (
 // ClaimIdempotencyKey implements metadata.IdempotencyKeys: an insert that
 // does nothing on a taken key, then a read of what the key holds, in one
 // transaction.
-func (d *DB) ClaimIdempotencyKey(ctx context.Context, r metadata.IdempotencyKey) (metadata.IdempotencyKey, bool, error) {
+func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.IdempotencyKey) (metadata.IdempotencyKey, bool, error) {
 	ids, err := json.Marshal(r.SandboxIDs)
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, err
 	}
-	tx, err := d.sql.BeginTx(ctx, nil)
+	tx, err := st.db.BeginTx(ctx, nil)
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: idempotency key: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (key, request_hash, sandbox_ids, status, created_ns)
+	res, err := st.exec(ctx, tx, `INSERT INTO idempotency_keys (key, request_hash, sandbox_ids, status, created_ns)
 		VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO NOTHING`, r.Key, r.RequestHash, string(ids), r.Status, r.CreatedAt.UnixNano())
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: claim idempotency key: %w", err)
@@ -35,7 +35,7 @@ func (d *DB) ClaimIdempotencyKey(ctx context.Context, r metadata.IdempotencyKey)
 		idsJSON string
 		created int64
 	)
-	err = tx.QueryRowContext(ctx, `SELECT key, request_hash, sandbox_ids, status, created_ns FROM idempotency_keys WHERE key = ?`, r.Key).
+	err = st.row(ctx, tx, `SELECT key, request_hash, sandbox_ids, status, created_ns FROM idempotency_keys WHERE key = ?`, r.Key).
 		Scan(&got.Key, &got.RequestHash, &idsJSON, &got.Status, &created)
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: read idempotency key: %w", err)
@@ -51,32 +51,20 @@ func (d *DB) ClaimIdempotencyKey(ctx context.Context, r metadata.IdempotencyKey)
 }
 
 // FinishIdempotencyKey implements metadata.IdempotencyKeys.
-func (d *DB) FinishIdempotencyKey(ctx context.Context, key string, status int) error {
-	res, err := d.sql.ExecContext(ctx, `UPDATE idempotency_keys SET status = ? WHERE key = ?`, status, key)
-	return idempotencyWrote(res, err, "finish", key)
+func (st *Store) FinishIdempotencyKey(ctx context.Context, key string, status int) error {
+	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET status = ? WHERE key = ?`, status, key)
+	return updated(res, err, "idempotency key", key)
 }
 
 // DeleteIdempotencyKey implements metadata.IdempotencyKeys.
-func (d *DB) DeleteIdempotencyKey(ctx context.Context, key string) error {
-	res, err := d.sql.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE key = ?`, key)
-	return idempotencyWrote(res, err, "delete", key)
-}
-
-// idempotencyWrote is the error of a write of one idempotency key's record:
-// the database's, or ErrNotFound when it touched no row.
-func idempotencyWrote(res sql.Result, err error, op, key string) error {
-	if err != nil {
-		return fmt.Errorf("metadata: %s idempotency key: %w", op, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("idempotency key %q: %w", key, metadata.ErrNotFound)
-	}
-	return nil
+func (st *Store) DeleteIdempotencyKey(ctx context.Context, key string) error {
+	res, err := st.exec(ctx, st.db, `DELETE FROM idempotency_keys WHERE key = ?`, key)
+	return deleted(res, err, "idempotency key", key)
 }
 
 // DeleteIdempotencyKeysBefore implements metadata.IdempotencyKeys.
-func (d *DB) DeleteIdempotencyKeysBefore(ctx context.Context, t time.Time) (int, error) {
-	res, err := d.sql.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE created_ns < ?`, t.UnixNano())
+func (st *Store) DeleteIdempotencyKeysBefore(ctx context.Context, t time.Time) (int, error) {
+	res, err := st.exec(ctx, st.db, `DELETE FROM idempotency_keys WHERE created_ns < ?`, t.UnixNano())
 	if err != nil {
 		return 0, fmt.Errorf("metadata: expire idempotency keys: %w", err)
 	}

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/torpor/torpor/apiv1"
+)
+
+func (a *app) nodeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Nodes: the hosts whose servers share the metadata database",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List nodes: state (active, draining, lost), load and capacity, last heartbeat",
+		Args:    usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ns, err := a.client().ListNodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, apiv1.ListNodesResponse{Nodes: nonNil(ns)})
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tSANDBOXES\tMEMORY MiB\tCPUS\tHEARTBEAT\tADVERTISE")
+			for _, n := range ns {
+				name := n.Name
+				if n.Self {
+					name += " *"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%g/%g\t%s ago\t%s\n", name, n.State,
+					n.Load.Sandboxes, n.Capacity.Sandboxes, n.Load.MemoryMiB, n.Capacity.MemoryMiB, n.Load.CPUs, n.Capacity.CPUs,
+					humanAge(time.Since(n.HeartbeatAt)), n.Advertise)
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, `print GET /v1/nodes's answer: {"nodes": [node…]}`)
+	cmd.AddCommand(ls)
+	return cmd
+}

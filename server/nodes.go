@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// startNode registers the server as node cfg.Node (default node.DefaultName)
+// advertising cfg.Advertise (default advertiseURL(cfg.Listen)) with the
+// host's capacity, and heartbeats the load of the sandboxes in db.
+func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartbeat, error) {
+	name, adv := cfg.Node, cfg.Advertise
+	if name == "" {
+		name = node.DefaultName()
+	}
+	if adv == "" {
+		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
+	}
+	capacity, err := node.HostCapacity()
+	if err != nil {
+		return nil, err
+	}
+	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
+		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, db) }})
+}
+
+// advertiseURL is the URL a server on listen advertises by default:
+// http://<listen> (https:// when it serves TLS), with the host's name for an
+// address on all interfaces (":7070", "0.0.0.0:7070", "[::]:7070").
+func advertiseURL(listen string, tls bool) string {
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	if listen == "" {
+		listen = "127.0.0.1:7070"
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return scheme + listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	return scheme + net.JoinHostPort(host, port)
+}
+
+// sandboxLoad is what the sandboxes recorded in db hold of the host: every
+// sandbox that has an instance (not hibernated, not in error, not being
+// deleted) counts with its memory and CPUs. It reads the records alone,
+// without the manager.
+func sandboxLoad(ctx context.Context, db metadata.Sandboxes) (metadata.NodeResources, error) {
+	sbs, err := db.ListSandboxes(ctx)
+	if err != nil {
+		return metadata.NodeResources{}, err
+	}
+	var load metadata.NodeResources
+	for _, sb := range sbs {
+		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError || sb.Deleting {
+			continue
+		}
+		load.MemoryMiB += int64(sb.MemoryMiB)
+		load.CPUs += sb.CPUs
+		load.Sandboxes++
+	}
+	return load, nil
+}
+
+func (s *Server) nodeRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/nodes", s.listNodes)
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	ns, err := s.db.ListNodes(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	now := time.Now()
+	out := apiv1.ListNodesResponse{Nodes: []apiv1.Node{}}
+	for _, n := range ns {
+		out.Nodes = append(out.Nodes, apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
+			Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
+			StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node})
+	}
+	writeJSON(w, http.StatusOK, out)
+}

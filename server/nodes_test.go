@@ -1,0 +1,72 @@
+package server_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/server"
+)
+
+// TestNodes: a server registers itself as a node (SQLite, one host) under
+// --node's name with the default advertised URL and the host's capacity;
+// GET /v1/nodes shows it active and self, its load follows its sandboxes
+// with the heartbeat, and other records' states: one whose heartbeat is
+// older than the lease is lost, a drained one draining.
+func TestNodes(t *testing.T) {
+	_, url, dir, _ := startFake(t, server.Config{Listen: "127.0.0.1:7171", Auth: server.AuthNone, Node: "n1",
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	ctx := context.Background()
+	c := client.New(url)
+	ns, err := c.ListNodes(ctx)
+	capacity, _ := node.HostCapacity()
+	if err != nil || len(ns) != 1 {
+		t.Fatalf("nodes: %+v %v", ns, err)
+	}
+	if n := ns[0]; n.Name != "n1" || !n.Self || n.State != "active" || n.Advertise != "http://127.0.0.1:7171" ||
+		n.Capacity != apiv1.NodeResources(capacity) || n.Load.Sandboxes != 0 || time.Since(n.HeartbeatAt) > time.Minute {
+		t.Errorf("the server's node: %+v, capacity want %+v", n, capacity)
+	}
+
+	if _, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "tiny", MemoryMiB: 256, CPUs: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * node.HeartbeatInterval)
+	for {
+		ns, err = c.ListNodes(ctx)
+		if err == nil && len(ns) == 1 && ns[0].Load == (apiv1.NodeResources{MemoryMiB: 256, CPUs: 0.5, Sandboxes: 1}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("load after a create: %+v %v", ns, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// Records of other nodes, written beside the server as another node's
+	// server would.
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	old := time.Now().Add(-node.LeaseTime - time.Second)
+	if err := db.PutNode(ctx, metadata.Node{Name: "n0", Advertise: "http://10.0.0.1:7070", StartedAt: old, HeartbeatAt: old}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SetNodeDraining(ctx, "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	ns, err = c.ListNodes(ctx)
+	if err != nil || len(ns) != 2 || ns[0].Name != "n0" || ns[0].State != "lost" || ns[0].Self || ns[1].State != "draining" {
+		t.Errorf("nodes with a lost and a draining one: %+v %v", ns, err)
+	}
+}
