@@ -320,6 +320,15 @@ func TestCheckLimitsAddress(t *testing.T) {
 	if _, err := v.Check(request("10.0.0.2:4000", good), good); err != nil {
 		t.Fatalf("another address: %v", err)
 	}
+	// good is in use now (verified within the cache's time): the address out
+	// of attempts may use it, but nothing else.
+	if _, err := v.Check(request(bad, good), good); err != nil {
+		t.Fatalf("a key in use from the address out of attempts: %v, want admitted", err)
+	}
+	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrLimited) {
+		t.Fatalf("a wrong key from the address out of attempts: %v, want ErrLimited", err)
+	}
+	good, _, _ = Create(ctx, st, "", clk.Now()) // a good key not in use: it waits
 	clk.Add(time.Second)
 	if _, err := v.Check(request(bad, good), good); !errors.As(err, &le) || le.RetryAfter != time.Second {
 		t.Fatalf("half way: %v, want a wait of 1s", err)
@@ -331,8 +340,12 @@ func TestCheckLimitsAddress(t *testing.T) {
 	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("one more wrong key: %v", err)
 	}
-	if _, err := v.Check(request(bad, good), good); !errors.Is(err, ErrLimited) {
-		t.Fatalf("after it: %v, want ErrLimited again", err)
+	fresh, _, _ := Create(ctx, st, "", clk.Now())
+	if _, err := v.Check(request(bad, fresh), fresh); !errors.Is(err, ErrLimited) {
+		t.Fatalf("after it, a key not in use: %v, want ErrLimited again", err)
+	}
+	if _, err := v.Check(request(bad, good), good); err != nil {
+		t.Fatalf("after it, the key in use: %v, want admitted", err)
 	}
 
 	out := logs.String()

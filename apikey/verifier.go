@@ -156,6 +156,24 @@ func (v *Verifier) Verify(ctx context.Context, key string) (metadata.APIKey, err
 	return rec, nil
 }
 
+// inUse returns the cached record of key when Verify admitted it within the
+// last CacheTTL (no store lookup).
+func (v *Verifier) inUse(key string, now time.Time) (metadata.APIKey, bool) {
+	if !Valid(key) {
+		return metadata.APIKey{}, false
+	}
+	h := Hash(key)
+	var hk [32]byte
+	copy(hk[:], h)
+	v.mu.Lock()
+	c, ok := v.cache[hk]
+	v.mu.Unlock()
+	if !ok || !now.Before(c.until) || subtle.ConstantTimeCompare(c.rec.Hash, h) != 1 {
+		return metadata.APIKey{}, false
+	}
+	return c.rec, true
+}
+
 func (v *Verifier) forget(hk [32]byte) {
 	v.mu.Lock()
 	delete(v.cache, hk)
@@ -184,14 +202,21 @@ func (v *Verifier) touch(ctx context.Context, rec metadata.APIKey, now time.Time
 }
 
 // Check is Verify for a request r presenting key (FromBearer, FromXAPIKey):
-// it refuses an address out of attempts with a *LimitedError before looking
-// at the key, counts and logs every refusal (the client's address, the path,
-// the reason, a well-formed key's public prefix), and returns Verify's
-// answer.
+// it refuses an address out of attempts with a *LimitedError without a
+// lookup in the store — but a key verified within the last CacheTTL (one in
+// use) is still admitted from it, so that one misconfigured client does not
+// stall the good ones behind the same address (every client of one host,
+// or of one proxy) — counts and logs every refusal (the client's address,
+// the path, the reason, a well-formed key's public prefix), and returns
+// Verify's answer.
 func (v *Verifier) Check(r *http.Request, key string) (metadata.APIKey, error) {
 	addr := ClientAddr(r)
 	now := v.cfg.Now()
 	if wait := v.fails.wait(addr, now); wait > 0 {
+		if rec, ok := v.inUse(key, now); ok {
+			v.touch(r.Context(), rec, now)
+			return rec, nil
+		}
 		return metadata.APIKey{}, &LimitedError{RetryAfter: wait}
 	}
 	rec, err := v.Verify(r.Context(), key)

@@ -292,7 +292,7 @@ func TestE2BControlPlane(t *testing.T) {
 	}
 	d := e2bInfo(t, srv, id)
 	if d.State != e2b.StateRunning || !reflect.DeepEqual(d.Metadata, map[string]string{"user": "abc", "run": "cp"}) ||
-		d.CPUCount != 1 || d.MemoryMB != 512 || d.EnvdVersion != e2b.EnvdVersion || d.EnvdAccessToken != sb.EnvdAccessToken ||
+		d.CPUCount != 1 || d.MemoryMB != 512 || d.DiskSizeMB != 256 || d.EnvdVersion != e2b.EnvdVersion || d.EnvdAccessToken != sb.EnvdAccessToken ||
 		d.Lifecycle == nil || d.Lifecycle.OnTimeout != e2b.OnTimeoutKill || d.Lifecycle.AutoResume {
 		t.Errorf("info %+v", d)
 	}
@@ -331,7 +331,9 @@ func TestE2BControlPlane(t *testing.T) {
 		t.Errorf("after pause: %s", d.State)
 	}
 	e2bCall(t, srv, "POST", "/sandboxes/"+id+"/pause", nil).wantError(t, "second pause", http.StatusConflict, "already paused")
-	a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+id+"/connect", e2b.ConnectRequest{Timeout: i32(60)})
+	// A connect that resumes sets the timeout it gives, even one shorter
+	// than the ~25 s the sandbox had left (E2B sets it on resume).
+	a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+id+"/connect", e2b.ConnectRequest{Timeout: i32(20)})
 	if a.Status != http.StatusCreated {
 		t.Fatalf("connect of a paused sandbox: %d %s, want 201", a.Status, a.Body)
 	}
@@ -340,11 +342,23 @@ func TestE2BControlPlane(t *testing.T) {
 	if conn.SandboxID != id || conn.EnvdAccessToken != sb.EnvdAccessToken {
 		t.Errorf("connect answer %+v", conn)
 	}
+	if end := time.Until(e2bInfo(t, srv, id).EndAt); end > 21*time.Second || end < 10*time.Second {
+		t.Errorf("after a resuming connect with timeout 20 s the end is %v away", end)
+	}
 	if a := e2bCall(t, srv, "POST", "/sandboxes/"+id+"/connect", nil); a.Status != http.StatusOK {
 		t.Errorf("connect of a running sandbox: %d %s, want 200", a.Status, a.Body)
 	}
 	if end := time.Until(e2bInfo(t, srv, id).EndAt); end < 250*time.Second {
 		t.Errorf("after connect (default 300 s) the end is %v away", end)
+	}
+	// connect never gives an end to a sandbox that had none (one made
+	// through torpor's own API without a timeout).
+	endless := create(t, srv.Client, apiv1.CreateSandboxRequest{})
+	if a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+endless.ID+"/connect", e2b.ConnectRequest{Timeout: i32(3)}); a.Status != http.StatusOK {
+		t.Errorf("connect of a running torpor sandbox: %d %s, want 200", a.Status, a.Body)
+	}
+	if v := get(t, srv.Client, endless.ID); v.TimeoutS != 0 || v.OnTimeout != endless.OnTimeout {
+		t.Errorf("after connect a sandbox without a timeout has timeout %d s, on_timeout %s (was %s)", v.TimeoutS, v.OnTimeout, endless.OnTimeout)
 	}
 	st1, err := workload.Get(ctx, srv.Client, id, "/count")
 	if err != nil || st1.Pid != st0.Pid || st1.Count != st0.Count+1 {

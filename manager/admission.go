@@ -97,14 +97,14 @@ func (m *Manager) pidsLimit(want int) (int, error) {
 	return want, nil
 }
 
-// writableMiB and tmpMiB are the bounds of a sandbox's writable layer and
+// WritableMiB and tmpMiB are the bounds of a sandbox's writable layer and
 // of its /tmp (engine.Spec), both in sandbox memory: half and a quarter of
 // its memory limit, so that filling both still leaves a quarter for its
 // processes, and a runaway write fails with ENOSPC rather than the sandbox
 // being killed for its memory. (gVisor keeps memory a deleted file freed
 // for reuse inside the sandbox, so the bounds must hold together, not one
 // at a time.)
-func writableMiB(memoryMiB int) int { return memoryMiB / 2 }
+func WritableMiB(memoryMiB int) int { return memoryMiB / 2 }
 func tmpMiB(memoryMiB int) int      { return memoryMiB / 4 }
 
 // admission is the manager's admission control: the host memory reserved by

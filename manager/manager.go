@@ -352,7 +352,7 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		Mounts:    m.volumeMounts(s),
 		// A restore gets the limits its snapshot was taken with (engine.Spec).
 		PidsLimit:   s.PidsLimit,
-		WritableMiB: writableMiB(s.MemoryMiB),
+		WritableMiB: WritableMiB(s.MemoryMiB),
 		TmpMiB:      tmpMiB(s.MemoryMiB),
 		Egress:      engineEgress(s.Network),
 	}

@@ -316,7 +316,7 @@ func (s *Service) listed(sb sandbox.Sandbox, now time.Time) ListedSandbox {
 		TemplateID: s.templateOf(sb), SandboxID: sb.ID, ClientID: ClientID, StartedAt: sb.CreatedAt, EndAt: end,
 		CPUCount: int32(math.Ceil(sb.CPUs)), MemoryMB: int32(sb.MemoryMiB),
 		// The writable layer lives in the sandbox's memory.
-		DiskSizeMB: int32(sb.MemoryMiB), Metadata: sb.Metadata, State: st, EnvdVersion: EnvdVersion,
+		DiskSizeMB: int32(manager.WritableMiB(sb.MemoryMiB)), Metadata: sb.Metadata, State: st, EnvdVersion: EnvdVersion,
 	}
 }
 
@@ -566,8 +566,12 @@ func (s *Service) connect(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	// The end becomes the later of the current end and now + timeout.
-	if secs := seconds(ttl); sb.TimeoutS == 0 || float64(secs) > sb.TimeoutLeftS {
+	// A sandbox that connect resumed ends now + timeout (E2B sets the timeout
+	// on resume); a running one keeps the later of its end and now + timeout
+	// (E2B: "the timeout will update only if the new timeout is longer"). A
+	// sandbox without an end (made through torpor's own API with no timeout)
+	// keeps none: connect never gives a sandbox an end it did not have.
+	if secs := seconds(ttl); sb.TimeoutS != 0 && (!unchanged || float64(secs) > sb.TimeoutLeftS) {
 		if sb, err = s.cfg.Manager.Update(r.Context(), id, sandbox.PolicyUpdate{TimeoutS: &secs}); err != nil {
 			s.fail(w, r, err)
 			return
@@ -761,5 +765,5 @@ func metricOf(sb sandbox.Sandbox, a, b sandbox.ResourceSample) Metric {
 	}
 	at := b.At.Truncate(time.Second)
 	return Metric{Timestamp: at, TimestampUnix: at.Unix(), CPUCount: int32(cores), CPUUsedPct: float32(math.Round(pct*100) / 100),
-		MemUsed: b.MemoryBytes, MemTotal: b.MemoryLimitBytes, DiskTotal: b.MemoryLimitBytes}
+		MemUsed: b.MemoryBytes, MemTotal: b.MemoryLimitBytes, DiskTotal: int64(manager.WritableMiB(int(b.MemoryLimitBytes>>20))) << 20}
 }
