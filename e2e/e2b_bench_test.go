@@ -26,8 +26,9 @@ import (
 // connect, get a fifth of that, at least 10). On one server and one sandbox
 // of template base it times each operation through E2B's JavaScript SDK
 // (testdata/e2b_bench.mjs, SDK 2.51.0), through torpor's own REST API from the
-// same Node process with plain fetch (the same script), and through torpor's
-// REST API from Go (the Go client), and logs p50/p90/p99 of the three and the
+// same Node process with plain fetch (the same script, alternating with the
+// SDK run by run), and then through torpor's REST API from Go (the Go
+// client), and logs p50/p90/p99 of the three and the
 // SDK's ratio to each baseline as a Markdown table
 // (docs/benchmarks/2026-12-01-e2b-node-baseline.md has the command and figures).
 func TestE2BBench(t *testing.T) {
@@ -42,7 +43,7 @@ func TestE2BBench(t *testing.T) {
 	ctx := ctxFor(t, 60*time.Minute)
 	id := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", Timeout: i32(3600)}).SandboxID
 
-	// The SDK first, then torpor's API from Node, then from Go, on the same sandbox.
+	// The SDK and torpor's API from Node first, then from Go, on the same sandbox.
 	cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "e2b_bench.mjs"), e2bsdk.Module("e2b"), id, strconv.Itoa(n), strconv.Itoa(slow))
 	cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+srv.APIKey, "TORPOR_API_URL="+srv.URL)
 	var stderr bytes.Buffer

@@ -15,6 +15,7 @@ const fast = Number(fastArg);
 const slow = Number(slowArg);
 const out = { sdk: {}, rest: {} };
 
+// time appends to into[op] the milliseconds of each of n runs of fn.
 async function time(into, op, n, fn) {
   into[op] ??= [];
   for (let i = 0; i < n; i++) {
@@ -27,79 +28,88 @@ async function time(into, op, n, fn) {
 const mib = new Uint8Array(1 << 20).map((_, i) => i & 0xff);
 
 // E2B's SDK.
-{
-  const sdk = out.sdk;
-  let sbx = await Sandbox.connect(id);
-  await sbx.commands.run("true"); // warm: the first call also opens the SDK's HTTP connections
-  const created = [];
-  await time(sdk, "create → first command", slow, async () => {
+let sbx = await Sandbox.connect(id);
+const sdk = {
+  create: async (created) => {
     const s = await Sandbox.create("base");
     await s.commands.run("true");
     created.push(s.sandboxId);
-  });
-  for (const sid of created) await Sandbox.kill(sid);
-
-  await time(sdk, "run true", fast, () => sbx.commands.run("true"));
-  await time(sdk, "write 1 MiB", fast, () => sbx.files.write("/tmp/bench.bin", mib.buffer));
-  await time(sdk, "read 1 MiB", fast, async () => {
+  },
+  kill: (sid) => Sandbox.kill(sid),
+  run: () => sbx.commands.run("true"),
+  write: () => sbx.files.write("/tmp/bench.bin", mib.buffer),
+  read: async () => {
     const b = await sbx.files.read("/tmp/bench.bin", { format: "bytes" });
     if (b.length !== mib.length) throw new Error(`read ${b.length} bytes`);
-  });
-  for (let i = 0; i < slow; i++) {
-    await time(sdk, "pause", 1, () => sbx.pause());
-    await time(sdk, "connect → first command", 1, async () => {
-      sbx = await Sandbox.connect(id);
-      await sbx.commands.run("true");
-    });
-  }
-}
+  },
+  pause: () => sbx.pause(),
+  connect: async () => {
+    sbx = await Sandbox.connect(id);
+    await sbx.commands.run("true");
+  },
+};
 
 // torpor's REST API (docs/api.md) from the same process, with Node's fetch.
-{
-  const rest = out.rest;
-  const base = process.env.TORPOR_API_URL;
-  const auth = { Authorization: `Bearer ${process.env.E2B_API_KEY}` };
-  async function call(method, path, body, headers = {}) {
-    const res = await fetch(base + path, { method, body, headers: { ...auth, ...headers } });
-    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
-    return res;
-  }
-  const json = (method, path, v) =>
-    call(method, path, v === undefined ? undefined : JSON.stringify(v), { "Content-Type": "application/json" });
-  // exec runs cmd in sandbox sid, reads its NDJSON stream to the end and
-  // fails unless the last line is exit code 0.
-  async function exec(sid, ...cmd) {
-    const text = await (await json("POST", `/v1/sandboxes/${sid}/exec`, { cmd })).text();
-    const lines = text.trimEnd().split("\n");
-    const last = JSON.parse(lines[lines.length - 1]);
-    if (last.exit_code !== 0) throw new Error(`exec ${cmd}: ${text}`);
-  }
-  const file = `/v1/sandboxes/${id}/files?path=/tmp/bench.bin`;
-
-  await exec(id, "true"); // warm: opens fetch's connection
-  const created = [];
-  await time(rest, "create → first command", slow, async () => {
+const base = process.env.TORPOR_API_URL;
+const auth = { Authorization: `Bearer ${process.env.E2B_API_KEY}` };
+async function call(method, path, body, headers = {}) {
+  const res = await fetch(base + path, { method, body, headers: { ...auth, ...headers } });
+  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${await res.text()}`);
+  return res;
+}
+const json = (method, path, v) => call(method, path, JSON.stringify(v), { "Content-Type": "application/json" });
+// exec runs cmd in sandbox sid, reads its NDJSON stream to the end and fails
+// unless the last line is exit code 0.
+async function exec(sid, ...cmd) {
+  const text = await (await json("POST", `/v1/sandboxes/${sid}/exec`, { cmd })).text();
+  const lines = text.trimEnd().split("\n");
+  if (JSON.parse(lines[lines.length - 1]).exit_code !== 0) throw new Error(`exec ${cmd}: ${text}`);
+}
+const file = `/v1/sandboxes/${id}/files?path=/tmp/bench.bin`;
+const rest = {
+  create: async (created) => {
     const sb = await (await json("POST", "/v1/sandboxes", { image: "e2b-base" })).json();
     await exec(sb.id, "true");
     created.push(sb.id);
-  });
-  for (const sid of created) await call("DELETE", `/v1/sandboxes/${sid}`);
-
-  await time(rest, "run true", fast, () => exec(id, "true"));
-  await time(rest, "run bash -l -c true", fast, () => exec(id, "bash", "-l", "-c", "true"));
-  await time(rest, "write 1 MiB", fast, async () => {
+  },
+  kill: (sid) => call("DELETE", `/v1/sandboxes/${sid}`),
+  run: () => exec(id, "true"),
+  bash: () => exec(id, "bash", "-l", "-c", "true"),
+  write: async () => {
     await (await call("PUT", file, mib, { "Content-Type": "application/octet-stream" })).arrayBuffer();
-  });
-  await time(rest, "read 1 MiB", fast, async () => {
+  },
+  read: async () => {
     const b = await (await call("GET", file)).arrayBuffer();
     if (b.byteLength !== mib.length) throw new Error(`read ${b.byteLength} bytes`);
-  });
-  for (let i = 0; i < slow; i++) {
-    await time(rest, "pause", 1, () => json("POST", `/v1/sandboxes/${id}/hibernate`, {}).then((r) => r.arrayBuffer()));
-    await time(rest, "connect → first command", 1, async () => {
-      await (await json("POST", `/v1/sandboxes/${id}/resume`, {})).arrayBuffer();
-      await exec(id, "true");
-    });
+  },
+  pause: async () => (await json("POST", `/v1/sandboxes/${id}/hibernate`, {})).arrayBuffer(),
+  connect: async () => {
+    await (await json("POST", `/v1/sandboxes/${id}/resume`, {})).arrayBuffer();
+    await exec(id, "true");
+  },
+};
+
+// The two clients alternate run by run, so that both see the same load.
+await sdk.run(); // warm: the first calls also open each client's HTTP connections
+await rest.run();
+async function both(op, n, sdkFn, restFn) {
+  for (let i = 0; i < n; i++) {
+    await time(out.sdk, op, 1, sdkFn);
+    await time(out.rest, op, 1, restFn);
   }
+}
+const created = { sdk: [], rest: [] };
+await both("create → first command", slow, () => sdk.create(created.sdk), () => rest.create(created.rest));
+for (const sid of created.sdk) await sdk.kill(sid);
+for (const sid of created.rest) await rest.kill(sid);
+await both("run true", fast, sdk.run, rest.run);
+await time(out.rest, "run bash -l -c true", fast, rest.bash);
+await both("write 1 MiB", fast, sdk.write, rest.write);
+await both("read 1 MiB", fast, sdk.read, rest.read);
+for (let i = 0; i < slow; i++) {
+  await time(out.sdk, "pause", 1, sdk.pause);
+  await time(out.sdk, "connect → first command", 1, sdk.connect);
+  await time(out.rest, "pause", 1, rest.pause);
+  await time(out.rest, "connect → first command", 1, rest.connect);
 }
 console.log(JSON.stringify(out));
