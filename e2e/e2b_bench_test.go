@@ -25,9 +25,12 @@ import (
 // set (the runs of fast operations, e.g. 50; slow ones, create, pause and
 // connect, get a fifth of that, at least 10). On one server and one sandbox
 // of template base it times each operation through E2B's JavaScript SDK
-// (testdata/e2b_bench.mjs, SDK 2.51.0) and through torpor's own REST API (the
-// Go client), and logs p50/p90/p99 of both and their ratio as a Markdown
-// table (docs/benchmarks/2026-12-01-e2b.md has the command and figures).
+// (testdata/e2b_bench.mjs, SDK 2.51.0), through torpor's own REST API from the
+// same Node process with plain fetch (the same script, alternating with the
+// SDK run by run), and then through torpor's REST API from Go (the Go
+// client), and logs p50/p90/p99 of the three and the
+// SDK's ratio to each baseline as a Markdown table
+// (docs/benchmarks/2026-12-01-e2b-node-baseline.md has the command and figures).
 func TestE2BBench(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("TORPOR_E2B_BENCH"))
 	if n <= 0 {
@@ -40,19 +43,20 @@ func TestE2BBench(t *testing.T) {
 	ctx := ctxFor(t, 60*time.Minute)
 	id := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", Timeout: i32(3600)}).SandboxID
 
-	// The SDK first, then torpor's API, on the same sandbox.
+	// The SDK and torpor's API from Node first, then from Go, on the same sandbox.
 	cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "e2b_bench.mjs"), e2bsdk.Module("e2b"), id, strconv.Itoa(n), strconv.Itoa(slow))
-	cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+srv.APIKey)
+	cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+srv.APIKey, "TORPOR_API_URL="+srv.URL)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("e2b_bench.mjs: %v\n%s", err, stderr.String())
 	}
-	sdk := map[string][]float64{}
-	if err := json.Unmarshal(out, &sdk); err != nil {
+	var got struct{ SDK, Rest map[string][]float64 }
+	if err := json.Unmarshal(out, &got); err != nil || len(got.SDK) == 0 || len(got.Rest) == 0 {
 		t.Fatalf("e2b_bench.mjs printed %q: %v", out, err)
 	}
+	sdk, rest := got.SDK, got.Rest
 
 	api := map[string][]float64{}
 	timeOp := func(op string, runs int, fn func()) {
@@ -109,14 +113,16 @@ func TestE2BBench(t *testing.T) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "| operation | E2B SDK p50 / p90 / p99 (ms) | torpor API p50 / p90 / p99 (ms) | SDK ÷ API at p50 | runs |\n|---|---|---|---|---|\n")
-	for _, op := range []string{"create → first command", "run true", "run bash -l -c true", "write 1 MiB", "read 1 MiB", "pause", "connect → first command"} {
-		s, a := sdk[op], api[op]
-		ratio := "—"
-		if len(s) > 0 {
-			ratio = fmt.Sprintf("%.2f×", percentile(s, 50)/percentile(a, 50))
+	fmt.Fprintf(&b, "| operation | E2B SDK p50 / p90 / p99 (ms) | torpor API from Node p50 / p90 / p99 (ms) | torpor API from Go p50 / p90 / p99 (ms) | SDK ÷ Node API at p50 | SDK ÷ Go API at p50 | runs |\n|---|---|---|---|---|---|---|\n")
+	ratio := func(s, a []float64) string {
+		if len(s) == 0 || len(a) == 0 {
+			return "—"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d |\n", op, pcts(s), pcts(a), ratio, len(a))
+		return fmt.Sprintf("%.2f×", percentile(s, 50)/percentile(a, 50))
+	}
+	for _, op := range []string{"create → first command", "run true", "run bash -l -c true", "write 1 MiB", "read 1 MiB", "pause", "connect → first command"} {
+		s, r, a := sdk[op], rest[op], api[op]
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %d |\n", op, pcts(s), pcts(r), pcts(a), ratio(s, r), ratio(s, a), len(a))
 	}
 	t.Log("\n" + b.String())
 }
