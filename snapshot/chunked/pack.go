@@ -294,7 +294,7 @@ func (w *packWriter) add(ctx context.Context, id string, comp []byte) (added boo
 	}
 	w.pending[id] = int64(len(comp))
 	if w.cur == nil {
-		w.cur = &openPack{id: newPackID()}
+		w.cur = &openPack{id: newPackID(), buf: (*packBufs.Get().(*[]byte))[:0]}
 	}
 	p := w.cur
 	p.entries = append(p.entries, indexEntry{ID: id, Off: int64(len(p.buf)), Len: int64(len(comp))})
@@ -328,10 +328,25 @@ func (w *packWriter) flush(ctx context.Context) error {
 	return w.write(ctx, p)
 }
 
-// write stores a pack, then its index, then makes its chunks known.
+// write stores a pack, then its index, then makes its chunks known. After a
+// successful Put the pack's buffer goes back to packBufs (the request is over;
+// after a failed one an HTTP transport may still be reading it).
 func (w *packWriter) write(ctx context.Context, p *openPack) error {
-	return w.s.writePack(ctx, w.target, w.set, p.id, p.buf, p.entries)
+	err := w.s.writePack(ctx, w.target, w.set, p.id, p.buf, p.entries)
+	if err == nil && cap(p.buf) == packBufCap {
+		b := p.buf[:0]
+		packBufs.Put(&b)
+	}
+	p.buf = nil
+	return err
 }
+
+// packBufCap is the capacity of a pack buffer: a pack is written once it
+// reaches packTarget, so one more chunk never makes it grow.
+const packBufCap = packTarget + maxStored
+
+// packBufs holds the buffers of packs being filled (packWriter).
+var packBufs = sync.Pool{New: func() any { b := make([]byte, 0, packBufCap); return &b }}
 
 // writePack stores pack id (data, then its index) in target and records it in
 // set. Until it is recorded the pack is marked as being written, so Collect
