@@ -108,9 +108,9 @@ func (h *crashHarness) verified(what string) {
 // serve` with SIGKILL at random moments (0.2–3 s apart), restarts it on the
 // same data directory and checks after every restart: each sandbox's state
 // is true (running ones answer an exec, hibernated ones have no runsc
-// process), nothing is orphaned (runsc processes and network namespaces of
-// this data directory's scope that no running sandbox owns, snapshot staging
-// directories), each acknowledged hibernate resumes with its workload
+// process), nothing is orphaned (runsc processes, network namespaces and
+// cgroups of this data directory's scope that no running sandbox owns,
+// snapshot staging directories), each acknowledged hibernate resumes with its workload
 // continuing (same pid, counter +1), and every acknowledged file write reads
 // back with its hash. Operations in flight at a kill may have either outcome;
 // the API must then say which. TORPOR_CRASH_KILLS sets the number of kills
@@ -424,10 +424,10 @@ func sandboxOf(instance string) string {
 	return instance
 }
 
-// hostProblems compares the API's list byID with the host: runsc processes
-// and network namespaces of this scope that no running or paused sandbox
-// owns, staging directories, running sandboxes without a process or whose
-// exec fails, hibernated or error ones with processes.
+// hostProblems compares the API's list byID with the host: runsc
+// processes, network namespaces and cgroups of this scope that no running or
+// paused sandbox owns, staging directories, running sandboxes without a
+// process or whose exec fails, hibernated or error ones with processes.
 func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.Sandbox) []string {
 	var out []string
 	procs := h.runscInstances()
@@ -449,6 +449,19 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 		name = strings.TrimSuffix(strings.TrimSuffix(name, "-g"), "-h")
 		if sb := byID[sandboxOf(name)]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
 			out = append(out, fmt.Sprintf("network namespace %s of a sandbox the API says is %q", e.Name(), sb.State))
+		}
+	}
+	var cgs []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + h.scope + "/*", "/sys/fs/cgroup/torpor-" + h.scope + "/*"} {
+		m, _ := filepath.Glob(pat)
+		cgs = append(cgs, m...)
+	}
+	for _, cg := range cgs {
+		if st, err := os.Stat(cg); err != nil || !st.IsDir() {
+			continue
+		}
+		if sb := byID[sandboxOf(filepath.Base(cg))]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
+			out = append(out, fmt.Sprintf("cgroup %s of a sandbox the API says is %q", cg, sb.State))
 		}
 	}
 	for _, dir := range []string{filepath.Join(dataDir, "chunks", "staging"), filepath.Join(dataDir, "snapshots", ".staging")} {
