@@ -4,6 +4,7 @@
 #   make test    setup + build + go test (real runsc sandboxes; run as root)
 #   make run     setup + build + the quickstart
 #   make bench   the resume benchmark (20 cycles at 64 MiB and 512 MiB)
+#   make soak    the crash harness: 50 SIGKILLs of the server amid sandbox calls (docs/operations.md)
 #   make fuzz    every fuzz target for FUZZTIME (default 60s), one after another (docs/fuzzing.md)
 #   make proto   regenerate the E2B envd Go code in api/e2b/envd/gen from its .proto files
 
@@ -21,7 +22,7 @@ export PATH   := $(CURDIR)/bin:$(TOOLS)/bin:/usr/local/go/bin:$(PATH)
 export TORPOR_RUNSC := $(RUNSC)
 export TORPOR_VERSITYGW := $(VERSITYGW)
 
-.PHONY: setup build test run bench fuzz clean packages node-packages proto
+.PHONY: setup build test run bench soak fuzz clean packages node-packages proto
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
 # torpor binaries, and the built-in images in the host's build cache
@@ -86,6 +87,10 @@ run: setup
 
 bench: setup
 	bash scripts/bench.sh --cycles 20 --working-set 64MiB,512MiB
+
+# soak: TestCrashHarness with 50 kills (make test runs its short form, 5 kills).
+soak: setup
+	TORPOR_CRASH_KILLS=50 $(GO) test -count=1 -timeout 60m -run '^TestCrashHarness$$' -v ./e2e
 
 # fuzz: each decoder of outside bytes fuzzed for FUZZTIME in turn (their seed
 # corpora, testdata/fuzz/, run in every `make test`). New inputs that widen

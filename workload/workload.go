@@ -39,7 +39,7 @@ type State struct {
 
 // Start writes the server into sandbox id, starts it in the background holding
 // mib MiB of random data, and waits (up to 60 s) until it answers through the
-// port proxy.
+// port proxy, or until ctx ends.
 func Start(ctx context.Context, c *client.Client, id string, mib int) error {
 	if err := c.WriteFile(ctx, id, ScriptPath, bytes.NewReader(script)); err != nil {
 		return fmt.Errorf("workload: write script: %w", err)
@@ -54,7 +54,7 @@ func Start(ctx context.Context, c *client.Client, id string, mib int) error {
 	for {
 		if _, err := Get(ctx, c, id, "/count"); err == nil {
 			return nil
-		} else if time.Now().After(deadline) {
+		} else if ctx.Err() != nil || time.Now().After(deadline) {
 			return fmt.Errorf("workload: server in %s did not answer: %w", id, err)
 		}
 		time.Sleep(50 * time.Millisecond)
