@@ -80,6 +80,9 @@ type Options struct {
 	ScratchDir string
 	// SkipRaw leaves the raw runsc measurement out.
 	SkipRaw bool
+	// Plot, when set, is a PNG file that Resume draws the latency distributions
+	// into (WritePlot: one panel per working set, each tier beside raw runsc).
+	Plot string
 }
 
 // Result is the measurement of one working set. Times are in milliseconds.
@@ -180,6 +183,15 @@ func Resume(ctx context.Context, opts Options) error {
 		}
 		if err == nil {
 			err = perr
+		}
+		if opts.Plot != "" {
+			perr = WritePlot(opts.Plot, Panels(results))
+			if perr == nil {
+				fmt.Fprintf(opts.Progress, "plot written to %s\n", opts.Plot)
+			}
+			if err == nil {
+				err = perr
+			}
 		}
 	}
 	return err

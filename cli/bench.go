@@ -18,6 +18,7 @@ func runBenchResume(ctx context.Context, o benchResumeOptions, out io.Writer) er
 		DataDir:        o.DataDir,
 		RunscPath:      o.RunscPath,
 		AgentPath:      o.AgentPath,
+		Plot:           o.Plot,
 		// Progress lines go to stderr so that --json output stays clean.
 		Progress: os.Stderr,
 	})

@@ -232,6 +232,8 @@ type benchResumeOptions struct {
 	DataDir   string
 	RunscPath string
 	AgentPath string
+	// Plot is the PNG file to draw the results into ("" = none).
+	Plot string
 }
 
 func (a *app) benchCommand() *cobra.Command {
@@ -271,6 +273,7 @@ func (a *app) benchCommand() *cobra.Command {
 	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	resume.Flags().StringVar(&o.Plot, "plot", "", "also draw the latency distribution of each tier beside raw runsc as a PNG at this path")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
 	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
 	resume.Flags().StringVar(&o.AgentPath, "agent", "", "torpor-agent for the raw baseline (default $TORPOR_AGENT, else next to torpor)")
