@@ -45,6 +45,7 @@ func Panels(results []Result) []PlotPanel {
 		add("paused → first request", &r.Paused)
 		add("hibernated → first request", &r.Resume)
 		add("raw runsc restore → first answer", r.RawRestore)
+		add(fmt.Sprintf("%d concurrent wakes → each answers", r.Wakes.N/DefaultWakeRounds), &r.Wakes)
 		if len(p.Series) > 0 {
 			out = append(out, p)
 		}
