@@ -58,6 +58,7 @@ type crashSandbox struct {
 type crashCounts struct {
 	ops, acked, failed map[string]int
 	kills, violations  int
+	killsPaused        int            // kills that found an acknowledged pause the last call on some sandbox
 	verified           map[string]int // what the checks found kept: files, counters, hibernates resumed, states
 	errs               []string       // the first errors of cut or refused operations
 	unacked            int            // sandboxes the API lists that no answer named (cut creates, forks)
@@ -179,6 +180,12 @@ func TestCrashHarness(t *testing.T) {
 		h.phase.Lock() // the operations in flight end
 		h.mu.Lock()
 		h.n.kills++
+		for _, s := range h.slots {
+			if s.paused {
+				h.n.killsPaused++
+				break
+			}
+		}
 		h.mu.Unlock()
 		tr := time.Now()
 		p.start()
@@ -197,8 +204,8 @@ func TestCrashHarness(t *testing.T) {
 	h.phase.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t.Logf("crash harness: %d kills, %d operations (%d acknowledged, %d cut or refused), %d sandboxes no answer named, %d violations, in %v",
-		h.n.kills, sum(h.n.ops), sum(h.n.acked), sum(h.n.failed), h.n.unacked, h.n.violations, time.Since(t0).Round(time.Second))
+	t.Logf("crash harness: %d kills (%d with a sandbox paused), %d operations (%d acknowledged, %d cut or refused), %d sandboxes no answer named, %d violations, in %v",
+		h.n.kills, h.n.killsPaused, sum(h.n.ops), sum(h.n.acked), sum(h.n.failed), h.n.unacked, h.n.violations, time.Since(t0).Round(time.Second))
 	t.Logf("operations: %v; acknowledged: %v; checked and kept: %v", h.n.ops, h.n.acked, h.n.verified)
 	t.Logf("first errors of cut or refused operations:\n%s", strings.Join(h.n.errs, "\n"))
 }
