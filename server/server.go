@@ -141,6 +141,7 @@ type Server struct {
 	reg        *prometheus.Registry
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
+	dataDir    string   // Config.DataDir, named in the answers of a full disk
 	stopLC     func()   // stops the lifecycle loop and waits for it
 	heartbeat  *node.Heartbeat
 	node       string // the node's name
@@ -258,7 +259,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		heartbeat.Stop()
 		return failStarted(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, dataDir: cfg.DataDir,
 		heartbeat: heartbeat, node: heartbeat.Name(),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
