@@ -33,7 +33,7 @@ type sharedBucket struct {
 	bucket *Bucket
 }
 
-func startBucket(t *testing.T) *sharedBucket {
+func startBucket(t testing.TB) *sharedBucket {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (ownership on import)")
@@ -57,7 +57,7 @@ func startBucket(t *testing.T) *sharedBucket {
 
 // host is one host's image store: its own directory, and db (nil: its own
 // SQLite file) for its records.
-func (sb *sharedBucket) host(t *testing.T, db metadata.Images) *Store {
+func (sb *sharedBucket) host(t testing.TB, db metadata.Images) *Store {
 	t.Helper()
 	dir := t.TempDir()
 	if db == nil {
@@ -347,4 +347,55 @@ func TestBucketUnreachable(t *testing.T) {
 	if err := json.Unmarshal(sb.object(t, "images/names/down.json"), &m); err != nil || m.Digest != img.Digest {
 		t.Errorf("manifest of down: %+v %v, want the other host's %s, not %s", m, err, img.Digest, stale.Digest)
 	}
+}
+
+// BenchmarkBucketFetch measures a first use's download of a built image (the
+// smallest file in the host's build cache; skipped without one) from a local
+// S3 server into a store, with a local copy of the same file (copy, fsync)
+// in each iteration as the baseline: fetch_per_copy is their ratio.
+func BenchmarkBucketFetch(b *testing.B) {
+	files, _ := filepath.Glob(filepath.Join(BuildCacheFromEnv(), "*.erofs"))
+	src, size := "", int64(0)
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && (src == "" || fi.Size() < size) {
+			src, size = f, fi.Size()
+		}
+	}
+	if src == "" {
+		b.Skip("no built image in the build cache (make setup)")
+	}
+	sb := startBucket(b)
+	ctx := context.Background()
+	a := sb.host(b, nil)
+	tmp, err := copyToTemp(src, a.tmpDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	img, err := a.store(ctx, "bench", "bench", tmp, io.Discard)
+	if err != nil {
+		b.Fatal(err)
+	}
+	upload := time.Since(start)
+	b.SetBytes(size)
+	b.ResetTimer()
+	var fetch, local time.Duration
+	for range b.N {
+		s := sb.host(b, nil)
+		t0 := time.Now()
+		if _, _, err := s.Get(ctx, img.Digest); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		c, err := copyToTemp(src, s.tmpDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		fetch, local = fetch+t1.Sub(t0), local+time.Since(t1)
+		os.Remove(c)
+		os.Remove(s.Path(img.Digest))
+	}
+	b.ReportMetric(fetch.Seconds()/float64(b.N), "fetch_s")
+	b.ReportMetric(float64(fetch)/float64(local), "fetch_per_copy")
+	b.ReportMetric(upload.Seconds(), "upload_s")
 }

@@ -54,7 +54,7 @@ func (s *Store) share(ctx context.Context, img sandbox.Image, replaceName bool) 
 		return fmt.Errorf("image %q (%s): share in %s: %w", img.Name, img.Digest, s.bucket, err)
 	}
 	s.mu.Lock()
-	s.shared[img.Name+"@"+img.Digest] = true
+	s.shared[sharedKey(img)] = true
 	s.mu.Unlock()
 	return nil
 }
@@ -79,20 +79,32 @@ func (s *Store) shareNew(ctx context.Context, img sandbox.Image, progress io.Wri
 
 // shareLater uploads what the bucket lacks of the named image img, whose file
 // is here, unless this process has shared it already or an upload failed
-// within shareRetry. Failures are logged: the image serves this host anyway.
+// within shareRetry; concurrent calls for one image wait for one upload.
+// Failures are logged: the image serves this host anyway.
 func (s *Store) shareLater(ctx context.Context, img sandbox.Image) {
 	if s.bucket == nil {
 		return
 	}
+	key := sharedKey(img)
 	s.mu.Lock()
-	skip := s.shared[img.Name+"@"+img.Digest] || time.Since(s.shareFailedAt) < shareRetry
+	skip := s.shared[key] || time.Since(s.shareFailedAt) < shareRetry
 	s.mu.Unlock()
 	if skip {
 		return
 	}
-	if err := s.share(ctx, img, false); err != nil {
-		s.bucket.log.Warn("image: not shared yet, retried on a later use", "err", err)
-	}
+	s.retries.Do(key, func() (any, error) {
+		s.mu.Lock()
+		done := s.shared[key]
+		s.mu.Unlock()
+		if done {
+			return nil, nil
+		}
+		err := s.share(ctx, img, false)
+		if err != nil {
+			s.bucket.log.Warn("image: not shared yet, retried on a later use", "err", err)
+		}
+		return nil, err
+	})
 }
 
 // fromBucket returns the image the bucket's manifest of name points at,
@@ -122,7 +134,7 @@ func (s *Store) fromBucket(ctx context.Context, name string) (img sandbox.Image,
 		return sandbox.Image{}, false, err
 	}
 	s.mu.Lock()
-	s.shared[img.Name+"@"+img.Digest] = true
+	s.shared[sharedKey(img)] = true
 	s.mu.Unlock()
 	return img, true, nil
 }
@@ -165,6 +177,9 @@ func (s *Store) fetch(ctx context.Context, digest string) error {
 		return fmt.Errorf("image %s: fetch from %s: %w", digest, s.bucket, ctx.Err())
 	}
 }
+
+// sharedKey is img's key in Store.shared and Store.retries.
+func sharedKey(img sandbox.Image) string { return img.Name + "@" + img.Digest }
 
 // missing reports whether err is a stat's "no such file".
 func missing(err error) bool { return errors.Is(err, os.ErrNotExist) }

@@ -53,7 +53,8 @@ type Store struct {
 
 	// Sharing between hosts (share.go): nil bucket without SetBucket.
 	bucket        *Bucket
-	fetches       singleflight.Group // per digest
+	fetches       singleflight.Group // downloads, per digest
+	retries       singleflight.Group // shareLater's uploads, per "name@digest"
 	downloads     atomic.Int64       // downloads started (tests)
 	shared        map[string]bool    // "name@digest" this process shared; under mu
 	shareFailedAt time.Time          // the last failed upload; under mu
