@@ -399,3 +399,32 @@ func BenchmarkBucketFetch(b *testing.B) {
 	b.ReportMetric(float64(fetch)/float64(local), "fetch_per_copy")
 	b.ReportMetric(upload.Seconds(), "upload_s")
 }
+
+// TestHasWithoutBucket: without a bucket Has is what Get finds: a recorded
+// name whose file is here, not one whose file is gone, not an unknown one.
+func TestHasWithoutBucket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (ownership on import)")
+	}
+	ctx := context.Background()
+	s := newStore(t)
+	img, err := s.Import(ctx, "here", bytes.NewReader(rootfs(t, "here", 0)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Has(ctx, "here"); !ok || err != nil {
+		t.Errorf("Has(here): %v %v", ok, err)
+	}
+	if ok, err := s.Has(ctx, "nosuch"); ok || err != nil {
+		t.Errorf("Has(nosuch): %v %v", ok, err)
+	}
+	if err := os.Remove(s.Path(img.Digest)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Has(ctx, "here"); ok || err != nil {
+		t.Errorf("Has(here) without its file: %v %v", ok, err)
+	}
+	if _, err := s.Has(ctx, "Bad Name"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Has(Bad Name): %v, want ErrInvalid", err)
+	}
+}

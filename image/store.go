@@ -174,17 +174,28 @@ func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, st
 	return img, p, nil
 }
 
-// Has reports whether an image is named name, in this host's records or, with
-// a bucket (SetBucket), in the bucket's manifests, without fetching its
-// file. Errors: ErrInvalid for a malformed name; reading the records or the
-// bucket.
+// Has reports whether Get would find the image name, without fetching its
+// file: without a bucket, whether this host's records name it and its file is
+// here; with one (SetBucket), whether the records or the bucket's manifests
+// name it. Errors: ErrInvalid for a malformed name; reading the records or
+// the bucket.
 func (s *Store) Has(ctx context.Context, name string) (bool, error) {
 	if !ValidName(name) {
 		return false, invalidf("image %q: invalid name (want %s)", name, nameRE)
 	}
-	_, ok, err := s.lookup(ctx, name)
-	if err != nil || ok || s.bucket == nil {
-		return ok, err
+	img, ok, err := s.lookup(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	if s.bucket == nil {
+		if !ok {
+			return false, nil
+		}
+		_, err := os.Stat(s.Path(img.Digest))
+		return err == nil, nil
+	}
+	if ok {
+		return true, nil
 	}
 	_, ok, err = s.bucket.lookupName(ctx, name)
 	if err != nil {
