@@ -505,7 +505,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Query().Get("replace") != "true" {
-		if _, _, err := s.Images.Get(r.Context(), name); err == nil {
+		if ok, err := s.Images.Has(r.Context(), name); err == nil && ok {
 			s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", name))
 			return
 		}

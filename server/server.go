@@ -212,6 +212,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	closeStore = cs
+	if bucket, err := openImageBucket(ctx, cfg.Store, cfg.Logger); err != nil {
+		return fail(err)
+	} else if bucket != nil {
+		images.SetBucket(bucket)
+	}
 	if ks, ok := store.(interface{ KeyID() string }); ok && ks.KeyID() != "" {
 		cfg.Logger.Info("snapshot store: new snapshots are encrypted at rest", "key_id", ks.KeyID(), "old_keys", len(cfg.Store.OldKeyFiles))
 	}
