@@ -485,6 +485,22 @@ type PauseResponse struct {
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 
+// SandboxMetrics is the body of GET /v1/sandboxes/{id}/metrics: what a running
+// or paused sandbox's instance uses now, read from its cgroup (the guest's
+// processes and gVisor's kernel for it). A hibernated sandbox has no instance
+// and answers 409.
+type SandboxMetrics struct {
+	At    time.Time `json:"at"`
+	State string    `json:"state"`
+	// CPUTimeS is the CPU time, in seconds, used since the instance started
+	// (it restarts at 0 after a resume: a resumed sandbox is a new instance).
+	CPUTimeS float64 `json:"cpu_time_s"`
+	// MemoryBytes is what the instance's cgroup charges now (guest memory,
+	// gVisor's own and page cache); MemoryLimitBytes its limit, in bytes.
+	MemoryBytes      int64 `json:"memory_bytes"`
+	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+}
+
 // ResumeResponse is the body of POST /v1/sandboxes/{id}/resume.
 type ResumeResponse struct {
 	Sandbox

@@ -238,6 +238,10 @@ type benchResumeOptions struct {
 	DataDir   string
 	RunscPath string
 	AgentPath string
+	// Plot is the PNG file to draw the results into ("" = none).
+	Plot string
+	// Wakes and ForkCycles size the concurrency cases (0 leaves a case out).
+	Wakes, ForkCycles int
 }
 
 func (a *app) benchCommand() *cobra.Command {
@@ -259,6 +263,9 @@ func (a *app) benchCommand() *cobra.Command {
 			if o.Cycles < 1 {
 				return usagef("--cycles %d: want at least 1", o.Cycles)
 			}
+			if o.Wakes < 0 || o.ForkCycles < 0 {
+				return usagef("--wakes %d --fork-cycles %d: want 0 or more", o.Wakes, o.ForkCycles)
+			}
 			sets, err := parseSizesMiB(workingSet)
 			if err != nil {
 				return usagef("--working-set: %v", err)
@@ -277,10 +284,13 @@ func (a *app) benchCommand() *cobra.Command {
 	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	resume.Flags().IntVar(&o.Wakes, "wakes", 10, "hibernated sandboxes woken at once, at the first working set (0 = leave the case out)")
+	resume.Flags().IntVar(&o.ForkCycles, "fork-cycles", 5, "forks of 1 and of 4 clones of the running sandbox per working set (0 = leave the case out)")
+	resume.Flags().StringVar(&o.Plot, "plot", "", "also draw the latency distribution of each tier beside raw runsc as a PNG at this path")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
 	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
 	resume.Flags().StringVar(&o.AgentPath, "agent", "", "torpor-agent for the raw baseline (default $TORPOR_AGENT, else next to torpor)")
-	cmd.AddCommand(resume)
+	cmd.AddCommand(resume, a.benchStandbyCommand())
 	return cmd
 }
 

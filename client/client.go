@@ -315,6 +315,16 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (apiv1.Sandbox, erro
 	return sb, err
 }
 
+// SandboxMetrics returns what running or paused sandbox id uses now (CPU time
+// since its instance started, memory); it wakes no sandbox. Errors: an
+// *APIError with status 404 for an unknown sandbox, 409 for one without an
+// instance (hibernated, or between states).
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (apiv1.SandboxMetrics, error) {
+	var m apiv1.SandboxMetrics
+	err := c.call(ctx, http.MethodGet, sandboxPath(id)+"/metrics", nil, &m)
+	return m, err
+}
+
 // DeleteSandbox destroys a sandbox and its snapshots.
 func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 	return c.call(ctx, http.MethodDelete, sandboxPath(id), nil, nil)

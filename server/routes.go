@@ -50,6 +50,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.fork)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.sandboxMetrics)
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.proxy())
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Path+"/", http.StatusTemporaryRedirect)
@@ -280,6 +281,18 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, apiv1.PauseResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
+}
+
+// sandboxMetrics answers what a running or paused sandbox uses now
+// (apiv1.SandboxMetrics); it wakes no sandbox.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	a, err := s.Manager.Sample(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.SandboxMetrics{At: a.At, State: string(a.State), CPUTimeS: a.CPUTime.Seconds(),
+		MemoryBytes: a.MemoryBytes, MemoryLimitBytes: a.MemoryLimitBytes})
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
