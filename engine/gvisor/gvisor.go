@@ -11,7 +11,9 @@
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
-// control.go); pause and unpause are runsc pause and runsc resume (pause.go). The
+// control.go); a restore may go into a container created ahead of time for its
+// shape (Config.PreparedContainers, prepared.go); pause and unpause are runsc
+// pause and runsc resume (pause.go). The
 // measured behaviour this package relies on is in docs/decisions/gvisor-engine.md:
 // systrap because the KVM platform panics here; absolute image paths; restore
 // needs the guest namespace's address and route put back first (so every restore
