@@ -30,10 +30,18 @@ type rawEngine struct {
 	guestDir string
 	rootfs   string
 	n        int // instance counter
+	// rest is how long each cycle waits between checkpoint and restore.
+	rest time.Duration
 }
 
 // newRawEngine prepares the raw measurement, or returns why it cannot run.
 func newRawEngine(opts Options, c *client.Client, digest string) (*rawEngine, string) {
+	return newRawEngineConfig(opts, c, digest, gvisor.Config{})
+}
+
+// newRawEngineConfig is newRawEngine with an engine configured as cfg (its
+// Runsc and StateDir are set here): the restore levers' measurement.
+func newRawEngineConfig(opts Options, c *client.Client, digest string, cfg gvisor.Config) (*rawEngine, string) {
 	if os.Geteuid() != 0 {
 		return nil, "needs root (runsc, network namespaces)"
 	}
@@ -52,7 +60,8 @@ func newRawEngine(opts Options, c *client.Client, digest string) (*rawEngine, st
 		return nil, err.Error()
 	}
 	r := &rawEngine{dir: dir, rootfs: rootfs, guestDir: filepath.Join(dir, "guest")}
-	eng, err := gvisor.New(gvisor.Config{Runsc: opts.RunscPath, StateDir: filepath.Join(dir, "engine")})
+	cfg.Runsc, cfg.StateDir = opts.RunscPath, filepath.Join(dir, "engine")
+	eng, err := gvisor.New(cfg)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err.Error()
@@ -104,6 +113,9 @@ func imageFile(dataDir string, c *client.Client, digest string) (string, string)
 // close unmounts what runsc keeps in the engine's root and removes the scratch
 // directory; every instance is stopped by then.
 func (r *rawEngine) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	_ = r.eng.DiscardPrepared(ctx)
+	cancel()
 	_ = r.eng.Close()
 	os.RemoveAll(r.dir)
 }
@@ -119,79 +131,118 @@ func (r *rawEngine) nextID(ws int) string {
 // first HTTP answer), checking that the counter continued. Every instance it
 // starts is stopped and every checkpoint image removed before it returns.
 func (r *rawEngine) measure(ctx context.Context, ws, memMiB int, script []byte, cycles int) (ckpt, restore []float64, err error) {
-	spec := engine.Spec{RootFS: r.rootfs, GuestDir: r.guestDir, MemoryMiB: memMiB, CPUs: 1}
-	spec.ID = r.nextID(ws)
-	cur := spec.ID
-	prevDir := "" // the checkpoint image cur was restored from
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if serr := r.eng.Stop(sctx, cur); serr != nil && err == nil {
-			err = serr
-		}
-		if prevDir != "" {
-			os.RemoveAll(prevDir)
-		}
-	}()
-	if err := r.eng.Start(ctx, spec); err != nil {
+	run, err := r.start(ctx, ws, memMiB, script)
+	if err != nil {
 		return nil, nil, err
 	}
+	defer func() {
+		if serr := run.stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	for i := 0; i < cycles; i++ {
+		c, rs, err := run.cycle(ctx)
+		if err != nil {
+			return ckpt, restore, fmt.Errorf("cycle %d: %w", i+1, err)
+		}
+		ckpt, restore = append(ckpt, c), append(restore, rs)
+	}
+	return ckpt, restore, nil
+}
+
+// rawRun is the workload running in one raw instance, between its cycles.
+type rawRun struct {
+	r       *rawEngine
+	ws      int
+	spec    engine.Spec
+	count   int64  // the workload's counter, as last answered
+	prevDir string // the checkpoint image the current instance was restored from
+}
+
+// start starts the workload holding ws MiB in a fresh raw instance and waits
+// for its first answer. On error nothing of it is left.
+func (r *rawEngine) start(ctx context.Context, ws, memMiB int, script []byte) (run *rawRun, err error) {
+	run = &rawRun{r: r, ws: ws, spec: engine.Spec{RootFS: r.rootfs, GuestDir: r.guestDir, MemoryMiB: memMiB, CPUs: 1}}
+	run.spec.ID = r.nextID(ws)
+	defer func() {
+		if err != nil {
+			run.stop()
+		}
+	}()
+	if err := r.eng.Start(ctx, run.spec); err != nil {
+		return nil, err
+	}
+	cur := run.spec.ID
 	ag := agentclient.New(func(ctx context.Context) (net.Conn, error) {
 		return r.eng.Dial(ctx, cur, engine.AgentPort)
 	})
 	defer ag.CloseIdleConnections()
 	if err := ag.WaitReady(ctx, 30*time.Second); err != nil {
-		return nil, nil, fmt.Errorf("guest agent: %w", err)
+		return nil, fmt.Errorf("guest agent: %w", err)
 	}
 	if err := ag.WriteFile(ctx, workload.ScriptPath, bytes.NewReader(script), int64(len(script))); err != nil {
-		return nil, nil, fmt.Errorf("write workload: %w", err)
+		return nil, fmt.Errorf("write workload: %w", err)
 	}
 	if _, err := ag.Start(ctx, proto.ExecRequest{
 		Cmd: []string{"python3", workload.ScriptPath, fmt.Sprint(workload.Port), fmt.Sprint(ws)},
 	}); err != nil {
-		return nil, nil, fmt.Errorf("start workload: %w", err)
+		return nil, fmt.Errorf("start workload: %w", err)
 	}
 	ag.CloseIdleConnections()
-	count, err := r.firstAnswer(ctx, cur, 60*time.Second)
+	if run.count, err = r.firstAnswer(ctx, cur, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("workload did not answer: %w", err)
+	}
+	return run, nil
+}
+
+// cycle checkpoints the instance (timed), waits the engine's rest, restores
+// it as a new instance (timed until the workload's first answer) and checks
+// that the counter continued. Times are in milliseconds.
+func (run *rawRun) cycle(ctx context.Context) (ckpt, restore float64, err error) {
+	r := run.r
+	dir := filepath.Join(r.dir, fmt.Sprintf("ckpt-%d", r.n))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	if err := r.eng.Checkpoint(ctx, run.spec.ID, dir, false); err != nil {
+		os.RemoveAll(dir)
+		return 0, 0, fmt.Errorf("checkpoint: %w", err)
+	}
+	ckpt = msOf(time.Since(t0))
+	// The instance restored from prevDir is gone now; its image can go.
+	if run.prevDir != "" {
+		os.RemoveAll(run.prevDir)
+	}
+	run.prevDir = dir
+	time.Sleep(r.rest)
+
+	run.spec.ID = r.nextID(run.ws)
+	t0 = time.Now()
+	if err := r.eng.Restore(ctx, run.spec, dir); err != nil {
+		return ckpt, 0, fmt.Errorf("restore: %w", err)
+	}
+	n, err := r.firstAnswer(ctx, run.spec.ID, 60*time.Second)
+	d := time.Since(t0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("workload did not answer: %w", err)
+		return ckpt, 0, fmt.Errorf("no answer after restore: %w", err)
 	}
-
-	for i := 0; i < cycles; i++ {
-		dir := filepath.Join(r.dir, fmt.Sprintf("ckpt-%d", r.n))
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return ckpt, restore, err
-		}
-		t0 := time.Now()
-		if err := r.eng.Checkpoint(ctx, cur, dir, false); err != nil {
-			os.RemoveAll(dir)
-			return ckpt, restore, fmt.Errorf("cycle %d: checkpoint: %w", i+1, err)
-		}
-		ckpt = append(ckpt, msOf(time.Since(t0)))
-		// The instance restored from prevDir is gone now; its image can go.
-		if prevDir != "" {
-			os.RemoveAll(prevDir)
-		}
-		prevDir = dir
-
-		spec.ID = r.nextID(ws)
-		cur = spec.ID
-		t0 = time.Now()
-		if err := r.eng.Restore(ctx, spec, dir); err != nil {
-			return ckpt, restore, fmt.Errorf("cycle %d: restore: %w", i+1, err)
-		}
-		n, err := r.firstAnswer(ctx, cur, 60*time.Second)
-		d := time.Since(t0)
-		if err != nil {
-			return ckpt, restore, fmt.Errorf("cycle %d: no answer after restore: %w", i+1, err)
-		}
-		if n != count+1 {
-			return ckpt, restore, fmt.Errorf("cycle %d: the counter did not continue: %d before checkpoint, %d after restore", i+1, count, n)
-		}
-		count = n
-		restore = append(restore, msOf(d))
+	if n != run.count+1 {
+		return ckpt, 0, fmt.Errorf("the counter did not continue: %d before checkpoint, %d after restore", run.count, n)
 	}
-	return ckpt, restore, nil
+	run.count = n
+	return ckpt, msOf(d), nil
+}
+
+// stop stops the current instance and removes the image it was restored from.
+func (run *rawRun) stop() error {
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := run.r.eng.Stop(sctx, run.spec.ID)
+	if run.prevDir != "" {
+		os.RemoveAll(run.prevDir)
+	}
+	return err
 }
 
 // firstAnswer sends GET /count to the workload in instance id, retrying the dial

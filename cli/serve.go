@@ -38,6 +38,8 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		TLSKey:           cfg.TLSKey,
 		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
 		Egress:           egress,
+
+		PreparedContainers: cfg.PreparedContainers,
 	})
 }
 

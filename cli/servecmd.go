@@ -55,6 +55,8 @@ type serveConfig struct {
 	// UplinkNetns, Uplink, EgressPool and DNS: the sandboxes' way out
 	// (docs/security.md, "Network egress"; egressConfig).
 	UplinkNetns, Uplink, EgressPool, DNS string
+	// PreparedContainers: server.Config's (docs/operations.md).
+	PreparedContainers int
 }
 
 // egressConfig is the uplink the flags name; nil when they name none.
@@ -133,6 +135,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.PidsLimit != -1 && (cfg.PidsLimit < manager.MinPidsLimit || cfg.PidsLimit > manager.MaxPidsLimit) {
 				return usagef("--pids-limit %d: want %d to %d, or -1 for none", cfg.PidsLimit, manager.MinPidsLimit, manager.MaxPidsLimit)
 			}
+			if cfg.PreparedContainers < 0 || cfg.PreparedContainers > maxPreparedContainers {
+				return usagef("--prepared-containers %d: want 0 (none) to %d", cfg.PreparedContainers, maxPreparedContainers)
+			}
 			if cfg.MemoryOvercommit <= 0 {
 				return usagef("--memory-overcommit %g: want a ratio above 0 (1.0: the sandboxes' memory limits may add up to the host's memory)", cfg.MemoryOvercommit)
 			}
@@ -165,6 +170,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM file of the private key of --tls-cert")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "default pids limit of a sandbox: the processes and threads each user may have in it (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
+	f.IntVar(&cfg.PreparedContainers, "prepared-containers", 0, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently resumed shape (image, memory, limits, mounts); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	f.StringVar(&cfg.UplinkNetns, "uplink-netns", "", "network namespace (a name under /run/netns) sandbox traffic leaves through, masqueraded; with neither this nor --uplink, sandboxes reach nothing outside themselves (docs/security.md, Network egress)")
 	f.StringVar(&cfg.Uplink, "uplink", "", "interface of the host's own network namespace sandbox traffic leaves through, masqueraded behind its address (needs net.ipv4.ip_forward=1)")
@@ -326,3 +332,7 @@ func envOr(name, def string) string {
 	}
 	return def
 }
+
+// maxPreparedContainers bounds --prepared-containers: each holds processes,
+// network namespaces and memory while it waits.
+const maxPreparedContainers = 64

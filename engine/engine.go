@@ -28,7 +28,7 @@
 // on its default, and a snapshot is restored only by the engine its manifest
 // names, at a Version that engine accepts (Registry.CheckRestore,
 // CompatibilityChecker). What only some engines can do is an optional interface
-// the caller type-asserts: ExitCheckpointer, Pauser, CPUMeter, MemoryMeter, HostScoper,
+// the caller type-asserts: ExitCheckpointer, Pauser, RestorePreparer, CPUMeter, MemoryMeter, HostScoper,
 // EgressProvider, io.Closer (host resources to release once no instance runs).
 //
 // # Names
@@ -209,3 +209,27 @@ type ExitStatus struct {
 
 // ErrNotRunning is returned (wrapped) for calls on an instance that does not run.
 var ErrNotRunning = errors.New("instance not running")
+
+// RestorePreparer is an Engine that keeps instances created ahead of time so
+// that a Restore skips creating its own (for gVisor: runsc create, the
+// sandbox and gofer processes, the network namespaces). Which and how many it
+// keeps is the engine's configuration; a Restore uses one when one of the
+// right shape is ready and works without one otherwise.
+//
+//	Restore(spec, dir)      -> restored into a prepared instance if one fits;
+//	                           the engine prepares the next in the background
+//	Prepared()              -> how many are ready or being made, and the host
+//	                           memory they hold (for admission control)
+//	DiscardPrepared()       -> every prepared instance is gone (server
+//	                           shutdown); none is prepared afterwards
+//
+// Prepared instances a crashed server left are listed by List under ids no
+// sandbox owns, so reconciliation stops them like any orphaned instance.
+type RestorePreparer interface {
+	// Prepared returns the number of prepared instances (ready or being
+	// made) and the host memory in bytes the ready ones use now.
+	Prepared() (n int, memoryBytes int64)
+	// DiscardPrepared stops every prepared instance and ends preparations
+	// under way. Errors: the engine's, stopping one.
+	DiscardPrepared(ctx context.Context) error
+}

@@ -24,8 +24,9 @@ type LimitsConfig struct {
 	PidsLimit int
 	// MemoryOvercommit is the admission ratio: a create, resume or fork is
 	// admitted while the memory limits of the sandboxes holding host memory
-	// (every state but hibernated and error), with those it would start,
-	// stay within HostMemoryBytes × MemoryOvercommit (default 1.0).
+	// (every state but hibernated and error), with those it would start and
+	// the memory the engines' prepared instances use, stay within
+	// HostMemoryBytes × MemoryOvercommit (default 1.0).
 	MemoryOvercommit float64
 	// HostMemoryBytes is the host's memory in bytes (default: MemTotal of
 	// /proc/meminfo).
@@ -188,6 +189,8 @@ func (m *Manager) admit(ctx context.Context, op, id string, mib int, ids ...stri
 			used += int64(s.MemoryMiB)
 		}
 	}
+	// Prepared instances hold their processes' memory (prepared.go).
+	used += m.preparedMiB()
 	lim := m.cfg.Limits
 	capMiB := int64(math.Floor(float64(lim.HostMemoryBytes) * lim.MemoryOvercommit / (1 << 20)))
 	if used+int64(mib) > capMiB {

@@ -29,8 +29,10 @@ import (
 //     is alive, else hibernated on its pause's snapshot (error if none committed);
 //   - hibernated, error: any instance is stopped.
 //
-// Then every engine instance that no running sandbox owns is stopped, and staged
-// snapshots that never committed are removed.
+// Then every engine instance that no running sandbox owns is stopped — among
+// them the prepared instances a crashed server left (engine.RestorePreparer:
+// listed under ids no sandbox has) — and staged snapshots that never
+// committed are removed.
 func (m *Manager) Reconcile(ctx context.Context) error {
 	m.finishInterruptedCheckpoints(ctx)
 	if err := m.cfg.Store.Recover(ctx); err != nil {

@@ -2,7 +2,8 @@
 # Runs a benchmark against a fresh server on a scratch data directory and stops
 # that server (by its pid) afterwards: `scripts/bench.sh [resume|standby] ARGS…`
 # (resume when the first argument names no benchmark). ARGS go to
-# `torpor bench resume` or `torpor bench standby`.
+# `torpor bench resume` or `torpor bench standby`; TORPOR_SERVE_FLAGS are added to
+# the server's command line (e.g. TORPOR_SERVE_FLAGS="--prepared-containers 1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
@@ -12,7 +13,8 @@ if curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then
   rm -rf "$dir"
   exit 1
 fi
-bin/torpor serve --data-dir "$dir" --listen "127.0.0.1:$port" >"$dir/serve.log" 2>&1 &
+# shellcheck disable=SC2086 # TORPOR_SERVE_FLAGS is a list of flags
+bin/torpor serve --data-dir "$dir" --listen "127.0.0.1:$port" ${TORPOR_SERVE_FLAGS:-} >"$dir/serve.log" 2>&1 &
 pid=$!
 cleanup() {
   TORPOR_URL="http://127.0.0.1:$port" bin/torpor ls --json 2>/dev/null |

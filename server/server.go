@@ -117,6 +117,10 @@ type Config struct {
 	// itself. Listen's address, when it is a specific one, is added to the
 	// addresses no sandbox reaches.
 	Egress *sandboxnet.EgressConfig
+	// PreparedContainers is how many containers the gVisor engine keeps
+	// created ahead of time for resumes (gvisor.Config.PreparedContainers;
+	// docs/operations.md); 0 = none. Unused with Engines set.
+	PreparedContainers int
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -225,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	engines := cfg.Engines
 	if engines == nil {
-		if engines, err = DefaultEngines(dir, cfg.RunscPath, egressFor(cfg)); err != nil {
+		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), cfg.PreparedContainers); err != nil {
 			return fail(err)
 		}
 	}
@@ -319,7 +323,13 @@ func egressFor(cfg Config) *sandboxnet.EgressConfig {
 // through egress (nil: none). Errors: runsc missing or not executable,
 // dir/gvisor not writable, a bad uplink (sandboxnet.NewEgress).
 func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress})
+	return defaultEngines(dir, runscPath, egress, 0)
+}
+
+// defaultEngines is DefaultEngines whose gVisor engine keeps prepared
+// containers for resumes (gvisor.Config.PreparedContainers).
+func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, prepared int) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress, PreparedContainers: prepared})
 	if err != nil {
 		return nil, err
 	}
@@ -355,12 +365,14 @@ func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close closes the database. Running sandboxes keep running; the next server on
-// the same data directory reattaches them.
+// the same data directory reattaches them. Prepared containers are removed
+// (manager.DiscardPrepared).
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
 	}
 	s.Manager.Wait()
+	s.Manager.DiscardPrepared(context.Background())
 	if s.heartbeat != nil {
 		s.heartbeat.Stop()
 	}

@@ -84,3 +84,6 @@ func Get(ctx context.Context, c *client.Client, id, path string) (State, error) 
 	}
 	return st, nil
 }
+
+// Script returns the server's source, as Start writes it to ScriptPath.
+func Script() []byte { return bytes.Clone(script) }

@@ -3,6 +3,8 @@ package gvisor
 import (
 	"os"
 	"strings"
+
+	"github.com/torpor/torpor/engine"
 )
 
 // RunscCheckpoints returns how many checkpoints e made by starting runsc
@@ -19,3 +21,6 @@ func FreezerState(e *Engine, id string) (string, error) {
 	b, err := os.ReadFile(file)
 	return strings.TrimSpace(string(b)), err
 }
+
+// ShapeKey returns the prepared-container shape of spec (prepared.go).
+func ShapeKey(e *Engine, spec engine.Spec) string { return e.shapeKey(spec) }

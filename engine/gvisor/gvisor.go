@@ -11,7 +11,9 @@
 //
 // Checkpoint and restore are runsc's (runsc restore; the checkpoint is the call
 // runsc checkpoint makes, made directly on the sandbox's control socket, see
-// control.go); pause and unpause are runsc pause and runsc resume (pause.go). The
+// control.go); a restore may go into a container created ahead of time for its
+// shape (Config.PreparedContainers, prepared.go); pause and unpause are runsc
+// pause and runsc resume (pause.go). The
 // measured behaviour this package relies on is in docs/decisions/gvisor-engine.md:
 // systrap because the KVM platform panics here; absolute image paths; restore
 // needs the guest namespace's address and route put back first (so every restore
@@ -58,6 +60,14 @@ type Config struct {
 	// Egress is the host's uplink for instances whose Spec asks for egress
 	// (sandboxnet.Egress); nil = no instance gets a way out.
 	Egress *sandboxnet.EgressConfig
+	// PreparedContainers is how many containers the engine keeps created
+	// ahead of time for restores, one per recently restored shape
+	// (prepared.go); 0 = none, every restore creates its container.
+	PreparedContainers int
+	// BackgroundRestore passes --background to runsc restore: the restored
+	// instance runs once its kernel state is loaded and its memory pages
+	// load behind it, a page it touches first loaded first.
+	BackgroundRestore bool
 }
 
 // Engine implements engine.Engine with runsc.
@@ -83,6 +93,9 @@ type Engine struct {
 	// runscPauses counts pauses and unpauses made by starting runsc because
 	// the direct call could not be made (pause.go).
 	runscPauses atomic.Int64
+	// prep is the prepared containers and the aliases of the instances
+	// restored into them (prepared.go).
+	prep preparedPool
 }
 
 var (
@@ -120,6 +133,9 @@ func New(cfg Config) (*Engine, error) {
 		if e.egress, err = sandboxnet.NewEgress(e.scope, *cfg.Egress); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
+	}
+	if err := e.initPrepared(); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	e.thawAll()
 	e.version = "runsc"
@@ -193,34 +209,25 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	if err != nil {
 		return err
 	}
-	p := e.pair(spec.ID)
-	if err := sandboxnet.Create(ctx, p); err != nil {
-		return err
-	}
-	if spec.Egress != nil && e.egress != nil {
-		r := sandboxnet.Rules{InternetAccess: spec.Egress.InternetAccess, AllowOut: spec.Egress.AllowOut, DenyOut: spec.Egress.DenyOut}
-		if err := e.egress.Attach(ctx, p, r); err != nil {
-			return fmt.Errorf("gvisor: %s: %w", spec.ID, err)
+	if imageDir != "" {
+		// The next restore of this shape finds its container prepared.
+		defer func() {
+			if err == nil {
+				e.refill(spec)
+			}
+		}()
+		if rid := e.claim(spec); rid != "" {
+			return e.restorePrepared(ctx, spec, rid, imageDir)
 		}
 	}
+	if err := e.writeBundle(ctx, spec); err != nil {
+		return err
+	}
 	b := e.bundle(spec.ID)
-	if err := os.MkdirAll(filepath.Join(b, "rootfs"), 0o700); err != nil {
-		return err
-	}
-	cfg, err := json.MarshalIndent(e.ociSpec(spec, p), "", " ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
-		return err
-	}
-	if err := writeLimits(b, spec); err != nil {
-		return err
-	}
 	if imageDir == "" {
 		_, err = e.run(ctx, "run", "--bundle", b, "--detach", spec.ID)
 	} else {
-		_, err = e.run(ctx, "restore", "--image-path", imageDir, "--bundle", b, "--detach", spec.ID)
+		_, err = e.run(ctx, e.restoreArgs(imageDir, b, spec.ID)...)
 	}
 	if err != nil {
 		what := "start"
@@ -233,6 +240,54 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 		return fmt.Errorf("gvisor: %s: cpu limit: %w", spec.ID, err)
 	}
 	return nil
+}
+
+// writeBundle makes what runsc needs to start instance spec.ID: its pair of
+// network namespaces (with egress when spec asks for it), its bundle
+// directory with config.json and the limits record.
+func (e *Engine) writeBundle(ctx context.Context, spec engine.Spec) error {
+	p := e.pair(spec.ID)
+	if err := sandboxnet.Create(ctx, p); err != nil {
+		return err
+	}
+	if err := e.attachEgress(ctx, spec, p); err != nil {
+		return err
+	}
+	b := e.bundle(spec.ID)
+	if err := os.MkdirAll(filepath.Join(b, "rootfs"), 0o700); err != nil {
+		return err
+	}
+	cfg, err := json.MarshalIndent(e.ociSpec(spec, p), "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), cfg, 0o600); err != nil {
+		return err
+	}
+	return writeLimits(b, spec)
+}
+
+// attachEgress gives namespace pair p the egress rules spec asks for, if
+// any and if the engine has an uplink.
+func (e *Engine) attachEgress(ctx context.Context, spec engine.Spec, p sandboxnet.Pair) error {
+	if spec.Egress == nil || e.egress == nil {
+		return nil
+	}
+	r := sandboxnet.Rules{InternetAccess: spec.Egress.InternetAccess, AllowOut: spec.Egress.AllowOut, DenyOut: spec.Egress.DenyOut}
+	if err := e.egress.Attach(ctx, p, r); err != nil {
+		return fmt.Errorf("gvisor: %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// restoreArgs is the runsc restore command of runsc container rid from
+// imageDir with bundle b.
+func (e *Engine) restoreArgs(imageDir, b, rid string) []string {
+	args := []string{"restore", "--image-path", imageDir, "--bundle", b, "--detach"}
+	if e.cfg.BackgroundRestore {
+		args = append(args, "--background")
+	}
+	return append(args, rid)
 }
 
 // applyCPU writes the CPU quota of spec into the sandbox's cgroup (cgroup v1
@@ -264,7 +319,7 @@ func (e *Engine) cgroupPath(id string) string { return "/torpor-" + e.scope + "/
 
 // Checkpoint implements engine.Engine.
 func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
-	if err := e.checkpoint(ctx, id, dir, leaveRunning); err != nil {
+	if err := e.checkpoint(ctx, e.rid(id), dir, leaveRunning); err != nil {
 		return err
 	}
 	if !leaveRunning {
@@ -284,10 +339,11 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 // would otherwise run beside the snapshot's commit on a two-core host. Stop
 // thaws it. A freeze that fails only leaves the teardown running.
 func (e *Engine) CheckpointExit(ctx context.Context, id, dir string) error {
-	if err := e.checkpoint(ctx, id, dir, false); err != nil {
+	rid := e.rid(id)
+	if err := e.checkpoint(ctx, rid, dir, false); err != nil {
 		return err
 	}
-	_ = e.freeze(id, true)
+	_ = e.freeze(rid, true)
 	return nil
 }
 
@@ -364,11 +420,25 @@ func (e *Engine) checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 }
 
 // Stop implements engine.Engine: thaw (freeze), runsc delete --force, then wait
-// for the sandbox process to be gone, then remove the namespaces and the bundle.
+// for the sandbox process to be gone, then remove the namespaces and the bundle;
+// for an instance restored into a prepared container, its alias last.
 func (e *Engine) Stop(ctx context.Context, id string) error {
 	if !idRE.MatchString(id) {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
+	rid := e.rid(id)
+	if err := e.stop(ctx, rid); err != nil {
+		return err
+	}
+	if rid != id {
+		e.dropAlias(id)
+	}
+	return nil
+}
+
+// stop removes runsc container id and everything made for it (Stop).
+func (e *Engine) stop(ctx context.Context, id string) error {
+	e.unready(id)
 	var errs []error
 	// Thawed first: a frozen sandbox (CheckpointExit) neither answers runsc
 	// delete nor dies of SIGKILL under the cgroup v1 freezer.
@@ -448,7 +518,7 @@ func (e *Engine) exists(id string) bool {
 
 // Dial implements engine.Engine.
 func (e *Engine) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
-	c, err := e.pair(id).Dial(ctx, port)
+	c, err := e.pair(e.rid(id)).Dial(ctx, port)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("gvisor: dial %s:%d: %w", id, port, engine.ErrNotRunning)
@@ -469,7 +539,7 @@ func (e *Engine) Resolver() (netip.Addr, error) {
 // HostNetns returns the name (under /run/netns) of the instance's host-side network
 // namespace; a server started there is reachable from the guest at
 // sandboxnet.HostIP.
-func (e *Engine) HostNetns(id string) sandboxnet.Pair { return e.pair(id) }
+func (e *Engine) HostNetns(id string) sandboxnet.Pair { return e.pair(e.rid(id)) }
 
 type runscState struct {
 	ID     string `json:"id"`
@@ -543,9 +613,19 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 			seen[id] = engine.Info{ID: id}
 		}
 	}
+	// Instances restored into prepared containers by the caller's ids; an
+	// alias whose container is gone is listed (stopped) so Stop removes it.
 	res := make([]engine.Info, 0, len(seen))
+	named := map[string]bool{}
 	for _, i := range seen {
+		i.ID = e.instanceOf(i.ID)
+		named[i.ID] = true
 		res = append(res, i)
+	}
+	for _, id := range e.aliases() {
+		if !named[id] {
+			res = append(res, engine.Info{ID: id})
+		}
 	}
 	sort.Slice(res, func(a, b int) bool { return res[a].ID < res[b].ID })
 	return res, nil
@@ -566,7 +646,7 @@ func (e *Engine) globalFlags() []string {
 }
 
 // run runs runsc with the engine's global flags. The sandbox inherits stdio from
-// `runsc run/restore --detach`, so stdin and stdout are /dev/null and stderr is a
+// `runsc run/restore --detach` and `runsc create`, so stdin and stdout are /dev/null and stderr is a
 // temporary regular file (never a pipe: the sandbox would hold its write end and a
 // reader would never see EOF).
 func (e *Engine) run(ctx context.Context, args ...string) ([]byte, error) {
@@ -578,7 +658,8 @@ func (e *Engine) run(ctx context.Context, args ...string) ([]byte, error) {
 	defer errf.Close()
 	cmd := exec.CommandContext(ctx, e.runsc, append(e.globalFlags(), args...)...)
 	var out bytes.Buffer
-	detach := false
+	// runsc create leaves the sandbox process running like --detach does.
+	detach := args[0] == "create"
 	for _, a := range args {
 		if a == "--detach" {
 			detach = true

@@ -38,12 +38,12 @@ const (
 
 // Pause implements engine.Pauser.
 func (e *Engine) Pause(ctx context.Context, id string) error {
-	return e.setPaused(ctx, id, true)
+	return e.setPaused(ctx, e.rid(id), true)
 }
 
 // Unpause implements engine.Pauser.
 func (e *Engine) Unpause(ctx context.Context, id string) error {
-	return e.setPaused(ctx, id, false)
+	return e.setPaused(ctx, e.rid(id), false)
 }
 
 func (e *Engine) setPaused(ctx context.Context, id string, pause bool) error {

@@ -21,7 +21,7 @@ var (
 // sandbox process (the Sentry and, on systrap, the stub processes that run guest
 // code), so this is everything the sandbox costs in CPU.
 func (e *Engine) CPUTime(id string) (time.Duration, error) {
-	rel := e.cgroupPath(id)
+	rel := e.cgroupPath(e.rid(id))
 	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", rel, "cpuacct.usage")); err == nil {
 		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		if err != nil {
@@ -50,7 +50,7 @@ func (e *Engine) CPUTime(id string) (time.Duration, error) {
 // memory.current and memory.max (cgroup v2). A limit of "max" (v2) or above
 // 2^62 (v1's "none") is reported as 0.
 func (e *Engine) Memory(id string) (used, limit int64, err error) {
-	rel := e.cgroupPath(id)
+	rel := e.cgroupPath(e.rid(id))
 	read := func(path string) (int64, error) {
 		b, err := os.ReadFile(path)
 		if err != nil {

@@ -32,6 +32,7 @@ func (e *Engine) Wait(ctx context.Context, id string) (engine.ExitStatus, error)
 	if !idRE.MatchString(id) {
 		return engine.ExitStatus{}, fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
+	id = e.rid(id)
 	pid, exited := 0, 0
 	if e.hasRunscState(id) {
 		sctx, cancel := context.WithTimeout(ctx, listTimeout)

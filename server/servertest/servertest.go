@@ -89,6 +89,8 @@ type Options struct {
 	Limits manager.LimitsConfig
 	// Egress is passed to server.Config.Egress (nil: sandboxes have no way out).
 	Egress *sandboxnet.EgressConfig
+	// PreparedContainers is passed to server.Config (0: none).
+	PreparedContainers int
 }
 
 var (
@@ -184,6 +186,7 @@ func Start(t testing.TB, opts Options) *Server {
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
 		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits, Egress: opts.Egress,
+		PreparedContainers: opts.PreparedContainers,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
