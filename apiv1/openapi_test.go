@@ -184,6 +184,7 @@ func fullSandbox() Sandbox {
 	var s Sandbox
 	s.Env = map[string]string{"a": "b"}
 	s.ForkedFrom = "f"
+	s.Node = "n"
 	s.Snapshot = &Snapshot{}
 	s.Error = "e"
 	s.LastHibernateAt = &s.CreatedAt

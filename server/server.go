@@ -180,7 +180,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := openServerDatabase(ctx, dir, cfg.Database)
+	if cfg.Node == "" {
+		cfg.Node = node.DefaultName()
+	}
+	if err := node.CheckName(cfg.Node); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -241,6 +248,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
 		Limits:      cfg.Limits,
+		Node:        cfg.Node, SingleNode: cfg.Database == "",
 	})
 	if err != nil {
 		return fail(err)

@@ -1,0 +1,109 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
+)
+
+// Ownership: a sandbox with an instance (creating, running, paused,
+// hibernating, resuming) is owned by the node that holds the instance, its
+// record's Owner with the lease's fencing token (metadata.Store). This
+// manager is node Config.Node: it acts only on the sandboxes it owns and on
+// those no node owns (hibernated, or fenced out of a lost node), which it
+// claims (metadata.ClaimSandbox) before it resumes them. A call for a
+// sandbox another node owns fails with a *NotOwnerError (in a sandbox.Error
+// of kind Conflict), which the server answers by forwarding the call there.
+
+// NotOwnerError says that the sandbox is another node's.
+type NotOwnerError struct {
+	SandboxID string
+	// Node is the owner's name.
+	Node string
+}
+
+func (e *NotOwnerError) Error() string {
+	return fmt.Sprintf("sandbox %s is owned by node %s", e.SandboxID, e.Node)
+}
+
+// OwnerOf returns the node err says owns a sandbox ("" if err is no
+// *NotOwnerError).
+func OwnerOf(err error) string {
+	var no *NotOwnerError
+	if errors.As(err, &no) {
+		return no.Node
+	}
+	return ""
+}
+
+// Node is the name of the node this manager is (Config.Node).
+func (m *Manager) Node() string { return m.cfg.Node }
+
+// foreign says whether s is owned by another node.
+func (m *Manager) foreign(s *metadata.Sandbox) bool { return s.Owner != "" && s.Owner != m.cfg.Node }
+
+func notOwner(id, node string) error {
+	return &sandbox.Error{Kind: sandbox.Conflict, SandboxID: id, Err: &NotOwnerError{SandboxID: id, Node: node}}
+}
+
+// claim makes this node s's owner (a new lease, metadata.ClaimSandbox)
+// unless it is already. Errors: a *NotOwnerError when another node claimed
+// it first (s is not changed then); the database's.
+func (m *Manager) claim(ctx context.Context, s *metadata.Sandbox) error {
+	if s.Owner == m.cfg.Node {
+		return nil
+	}
+	c := *s
+	c.Owner = m.cfg.Node
+	err := m.cfg.DB.ClaimSandbox(context.WithoutCancel(ctx), &c)
+	if errors.Is(err, metadata.ErrStale) {
+		if cur, gerr := m.cfg.DB.GetSandbox(ctx, s.ID); gerr == nil && cur.Owner != "" && cur.Owner != m.cfg.Node {
+			return notOwner(s.ID, cur.Owner)
+		}
+		return sandboxConflict(s.ID, "sandbox %s changed on another node while this one claimed it: retry", s.ID)
+	}
+	if err != nil {
+		return err
+	}
+	*s = c
+	return nil
+}
+
+// Fence takes sandbox id away from node lost, which no longer heartbeats:
+// a sandbox lost still owns that has an instance is recorded in state error
+// (why, with what a resume gives back) and owned by no node, with a new
+// lease token, so that writes of the lost node fail (metadata.ErrFenced) and
+// any node can resume it from its last committed snapshot. It reports
+// whether it fenced the sandbox (false: it was not lost's, or another node
+// fenced it first).
+func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error) {
+	s, err := m.cfg.DB.GetSandbox(ctx, id)
+	if err != nil || s.Owner != lost || lost == m.cfg.Node {
+		return false, err
+	}
+	if s.State == sandbox.StateHibernated {
+		return false, nil
+	}
+	msg := why
+	switch {
+	case s.SnapshotID != "" && s.State != sandbox.StateHibernating:
+		msg += fmt.Sprintf("; what it did since its last snapshot %s is lost: resume restores that snapshot", s.SnapshotID)
+	case s.SnapshotID != "":
+		msg += fmt.Sprintf("; its hibernate did not finish: resume restores its last committed snapshot %s", s.SnapshotID)
+	default:
+		msg += "; it had no snapshot: delete it"
+	}
+	s.Owner, s.State, s.Error, s.Instance, s.PendingSnapshot = "", sandbox.StateError, msg, "", ""
+	err = m.cfg.DB.ClaimSandbox(ctx, s)
+	if errors.Is(err, metadata.ErrStale) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	m.log.Warn("sandbox fenced off a lost node", "sandbox", id, "node", lost, "error", msg)
+	return true, nil
+}
