@@ -42,6 +42,8 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/nodes":                              {"get"},
+		"/v1/nodes/{name}/drain":                 {"post"},
+		"/v1/nodes/{name}/undrain":               {"post"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},

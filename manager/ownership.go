@@ -107,3 +107,57 @@ func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error)
 	m.log.Warn("sandbox fenced off a lost node", "sandbox", id, "node", lost, "error", msg)
 	return true, nil
 }
+
+// StopForeign stops the engine instances on this host of sandboxes this
+// node no longer owns: another node owns the sandbox, or it was fenced off
+// this node (state error, no owner) while this node was cut off from the
+// database. Each is stopped under its sandbox's lock; what fails is logged
+// and tried again on the next call. Reconcile does the same at start.
+func (m *Manager) StopForeign(ctx context.Context) {
+	if m.cfg.Node == "" {
+		return
+	}
+	for _, e := range m.cfg.Engines.All() {
+		infos, err := engineCalls{Engine: e, m: m}.List(ctx)
+		if err != nil {
+			m.log.Warn("stop foreign instances: list", "engine", e.Name(), "err", err)
+			continue
+		}
+		for _, i := range infos {
+			id, ok := sandboxOfInstance(i.ID)
+			if !ok {
+				continue
+			}
+			m.stopIfForeign(ctx, e.Name(), id, i.ID)
+		}
+	}
+}
+
+// stopIfForeign stops instance inst of sandbox id if the sandbox is not
+// this node's (see StopForeign).
+func (m *Manager) stopIfForeign(ctx context.Context, engName, id, inst string) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	s, err := m.cfg.DB.GetSandbox(ctx, id)
+	if err != nil || !(m.foreign(s) || (s.Owner == "" && s.State == sandbox.StateError)) {
+		return
+	}
+	m.log.Warn("stopping an instance of a sandbox this node no longer owns", "sandbox", id, "instance", inst, "owner", s.Owner, "state", s.State)
+	m.dropLive(id)
+	if err := m.engOf(inst).Stop(ctx, inst); err != nil {
+		m.log.Warn("stop foreign instance", "instance", inst, "engine", engName, "err", err)
+	}
+}
+
+// sandboxOfInstance is the sandbox id of an instance id (instanceID).
+func sandboxOfInstance(inst string) (string, bool) {
+	const suffix = len("-00000000")
+	if len(inst) <= suffix || inst[len(inst)-suffix] != '-' {
+		return "", false
+	}
+	id := inst[:len(inst)-suffix]
+	return id, idRE.MatchString(id)
+}

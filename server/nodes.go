@@ -75,6 +75,8 @@ func sandboxLoad(ctx context.Context, db metadata.Sandboxes, node string) (metad
 
 func (s *Server) nodeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
+	mux.HandleFunc("POST /v1/nodes/{name}/drain", s.drainNode(true))
+	mux.HandleFunc("POST /v1/nodes/{name}/undrain", s.drainNode(false))
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
@@ -86,9 +88,13 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	out := apiv1.ListNodesResponse{Nodes: []apiv1.Node{}}
 	for _, n := range ns {
-		out.Nodes = append(out.Nodes, apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
-			Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
-			StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node})
+		out.Nodes = append(out.Nodes, s.wireNode(n, now))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) wireNode(n metadata.Node, now time.Time) apiv1.Node {
+	return apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
+		Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
+		StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node}
 }

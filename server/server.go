@@ -142,11 +142,14 @@ type Server struct {
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
 	stopLC     func()   // stops the lifecycle loop and waits for it
-	heartbeat  *node.Heartbeat
-	node       string // the node's name
-	handler    http.Handler
-	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
-	e2b        *e2b.Service
+	// stopCluster stops the cluster loop (clusterLoop) and waits for it.
+	stopCluster func()
+	heartbeat   *node.Heartbeat
+	node        string // the node's name
+	handler     http.Handler
+	ingress     *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
+	e2b         *e2b.Service
+	cluster     *clusterFront // forwarding between nodes (nil with SQLite: one node)
 
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
@@ -296,7 +299,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// In-sandbox requests (E2B's routing) reach the sandbox whatever their
 	// path, /v1/… included; the E2B front checks their envd access token.
 	s.handler = s.e2b.Front(s.handler)
+	if cfg.Database != "" {
+		s.cluster = &clusterFront{s: s, domain: cfg.E2B.Domain}
+		inner := s.handler
+		s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.cluster.ServeHTTP(w, r, inner) })
+	}
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
+	if s.cluster != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { defer close(done); s.clusterLoop(stop) }()
+		s.stopCluster = func() { close(stop); <-done }
+	}
 	return s, nil
 }
 
@@ -361,6 +374,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
+	}
+	if s.stopCluster != nil {
+		s.stopCluster()
 	}
 	s.Manager.Wait()
 	if s.heartbeat != nil {
