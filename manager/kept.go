@@ -171,7 +171,7 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, man.Spec.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("start from snapshot %s: image %s: %w", snapID, man.Spec.ImageDigest, err)
 	}

@@ -1083,7 +1083,7 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	if err != nil {
 		return err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, s.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err)
 	}
@@ -1194,7 +1194,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if err != nil {
 		return nil, err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, src.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
 	}

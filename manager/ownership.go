@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
+	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -160,4 +162,28 @@ func sandboxOfInstance(inst string) (string, bool) {
 	}
 	id := inst[:len(inst)-suffix]
 	return id, idRE.MatchString(id)
+}
+
+// snapshotImage returns the path of the image file digest, which a
+// snapshot was taken on, of the image named name. A node that never had it
+// (the sandbox was made on another node; images are files of each node's
+// data directory) builds it when name is a built-in image (from the host's build cache when it
+// holds it, which gives the same digest); otherwise the error says to put
+// the image on this node.
+func (m *Manager) snapshotImage(ctx context.Context, name, digest string) (string, error) {
+	_, rootfs, err := m.cfg.Images.Get(ctx, digest)
+	if !errors.Is(err, image.ErrNotFound) {
+		return rootfs, err
+	}
+	if !image.IsBuiltin(name) {
+		return "", fmt.Errorf("%w: it is not on node %s (images are each node's files): import or build it there", err, m.cfg.Node)
+	}
+	m.log.Info("image of a snapshot missing on this node: building the built-in image", "image", name, "digest", digest)
+	if _, berr := m.cfg.Images.EnsureBuiltin(ctx, name, io.Discard); berr != nil {
+		return "", fmt.Errorf("%w: building %s on node %s: %v", err, name, m.cfg.Node, berr)
+	}
+	if _, rootfs, err = m.cfg.Images.Get(ctx, digest); err != nil {
+		return "", fmt.Errorf("%w: node %s built %s with another digest: import the image there", err, m.cfg.Node, name)
+	}
+	return rootfs, nil
 }

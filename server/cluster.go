@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -104,19 +105,28 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 		next.ServeHTTP(w, r)
 		return
 	}
-	target, err := f.target(r.Context(), c)
+	target, placed, err := f.target(r.Context(), c)
 	if err != nil {
 		f.s.log.Warn("cluster: where to serve", "path", r.URL.Path, "err", err)
-	}
-	if target != nil {
-		f.forward(w, r, target)
-		return
 	}
 	if c.keep && r.ContentLength >= 0 && r.ContentLength <= forwardBodyMax {
 		keepBody(r)
 	}
-	next.ServeHTTP(w, r)
+	if target == nil {
+		next.ServeHTTP(w, r)
+		return
+	}
+	if placed {
+		// A placed call (no node owns the sandbox yet) that the picked node
+		// does not take (stopped since its last heartbeat) is served here.
+		r = r.WithContext(context.WithValue(r.Context(), fallbackKey{}, next))
+	}
+	f.forward(w, r, target)
 }
+
+// fallbackKey keys the handler that serves a placed call here when its node
+// cannot be reached.
+type fallbackKey struct{}
 
 // keepBody reads r's body so that it can be sent again (r.GetBody).
 func keepBody(r *http.Request) {
@@ -139,53 +149,58 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, e.err
 }
 
-// target is the node that serves call c, nil for this one.
-func (f *clusterFront) target(ctx context.Context, c call) (*url.URL, error) {
+// target is the node that serves call c, nil for this one; placed says
+// that placement picked it (no node owns the sandbox).
+func (f *clusterFront) target(ctx context.Context, c call) (target *url.URL, placed bool, err error) {
 	s := f.s
 	if c.create {
 		self, err := s.db.GetNode(ctx, s.node)
 		if err != nil || !self.Draining {
-			return nil, err
+			return nil, false, err
 		}
-		return f.placeURL(ctx, manager.DefaultMemoryMiB, "")
+		u, err := f.placeURL(ctx, manager.DefaultMemoryMiB, "")
+		return u, true, err
 	}
 	rec, err := s.db.GetSandbox(ctx, c.id)
 	if err != nil || rec.Owner == s.node {
-		return nil, nil // unknown ids are answered here
+		return nil, false, nil // unknown ids are answered here
 	}
 	if rec.Owner != "" {
 		if c.record {
-			return nil, nil
+			return nil, false, nil
 		}
 		n, err := s.db.GetNode(ctx, rec.Owner)
 		if err != nil || node.StateOf(n, time.Now()) == node.StateLost {
-			return nil, err // answered here: the lost node's sandbox is fenced
+			return nil, false, err // answered here: the lost node's sandbox is fenced
 		}
-		return url.Parse(n.Advertise)
+		u, err := url.Parse(n.Advertise)
+		return u, false, err
 	}
 	if !c.wakes || !(rec.State == sandbox.StateHibernated || (c.resume && rec.State == sandbox.StateError)) {
-		return nil, nil
+		return nil, false, nil
 	}
-	return f.placeURL(ctx, rec.MemoryMiB, rec.SnapshotNode)
+	u, err := f.placeURL(ctx, rec.MemoryMiB, rec.SnapshotNode)
+	return u, true, err
 }
 
 // placeURL is Place's node's URL, nil for this node.
 func (f *clusterFront) placeURL(ctx context.Context, mib int, prefer string) (*url.URL, error) {
-	n, err := Place(ctx, f.s.db, mib, prefer, time.Now())
+	n, err := Place(ctx, f.s.db, mib, prefer, f.s.node, time.Now())
 	if err != nil || n == nil || n.Name == f.s.node {
 		return nil, err
 	}
 	return url.Parse(n.Advertise)
 }
 
-// Place picks the node that starts or resumes a sandbox of mib MiB: among
-// the active nodes (heartbeating, not draining) with mib MiB free (capacity
-// less load, as of their last heartbeat), prefer if it is one (the node that
-// holds the snapshot's local copy), else the one with the most free memory,
-// by name on a tie, so that nodes asked at once pick the same one. nil when
-// no node has room (the caller serves the call itself and its admission
-// control answers). Errors are the database's.
-func Place(ctx context.Context, nodes metadata.Nodes, mib int, prefer string, now time.Time) (*metadata.Node, error) {
+// Place picks the node that starts or resumes a sandbox of mib MiB, asked
+// of node self: among the active nodes (heartbeating, not draining) with mib
+// MiB free (capacity less load, as of their last heartbeat), prefer if it is
+// one (the node that holds the snapshot's local copy), else self, else the
+// one with the most free memory (by name on a tie). nil when no node has
+// room (the caller serves the call itself and its admission control
+// answers). Nodes asked at once may pick differently: the sandbox's lease
+// (metadata.ClaimSandbox) lets one resume it. Errors are the database's.
+func Place(ctx context.Context, nodes metadata.Nodes, mib int, prefer, self string, now time.Time) (*metadata.Node, error) {
 	all, err := nodes.ListNodes(ctx)
 	if err != nil {
 		return nil, err
@@ -193,10 +208,14 @@ func Place(ctx context.Context, nodes metadata.Nodes, mib int, prefer string, no
 	var fit []metadata.Node
 	for _, n := range all {
 		if node.StateOf(n, now) == node.StateActive && n.Capacity.MemoryMiB-n.Load.MemoryMiB >= int64(mib) {
-			if n.Name == prefer {
+			fit = append(fit, n)
+		}
+	}
+	for _, want := range []string{prefer, self} {
+		for _, n := range fit {
+			if want != "" && n.Name == want {
 				return &n, nil
 			}
-			fit = append(fit, n)
 		}
 	}
 	if len(fit) == 0 {
@@ -234,6 +253,15 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 		},
 		FlushInterval: -1, // exec streams and the port proxy's answers as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var op *net.OpError
+			if next, ok := r.Context().Value(fallbackKey{}).(http.Handler); ok && errors.As(err, &op) && op.Op == "dial" {
+				f.s.log.Warn("cluster: the placed node does not answer; serving here", "node", key, "path", r.URL.Path, "err", err)
+				if r.GetBody != nil {
+					r.Body, _ = r.GetBody()
+				}
+				next.ServeHTTP(w, r)
+				return
+			}
 			f.s.log.Warn("cluster: forward", "node", key, "path", r.URL.Path, "err", err)
 			writeError(w, http.StatusBadGateway, apiv1.CodeBadGateway,
 				fmt.Sprintf("%s %s: forwarding to node %s: %v", r.Method, r.URL.Path, key, err))

@@ -216,7 +216,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
+	// On a shared database (several nodes, one bucket) the chunk collection
+	// is off: a node's collection cannot see another node's commits in
+	// flight, which may reuse a chunk it would delete (docs/multi-host.md).
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, cfg.Database == "")
 	if err != nil {
 		return fail(err)
 	}
