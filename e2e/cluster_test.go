@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +138,9 @@ func TestCluster(t *testing.T) {
 	if got := sh(t, b.c, id, "echo from $(hostname)"); !strings.HasPrefix(got, "from ") {
 		t.Fatalf("exec through cl-b: %q", got)
 	}
+	direct, forwarded := execP50(t, a.c, b.c, id, 30)
+	t.Logf("exec true p50: direct (cl-a, the owner) %v, forwarded (through cl-b) %v: %.2fx",
+		direct, forwarded, float64(forwarded)/float64(direct))
 	hib := hibernate(t, b.c, id) // forwarded to its owner
 	if hib.Node != "" {
 		t.Errorf("hibernated: node %q, want none", hib.Node)
@@ -283,4 +287,24 @@ func runscSandboxesOf(t *testing.T, dir, id string) int {
 		}
 	}
 	return n
+}
+
+// execP50 runs `true` in sandbox id n times through each of two clients,
+// alternating, and returns the median times of each.
+func execP50(t *testing.T, first, second *client.Client, id string, n int) (time.Duration, time.Duration) {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	var d [2][]time.Duration
+	for i := range 2 * n {
+		c := []*client.Client{first, second}[i%2]
+		t0 := time.Now()
+		if _, _, code, err := c.ExecCollect(ctx, id, apiv1.ExecRequest{Cmd: []string{"true"}}); err != nil || code != 0 {
+			t.Fatalf("exec true: exit %d %v", code, err)
+		}
+		d[i%2] = append(d[i%2], time.Since(t0))
+	}
+	for _, s := range d {
+		slices.Sort(s)
+	}
+	return d[0][n/2], d[1][n/2]
 }

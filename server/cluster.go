@@ -86,7 +86,7 @@ func classifyCall(r *http.Request, domain string) call {
 	c := call{id: id, keep: sub != "files" && sub != "ports"}
 	switch sub {
 	case "":
-		c.record = r.Method == http.MethodGet || r.Method == http.MethodDelete || r.Method == http.MethodPatch
+		c.record = r.Method == http.MethodGet
 	case "exec", "files", "ports", "connect":
 		c.wakes = true
 	case "resume":

@@ -73,7 +73,8 @@ func TestClassifyCall(t *testing.T) {
 		want         call
 	}{
 		{"GET", "/v1/sandboxes/sbx-1", nil, call{id: "sbx-1", record: true, keep: true}},
-		{"DELETE", "/v1/sandboxes/sbx-1", nil, call{id: "sbx-1", record: true, keep: true}},
+		{"DELETE", "/v1/sandboxes/sbx-1", nil, call{id: "sbx-1", keep: true}},
+		{"PATCH", "/v1/sandboxes/sbx-1", nil, call{id: "sbx-1", keep: true}},
 		{"POST", "/v1/sandboxes/sbx-1/exec", nil, call{id: "sbx-1", wakes: true, keep: true}},
 		{"PUT", "/v1/sandboxes/sbx-1/files", nil, call{id: "sbx-1", wakes: true}},
 		{"GET", "/v1/sandboxes/sbx-1/ports/8080/x/y", nil, call{id: "sbx-1", wakes: true}},
