@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"testing"
@@ -95,5 +96,24 @@ func TestClassifyCall(t *testing.T) {
 		if got := classifyCall(r, ""); got != tc.want {
 			t.Errorf("%s %s: %+v, want %+v", tc.method, tc.path, got, tc.want)
 		}
+	}
+}
+
+// TestForwardedServedHere: a request another node forwarded is served by the
+// node it reached, whatever it is about (no second forward, no loop); the
+// front reads nothing for it.
+func TestForwardedServedHere(t *testing.T) {
+	f := &clusterFront{} // no server: any lookup would panic
+	served := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
+	for _, path := range []string{"/v1/sandboxes/sbx-1/exec", "/v1/sandboxes", "/sandboxes/sbx-1/connect"} {
+		r := httptest.NewRequest("POST", path, nil)
+		r.Header.Set(HeaderForwarded, "node-a")
+		f.ServeHTTP(httptest.NewRecorder(), r, next)
+	}
+	r := httptest.NewRequest("GET", "/v1/nodes", nil) // about no sandbox
+	f.ServeHTTP(httptest.NewRecorder(), r, next)
+	if served != 4 {
+		t.Errorf("served %d of 4 requests here", served)
 	}
 }
