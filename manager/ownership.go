@@ -9,6 +9,7 @@ import (
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/snapshot"
 )
 
 // Ownership: a sandbox with an instance (creating, running, paused,
@@ -78,7 +79,9 @@ func (m *Manager) claim(ctx context.Context, s *metadata.Sandbox) error {
 // a sandbox lost still owns that has an instance is recorded in state error
 // (why, with what a resume gives back) and owned by no node, with a new
 // lease token, so that writes of the lost node fail (metadata.ErrFenced) and
-// any node can resume it from its last committed snapshot. It reports
+// any node can resume it from its last committed snapshot; a hibernate
+// the lost node had begun whose snapshot committed is finished instead
+// (hibernated, nothing lost). It reports
 // whether it fenced the sandbox (false: it was not lost's, or another node
 // fenced it first).
 func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error) {
@@ -88,6 +91,11 @@ func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error)
 	}
 	if s.State == sandbox.StateHibernated {
 		return false, nil
+	}
+	if s.State == sandbox.StateHibernating && s.PendingSnapshot != "" {
+		if man, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot); err == nil {
+			return m.fenceHibernated(ctx, s, lost, man)
+		}
 	}
 	msg := why
 	switch {
@@ -107,6 +115,27 @@ func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error)
 		return false, err
 	}
 	m.log.Warn("sandbox fenced off a lost node", "sandbox", id, "node", lost, "error", msg)
+	return true, nil
+}
+
+// fenceHibernated fences s off node lost, whose hibernate of it committed
+// snapshot man before the node was lost: the hibernate is finished (state
+// hibernated on man, no owner), nothing is lost.
+func (m *Manager) fenceHibernated(ctx context.Context, s *metadata.Sandbox, lost string, man snapshot.Manifest) (bool, error) {
+	s.Owner = ""
+	if err := m.cfg.DB.ClaimSandbox(ctx, s); err != nil { // the new token fences the lost node out
+		if errors.Is(err, metadata.ErrStale) {
+			return false, nil
+		}
+		return false, err
+	}
+	s.SnapshotID, s.SnapshotNode, s.PendingSnapshot, s.Instance = man.ID, "", "", ""
+	s.State, s.Error, s.StateChangedAt, s.LastHibernateAt = sandbox.StateHibernated, "", man.CreatedAt, &man.CreatedAt
+	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
+	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
+		return false, err
+	}
+	m.log.Warn("sandbox fenced off a lost node: its hibernate had committed", "sandbox", s.ID, "node", lost, "snapshot", man.ID)
 	return true, nil
 }
 

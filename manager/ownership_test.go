@@ -123,3 +123,45 @@ func TestConcurrentResumeTwoNodes(t *testing.T) {
 		t.Errorf("%d instances on the two nodes, want 1", instances)
 	}
 }
+
+// TestFenceFinishesCommittedHibernate: a lost node whose hibernate had
+// committed its snapshot (but not its record) loses nothing: the fence
+// finishes the hibernate on that snapshot.
+func TestFenceFinishesCommittedHibernate(t *testing.T) {
+	ctx := context.Background()
+	a := newHost(t, hostOpts{node: "node-a"})
+	b := newHost(t, hostOpts{node: "node-b", peer: a})
+	sb := a.create()
+	hib, err := a.m.Hibernate(ctx, sb.ID, manager.HibernateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	// node-b's record as a crash in its next hibernate leaves it: the
+	// snapshot committed in the store, the record still hibernating.
+	r := b.record(sb.ID)
+	r.State, r.PendingSnapshot, r.SnapshotID = sandbox.StateHibernating, hib.Snapshot.ID, "snap-older"
+	if err := b.db.UpdateSandbox(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.db.DeleteSnapshot(ctx, hib.Snapshot.ID); err != nil { // its record was never written
+		t.Fatal(err)
+	}
+	if ok, err := a.m.Fence(ctx, sb.ID, "node-b", "node node-b lost"); !ok || err != nil {
+		t.Fatalf("fence: %v %v", ok, err)
+	}
+	got := a.record(sb.ID)
+	if got.State != sandbox.StateHibernated || got.SnapshotID != hib.Snapshot.ID || got.Owner != "" || got.Error != "" ||
+		got.LeaseToken != r.LeaseToken+1 {
+		t.Fatalf("after the fence: state %s snapshot %s owner %q error %q token %d (was %d)",
+			got.State, got.SnapshotID, got.Owner, got.Error, got.LeaseToken, r.LeaseToken)
+	}
+	if _, err := a.db.GetSnapshot(ctx, hib.Snapshot.ID); err != nil {
+		t.Errorf("the finished hibernate's snapshot record: %v", err)
+	}
+	if res, err := a.m.Resume(ctx, sb.ID); err != nil || res.Node != "node-a" {
+		t.Fatalf("resume after the fence: %v %+v", err, res)
+	}
+}
