@@ -46,7 +46,7 @@ type Store struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per image name
 
-	cacheDir string      // see SetBuildCache
+	cacheDir string // see SetBuildCache
 	remote   *remoteCopy // see SetRemote
 }
 
