@@ -34,8 +34,7 @@ type clusterNode struct {
 // A sandbox made through node A is reached through the others (exec, the
 // port proxy, hibernate: forwarded to its owner); hibernated, with A
 // drained, two nodes asked to resume it at once resume it once, on the node
-// placement picks (which fetches the image from the bucket), its process's
-// counter and 64 MiB of memory intact. The
+// placement picks, its process's counter and 64 MiB of memory intact. The
 // owner killed (-9) is declared lost within the lease time and its sandbox
 // put in state error saying what was lost; resumed through another node it
 // continues from its last snapshot. The lost node, back, stops the instance
@@ -142,8 +141,6 @@ func TestCluster(t *testing.T) {
 	direct, forwarded := execP50(t, a.c, b.c, id, 30)
 	t.Logf("exec true p50: direct (cl-a, the owner) %v, forwarded (through cl-b) %v: %.2fx",
 		direct, forwarded, float64(forwarded)/float64(direct))
-	// The image went to the bucket, for the nodes that never had it.
-	waitLog(t, a.log, "image: copied to the shared store", time.Minute)
 	hib := hibernate(t, b.c, id) // forwarded to its owner
 	if hib.Node != "" {
 		t.Errorf("hibernated: node %q, want none", hib.Node)
@@ -188,7 +185,6 @@ func TestCluster(t *testing.T) {
 	if owner == "" || owner == "cl-a" {
 		t.Fatalf("resumed on %q; want a node that is not draining", owner)
 	}
-	waitLog(t, nodes[owner].log, "image: fetched from the shared store", 0)
 	sum1, err := workload.Get(ctx, a.c, id, "/checksum")
 	if err != nil || sum1.SHA256 != sum0.SHA256 || sum1.Count != sum0.Count+2 {
 		t.Fatalf("after the move to %s: %+v %v; before %+v", owner, sum1, err, sum0)
@@ -266,22 +262,6 @@ func TestCluster(t *testing.T) {
 	}
 	if now := get(t, other.c, id); now.Node == other.name || now.Node == "" {
 		t.Errorf("after the drain of %s the sandbox is on %q", other.name, now.Node)
-	}
-}
-
-// waitLog waits up to d (0: not at all) until the log at path contains s.
-func waitLog(t *testing.T, path, s string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		b, _ := os.ReadFile(path)
-		if strings.Contains(string(b), s) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not say %q", filepath.Base(path), s)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -47,7 +47,6 @@ type Store struct {
 	locks map[string]*sync.Mutex // per image name
 
 	cacheDir string // see SetBuildCache
-	remote   *remoteCopy // see SetRemote
 }
 
 // Open opens (creating if needed) the image store in dir, e.g.
@@ -142,14 +141,8 @@ func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, st
 	if p == "" {
 		return sandbox.Image{}, "", fmt.Errorf("image %q: record has malformed digest %q", nameOrDigest, img.Digest)
 	}
-	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) && s.remote != nil {
-		if ferr := s.fetch(ctx, img.Digest); ferr != nil {
-			return sandbox.Image{}, "", fmt.Errorf("image %q (%s): file missing: %w", nameOrDigest, img.Digest, ferr)
-		}
-	} else if err != nil {
+	if _, err := os.Stat(p); err != nil {
 		return sandbox.Image{}, "", fmt.Errorf("image %q (%s): file missing: %w", nameOrDigest, img.Digest, err)
-	} else {
-		s.upload(img.Digest) // an image stored before this node shared its images
 	}
 	return img, p, nil
 }
@@ -160,12 +153,6 @@ func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, st
 	}
 	p := s.Path(digest)
 	fi, err := os.Stat(p)
-	if errors.Is(err, os.ErrNotExist) && s.remote != nil {
-		if err = s.fetch(ctx, digest); err != nil {
-			return sandbox.Image{}, "", err
-		}
-		fi, err = os.Stat(p)
-	}
 	if errors.Is(err, os.ErrNotExist) {
 		return sandbox.Image{}, "", fmt.Errorf("image %q %w", digest, ErrNotFound)
 	}
@@ -260,7 +247,6 @@ func (s *Store) store(ctx context.Context, name, source, tmpPath string, progres
 	if err := s.record(ctx, img); err != nil {
 		return sandbox.Image{}, err
 	}
-	s.upload(digest)
 	fmt.Fprintf(progress, "image %s: stored %s (%d bytes) at %s\n", name, digest, size, final)
 	return img, nil
 }

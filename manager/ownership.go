@@ -195,9 +195,8 @@ func sandboxOfInstance(inst string) (string, bool) {
 
 // snapshotImage returns the path of the image file digest, which a
 // snapshot was taken on, of the image named name. A node that never had it
-// (the sandbox was made on another node) fetches it from the nodes' shared
-// store when there is one (image.Store.SetRemote); failing that it builds
-// it when name is a built-in image (from the host's build cache when it
+// (the sandbox was made on another node; images are files of each node's
+// data directory) builds it when name is a built-in image (from the host's build cache when it
 // holds it, which gives the same digest); otherwise the error says to put
 // the image on this node.
 func (m *Manager) snapshotImage(ctx context.Context, name, digest string) (string, error) {

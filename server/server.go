@@ -230,15 +230,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := recordStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	if cfg.Database != "" && cfg.Store.Kind == "s3" {
-		// Several nodes: image files go to the bucket too, for the nodes
-		// that resume a sandbox made on another (docs/multi-host.md).
-		remote, err := s3Backend(ctx, dir, cfg.Store)
-		if err != nil {
-			return fail(fmt.Errorf("image store: %w", err))
-		}
-		images.SetRemote(remote, cfg.Logger)
-	}
 	engines := cfg.Engines
 	if engines == nil {
 		if engines, err = DefaultEngines(dir, cfg.RunscPath, egressFor(cfg)); err != nil {

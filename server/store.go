@@ -273,7 +273,19 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		}
 		return s, s.Close, nil
 	case "s3":
-		b, err := s3Backend(ctx, dataDir, cfg)
+		var owner *chunked.Owner
+		if !cfg.readOnly {
+			id, err := storeID(dataDir)
+			if err != nil {
+				return nil, nil, err
+			}
+			host, _ := os.Hostname()
+			abs, _ := filepath.Abs(dataDir)
+			owner = &chunked.Owner{StoreID: id, Host: host, DataDir: abs}
+		}
+		b, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket,
+			AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Region: cfg.S3Region, Prefix: cfg.S3Prefix,
+			PathStyle: !cfg.S3VirtualHost, Owner: owner})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}
@@ -294,24 +306,6 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	default:
 		return nil, nil, fmt.Errorf("snapshot store %q: want plain, chunked or s3", cfg.Kind)
 	}
-}
-
-// s3Backend is the S3 backend of cfg, claiming its prefix for the store of
-// dataDir unless cfg is read-only.
-func s3Backend(ctx context.Context, dataDir string, cfg StoreConfig) (*chunked.S3, error) {
-	var owner *chunked.Owner
-	if !cfg.readOnly {
-		id, err := storeID(dataDir)
-		if err != nil {
-			return nil, err
-		}
-		host, _ := os.Hostname()
-		abs, _ := filepath.Abs(dataDir)
-		owner = &chunked.Owner{StoreID: id, Host: host, DataDir: abs}
-	}
-	return chunked.NewS3(ctx, chunked.S3Config{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket,
-		AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Region: cfg.S3Region, Prefix: cfg.S3Prefix,
-		PathStyle: !cfg.S3VirtualHost, Owner: owner})
 }
 
 // loadKeys reads KeyFile and OldKeyFiles (chunked.LoadKey); nil without
