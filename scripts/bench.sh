@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs the resume benchmark against a fresh server on a scratch data directory and
-# stops that server (by its pid) afterwards. Arguments go to `torpor bench resume`.
+# Runs a benchmark against a fresh server on a scratch data directory and stops
+# that server (by its pid) afterwards: `scripts/bench.sh [resume|standby] ARGS…`
+# (resume when the first argument names no benchmark). ARGS go to
+# `torpor bench resume` or `torpor bench standby`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
@@ -26,4 +28,8 @@ for _ in $(seq 100); do
   curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@"
+case "${1:-}" in
+standby) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench standby "$@" ;;
+resume) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
+*) TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
+esac
