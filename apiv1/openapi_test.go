@@ -43,6 +43,8 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/nodes":                              {"get"},
+		"/v1/nodes/{name}/drain":                 {"post"},
+		"/v1/nodes/{name}/undrain":               {"post"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},
@@ -185,6 +187,7 @@ func fullSandbox() Sandbox {
 	var s Sandbox
 	s.Env = map[string]string{"a": "b"}
 	s.ForkedFrom = "f"
+	s.Node = "n"
 	s.Snapshot = &Snapshot{}
 	s.Error = "e"
 	s.LastHibernateAt = &s.CreatedAt

@@ -229,6 +229,9 @@ type Sandbox struct {
 	Generation int64 `json:"generation"`
 	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
 	ForkedFrom string `json:"forked_from,omitempty"`
+	// Node is the node that owns the sandbox's instance; absent for none (a
+	// hibernated sandbox, or one whose node was lost).
+	Node string `json:"node,omitempty"`
 	// Snapshot is the latest committed snapshot, if any.
 	Snapshot *Snapshot `json:"snapshot,omitempty"`
 	// Error says why the sandbox is in state "error".

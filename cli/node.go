@@ -47,5 +47,24 @@ func (a *app) nodeCommand() *cobra.Command {
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, `print GET /v1/nodes's answer: {"nodes": [node…]}`)
 	cmd.AddCommand(ls)
+	for _, drain := range []bool{true, false} {
+		use, short := "drain NAME", "Drain a node: it takes no new or resumed sandboxes and hibernates its own, which resume elsewhere on their next request"
+		if !drain {
+			use, short = "undrain NAME", "Undrain a node: it takes sandboxes again"
+		}
+		cmd.AddCommand(&cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  usageArgs(cobra.ExactArgs(1)),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				n, err := a.client().DrainNode(cmd.Context(), args[0], drain)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "%s: %s\n", n.Name, n.State)
+				return nil
+			},
+		})
+	}
 	return cmd
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"net/url"
 
 	"github.com/torpor/torpor/apiv1"
 )
@@ -12,4 +13,18 @@ func (c *Client) ListNodes(ctx context.Context) ([]apiv1.Node, error) {
 	var r apiv1.ListNodesResponse
 	err := c.call(ctx, http.MethodGet, "/v1/nodes", nil, &r)
 	return r.Nodes, err
+}
+
+// DrainNode marks node name draining (drain true) or not, and returns its
+// record: a draining node takes no new or resumed sandboxes and hibernates
+// its own, which resume on other nodes on their next request. Errors: 404
+// for an unknown node.
+func (c *Client) DrainNode(ctx context.Context, name string, drain bool) (apiv1.Node, error) {
+	var n apiv1.Node
+	op := "/drain"
+	if !drain {
+		op = "/undrain"
+	}
+	err := c.call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(name)+op, nil, &n)
+	return n, err
 }

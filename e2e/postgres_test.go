@@ -89,7 +89,7 @@ func (p *serveProcess) stop(t *testing.T) {
 // TestServePostgres: `torpor serve --database postgres://…` keeps its
 // records in PostgreSQL (a private cluster): a sandbox made, exec'd and
 // hibernated there is hibernated in the database, not in a SQLite file; a
-// second server on the same database is refused at start; after a restart
+// second server on the same database as the same node is refused at start; after a restart
 // of the server the sandbox is reported hibernated and resumes with its
 // process continuing and its file intact, and the list reports true states.
 // The server is a node in the database (torpor node ls): active with its
@@ -173,9 +173,10 @@ func TestServePostgres(t *testing.T) {
 		t.Errorf("torpor snapshot ls --data-dir (offline): %v\n%s", err, out)
 	}
 
-	// A second server on the same database (another data directory) is
-	// refused: it would take the first one's sandboxes for its own.
-	other := exec.Command(bin, "serve", "--listen", freeAddr(t), "--auth", "none", "--database", dbURL,
+	// A second server on the same database as the same node (another data
+	// directory) is refused: it would take the first one's sandboxes for
+	// its own. (Servers with other names are other nodes: TestCluster.)
+	other := exec.Command(bin, "serve", "--listen", freeAddr(t), "--auth", "none", "--database", dbURL, "--node", "pg-a",
 		"--data-dir", t.TempDir(), "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t))
 	out, err := other.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another torpor server uses this database") {

@@ -185,7 +185,7 @@ func (m *Manager) admit(ctx context.Context, op, id string, mib int, ids ...stri
 		}
 	}
 	for _, s := range all {
-		if holdsMemory(s.State) && !covered[s.ID] {
+		if holdsMemory(s.State) && !covered[s.ID] && !m.foreign(s) {
 			used += int64(s.MemoryMiB)
 		}
 	}

@@ -44,6 +44,11 @@ type hostOpts struct {
 	limits manager.LimitsConfig
 	// wrap, when set, is the engine the manager gets, made from the fake one.
 	wrap func(*fake.Engine) engine.Engine
+	// node is the manager's node name (Config.Node; "" = none); with peer
+	// set, the manager shares peer's database, image and snapshot stores
+	// (another node of one cluster) and has its own engine.
+	node string
+	peer *host
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -68,15 +73,19 @@ func newHost(t *testing.T, o hostOpts) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
+	shared := dir
+	if o.peer != nil {
+		shared = o.peer.dir
+	}
+	db, err := sqlite.Open(filepath.Join(shared, "torpor.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	images, err := image.Open(filepath.Join(dir, "images"), db)
+	images, err := image.Open(filepath.Join(shared, "images"), db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := local.New(filepath.Join(dir, "snapshots"))
+	store, err := local.New(filepath.Join(shared, "snapshots"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +99,7 @@ func newHost(t *testing.T, o hostOpts) *host {
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Lifecycle: withVolumes(o.lifecycle, filepath.Join(dir, "volumes")),
 		Limits:    o.limits,
+		Node:      o.node,
 	})
 	if err != nil {
 		t.Fatal(err)

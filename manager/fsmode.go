@@ -170,7 +170,7 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 	if err != nil {
 		return back(err)
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, s.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return back(fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err))
 	}

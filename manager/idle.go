@@ -231,6 +231,9 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 	var todo []action
 	var paused []*metadata.Sandbox
 	for _, s := range all {
+		if m.foreign(s) {
+			continue // its owner enforces its policies
+		}
 		if !s.Deleting && s.State == sandbox.StatePaused {
 			// A paused sandbox uses no CPU: only calls and open connections
 			// count; at its idle timeout it is hibernated (demoted).

@@ -171,7 +171,7 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, man.Spec.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("start from snapshot %s: image %s: %w", snapID, man.Spec.ImageDigest, err)
 	}
@@ -189,7 +189,7 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 		ID: newID("sbx-"), State: sandbox.StateCreating, Image: man.Spec.Image, ImageDigest: man.Spec.ImageDigest,
 		GuestDigest: man.Spec.GuestDigest, MemoryMiB: man.Spec.MemoryMiB, CPUs: man.Spec.CPUs, Env: env,
 		Generation: gen, ForkedFrom: rec.SandboxID, SnapshotID: snapID, Seq: 1,
-		Metadata: spec.Metadata, CreatedAt: now, StateChangedAt: now, Policy: pol,
+		Metadata: spec.Metadata, CreatedAt: now, StateChangedAt: now, Policy: pol, Owner: m.cfg.Node,
 	}
 	c.Instance = instanceID(c.ID, 1)
 	if err := m.cfg.DB.CreateSandbox(ctx, c); err != nil {

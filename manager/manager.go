@@ -85,6 +85,12 @@ type Config struct {
 	// Limits bound each sandbox and admit creates, resumes and forks by the
 	// host's memory (admission.go).
 	Limits LimitsConfig
+	// Node is the name of the node this manager is: the owner it records on
+	// the sandboxes it starts or resumes (ownership.go).
+	Node string
+	// SingleNode: this manager is the only one using DB (SQLite): at start
+	// it takes every record for its own, whatever node name it carries.
+	SingleNode bool
 }
 
 // HibernateOptions are a hibernate call's choices.
@@ -269,7 +275,19 @@ func newID(prefix string) string {
 	return prefix + string(b)
 }
 
+// get is record for a sandbox this node may act on: a *NotOwnerError when
+// another node owns it.
 func (m *Manager) get(ctx context.Context, id string) (*metadata.Sandbox, error) {
+	s, err := m.record(ctx, id)
+	if err == nil && m.foreign(s) {
+		return nil, notOwner(id, s.Owner)
+	}
+	return s, err
+}
+
+// record reads sandbox id's record (sandbox.ErrNotFound for none, or one
+// being deleted).
+func (m *Manager) record(ctx context.Context, id string) (*metadata.Sandbox, error) {
 	if !idRE.MatchString(id) {
 		return nil, notFound("sandbox", id)
 	}
@@ -285,6 +303,9 @@ func (m *Manager) setState(ctx context.Context, s *metadata.Sandbox, st sandbox.
 	m.accrue(ctx, s, time.Now())
 	s.State = st
 	s.StateChangedAt = time.Now().UTC()
+	if st == sandbox.StateHibernated {
+		s.Owner = "" // a hibernated sandbox belongs to no node
+	}
 	if st != sandbox.StateError {
 		s.Error = ""
 	}
@@ -300,7 +321,7 @@ func (m *Manager) fail(ctx context.Context, s *metadata.Sandbox, cause error) {
 
 // Get returns a sandbox as the API shows it.
 func (m *Manager) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	s, err := m.get(ctx, id)
+	s, err := m.record(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
@@ -326,7 +347,7 @@ func (m *Manager) view(ctx context.Context, s *metadata.Sandbox) sandbox.Sandbox
 	v := sandbox.Sandbox{
 		ID: s.ID, State: s.State, Image: s.Image, ImageDigest: s.ImageDigest,
 		MemoryMiB: s.MemoryMiB, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation,
-		ForkedFrom: s.ForkedFrom, Error: s.Error, CreatedAt: s.CreatedAt, PidsLimit: s.PidsLimit,
+		ForkedFrom: s.ForkedFrom, Node: s.Owner, Error: s.Error, CreatedAt: s.CreatedAt, PidsLimit: s.PidsLimit,
 		StateChangedAt: s.StateChangedAt, LastHibernateAt: s.LastHibernateAt,
 		LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS, LastResume: s.LastResume,
 		Metadata: s.Metadata,
@@ -543,7 +564,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	s := &metadata.Sandbox{
 		ID: id, State: sandbox.StateCreating, Image: req.Image, ImageDigest: img.Digest,
 		GuestDigest: m.guestDigest, MemoryMiB: req.MemoryMiB, CPUs: req.CPUs, Env: req.Env,
-		Metadata: req.Metadata, CreatedAt: now, StateChangedAt: now, PidsLimit: pids,
+		Metadata: req.Metadata, CreatedAt: now, StateChangedAt: now, PidsLimit: pids, Owner: m.cfg.Node,
 	}
 	s.Policy = pol
 	unlock, err := m.lock(ctx, s.ID)
@@ -866,9 +887,11 @@ func (m *Manager) recordSnapshot(ctx context.Context, s *metadata.Sandbox, man s
 	elapsed := time.Since(start)
 	m.accrue(ctx, s, time.Now())
 	s.SnapshotID = man.ID
+	s.SnapshotNode = m.cfg.Node
 	s.PendingSnapshot = ""
 	if !leaveRunning {
 		s.State = sandbox.StateHibernated
+		s.Owner = ""
 		s.Instance = ""
 		s.LastHibernateAt = &now
 	}
@@ -1026,6 +1049,23 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 		return err
 	}
 	defer release()
+	// The lease first: of nodes resuming it at once one claims it, the
+	// others are told whose it is; the back path releases it.
+	if err := m.claim(ctx, s); err != nil {
+		return err
+	}
+	err = m.resumeClaimed(ctx, s)
+	if err != nil && s.State == sandbox.StateHibernated && s.Owner == m.cfg.Node {
+		// Failed before it changed anything else (a snapshot that does not
+		// verify): the lease goes.
+		s.Owner = ""
+		_ = m.cfg.DB.UpdateSandbox(context.WithoutCancel(ctx), s)
+	}
+	return err
+}
+
+// resumeClaimed resumes hibernated s, which this node has claimed.
+func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error {
 	if m.isFilesystemSnapshot(ctx, s.SnapshotID) {
 		return m.resumeFilesystemLocked(ctx, s)
 	}
@@ -1050,7 +1090,7 @@ func (m *Manager) resumeLocked(ctx context.Context, s *metadata.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, s.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err)
 	}
@@ -1161,7 +1201,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if err != nil {
 		return nil, err
 	}
-	_, rootfs, err := m.cfg.Images.Get(ctx, man.Spec.ImageDigest)
+	rootfs, err := m.snapshotImage(ctx, src.Image, man.Spec.ImageDigest)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
 	}
@@ -1175,8 +1215,8 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		c := &metadata.Sandbox{
 			ID: ids[i], State: sandbox.StateCreating, Image: src.Image, ImageDigest: man.Spec.ImageDigest,
 			GuestDigest: man.Spec.GuestDigest, MemoryMiB: src.MemoryMiB, CPUs: src.CPUs, Env: src.Env, PidsLimit: src.PidsLimit,
-			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, Seq: 1,
-			Metadata: src.Metadata, CreatedAt: now, StateChangedAt: now,
+			Generation: gen, ForkedFrom: src.ID, SnapshotID: src.SnapshotID, SnapshotNode: src.SnapshotNode, Seq: 1,
+			Metadata: src.Metadata, CreatedAt: now, StateChangedAt: now, Owner: m.cfg.Node,
 		}
 		if err := m.forkPolicy(ctx, src, c, opts); err != nil {
 			return nil, err

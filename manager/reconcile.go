@@ -70,6 +70,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		isCommitted[id] = true
 	}
 	for _, s := range all {
+		if !m.reconcileOwner(ctx, s) {
+			continue // another node's: an instance of it here is stopped below
+		}
 		if s.Deleting {
 			if err := m.deleteLocked(ctx, s); err != nil {
 				m.log.Warn("reconcile: finish delete", "sandbox", s.ID, "err", err)
@@ -156,6 +159,28 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	return nil
 }
 
+// reconcileOwner says whether Reconcile handles s: a sandbox this node owns,
+// or one no node owns. A record without owner that has an instance (written
+// before sandboxes had owners) and, with Config.SingleNode, every record are
+// claimed for this node first. Another node's sandbox (it may have been
+// fenced off this node while it was away) is left alone, and its instance on
+// this host, if any, is an orphan.
+func (m *Manager) reconcileOwner(ctx context.Context, s *metadata.Sandbox) bool {
+	switch {
+	case s.Owner == m.cfg.Node:
+		return true
+	case s.Owner == "" && (s.State == sandbox.StateHibernated || s.State == sandbox.StateError):
+		return true
+	case s.Owner == "" || m.cfg.SingleNode:
+		if err := m.claim(ctx, s); err != nil {
+			m.log.Warn("reconcile: claim", "sandbox", s.ID, "err", err)
+			return false
+		}
+		return true
+	}
+	return false
+}
+
 func (m *Manager) lost(ctx context.Context, s *metadata.Sandbox, why string) {
 	if s.Instance != "" {
 		_ = m.eng(s).Stop(ctx, s.Instance)
@@ -203,6 +228,9 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 	}
 	for _, s := range all {
 		if s.Deleting || s.State != sandbox.StateHibernating || s.PendingSnapshot == "" || s.Instance == "" {
+			continue
+		}
+		if !m.reconcileOwner(ctx, s) {
 			continue
 		}
 		if _, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot); err == nil {

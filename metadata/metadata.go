@@ -28,6 +28,11 @@ var (
 	// writer changed it since. Nothing was written. Read it again and decide
 	// again.
 	ErrStale = errors.New("changed by another writer since it was read")
+	// ErrFenced: the write names a lease token (Sandbox.LeaseToken) older
+	// than the record's: another node took the sandbox (ClaimSandbox) since
+	// the writer's lease began, so the writer no longer owns it. Nothing was
+	// written. The writer must stop acting on the sandbox, not retry.
+	ErrFenced = errors.New("lease token is stale: another node has taken the sandbox since")
 )
 
 // Store is the metadata store. It is safe for concurrent use.
@@ -46,6 +51,15 @@ var (
 //     that read the same record cannot both write it (the second must read
 //     again). The sandbox manager holds a lock per sandbox, so for it
 //     ErrStale is a bug, not a retry.
+//   - A sandbox record's Owner is the node that holds its instance (running,
+//     paused, or being created, resumed or hibernated), "" for none (a
+//     hibernated sandbox belongs to no node). LeaseToken is the fencing
+//     token of the current lease: ClaimSandbox stores the record with a new
+//     owner and the token one more than the stored one; every other write
+//     (UpdateSandbox, BeginRestore, CommitHibernate) names the token it
+//     read and fails with ErrFenced if the stored one differs. Tokens only
+//     grow, per sandbox: a node that lost its lease (declared lost, its
+//     sandbox taken by another) cannot write the record again.
 //   - Atomic: a method that writes several records (BeginRestore,
 //     CommitHibernate) writes all of them or, on any error, none.
 //
@@ -78,23 +92,34 @@ type Store interface {
 
 // Sandboxes are the sandbox records.
 type Sandboxes interface {
-	// CreateSandbox stores a new record and sets s.Version to 1. ErrExists if
-	// the id is taken.
+	// CreateSandbox stores a new record and sets s.Version to 1 and
+	// s.LeaseToken to 1 when s.Owner is set (the first lease), else 0.
+	// ErrExists if the id is taken.
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	// GetSandbox returns the record of id. ErrNotFound if there is none.
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
 	// ListSandboxes returns every record, oldest first (CreatedAt, then ID).
 	ListSandboxes(ctx context.Context) ([]*Sandbox, error)
-	// UpdateSandbox replaces the record of s.ID with s if its stored version
-	// is s.Version, and advances s.Version. ErrStale if the version differs,
-	// ErrNotFound if there is no such record.
+	// UpdateSandbox replaces the record of s.ID with s (Owner included, the
+	// lease token kept) if its stored version is s.Version and its stored
+	// lease token s.LeaseToken, and advances s.Version. ErrFenced if the
+	// token differs, else ErrStale if the version differs, ErrNotFound if
+	// there is no such record.
 	UpdateSandbox(ctx context.Context, s *Sandbox) error
+	// ClaimSandbox starts a new lease: it replaces the record of s.ID with s,
+	// owner s.Owner ("" fences the old owner out and leaves the sandbox to
+	// none), lease token one more than the stored one, if the stored version
+	// is s.Version (whatever the stored token), and advances s.Version and
+	// sets s.LeaseToken. Of concurrent claims of one version exactly one
+	// succeeds. ErrStale if the version differs, ErrNotFound if there is no
+	// such record.
+	ClaimSandbox(ctx context.Context, s *Sandbox) error
 	// DeleteSandbox removes the record of id. ErrNotFound if there is none.
 	DeleteSandbox(ctx context.Context, id string) error
 	// BeginRestore takes the next generation (see Counters) and updates s as
 	// UpdateSandbox does, atomically, and returns the generation; s itself is
 	// written as given (the caller stores the generation in it later). Errors
-	// as UpdateSandbox's; on error no generation is taken.
+	// as UpdateSandbox's (ErrFenced included); on error no generation is taken.
 	BeginRestore(ctx context.Context, s *Sandbox) (int64, error)
 	// CommitHibernate stores the new snapshot record snap and updates s as
 	// UpdateSandbox does, atomically. ErrExists if snap.ID is taken; else
@@ -314,6 +339,13 @@ type Sandbox struct {
 	// PendingSnapshot is the id of a snapshot being written while State is
 	// hibernating, so a restart can tell whether the commit happened.
 	PendingSnapshot string
+	// Owner is the node that holds the sandbox's instance ("" for none);
+	// LeaseToken the fencing token of its lease (see Store). SnapshotNode is
+	// the node that committed SnapshotID ("" if unknown), which may keep a
+	// local copy of it.
+	Owner        string
+	LeaseToken   int64
+	SnapshotNode string
 	// Instance is the engine instance id while the sandbox runs; Seq counts launches.
 	Instance string
 	Seq      int64

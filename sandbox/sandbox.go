@@ -206,6 +206,9 @@ type Sandbox struct {
 	Generation int64
 	// ForkedFrom is the id of the sandbox whose snapshot this one was cloned from.
 	ForkedFrom string
+	// Node is the node that owns the sandbox's instance ("" for none: a
+	// hibernated sandbox, or one whose node was lost).
+	Node string
 	// Snapshot is the latest committed snapshot, if any.
 	Snapshot *Snapshot
 	// Error says why the sandbox is in state error.

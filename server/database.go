@@ -47,18 +47,19 @@ func OpenDatabase(ctx context.Context, dataDir, database string) (metadata.Store
 	return postgres.Open(ctx, database)
 }
 
-// openServerDatabase is OpenDatabase for a server: a PostgreSQL database is
-// also locked to it (postgres.DB.LockServer), since a server takes every
-// sandbox record in it for its own host's.
-func openServerDatabase(ctx context.Context, dataDir, database string) (metadata.Store, error) {
+// openServerDatabase is OpenDatabase for a server that is node: in a
+// PostgreSQL database it also takes that node's lock
+// (postgres.DB.LockServer), since a server reattaches and acts on the
+// sandboxes its node owns.
+func openServerDatabase(ctx context.Context, dataDir, database, node string) (metadata.Store, error) {
 	db, err := OpenDatabase(ctx, dataDir, database)
 	if err != nil {
 		return nil, err
 	}
 	if pg, ok := db.(*postgres.DB); ok {
-		if err := pg.LockServer(ctx); err != nil {
+		if err := pg.LockServer(ctx, node); err != nil {
 			pg.Close()
-			return nil, fmt.Errorf("%w: one torpor server per database (until servers share sandboxes between hosts)", err)
+			return nil, fmt.Errorf("%w: one torpor server per node name; give each server its own --node", err)
 		}
 	}
 	return db, nil

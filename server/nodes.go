@@ -18,9 +18,6 @@ import (
 // host's capacity, and heartbeats the load of the sandboxes in db.
 func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartbeat, error) {
 	name, adv := cfg.Node, cfg.Advertise
-	if name == "" {
-		name = node.DefaultName()
-	}
 	if adv == "" {
 		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
 	}
@@ -29,7 +26,7 @@ func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartb
 		return nil, err
 	}
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
-		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, db) }})
+		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, db, name) }})
 }
 
 // advertiseURL is the URL a server on listen advertises by default:
@@ -55,18 +52,18 @@ func advertiseURL(listen string, tls bool) string {
 	return scheme + net.JoinHostPort(host, port)
 }
 
-// sandboxLoad is what the sandboxes recorded in db hold of the host: every
-// sandbox that has an instance (not hibernated, not in error, not being
-// deleted) counts with its memory and CPUs. It reads the records alone,
-// without the manager.
-func sandboxLoad(ctx context.Context, db metadata.Sandboxes) (metadata.NodeResources, error) {
+// sandboxLoad is what the sandboxes of node recorded in db hold of the host:
+// every sandbox the node owns that has an instance (not hibernated, not in
+// error, not being deleted) counts with its memory and CPUs. It reads the
+// records alone, without the manager.
+func sandboxLoad(ctx context.Context, db metadata.Sandboxes, node string) (metadata.NodeResources, error) {
 	sbs, err := db.ListSandboxes(ctx)
 	if err != nil {
 		return metadata.NodeResources{}, err
 	}
 	var load metadata.NodeResources
 	for _, sb := range sbs {
-		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError || sb.Deleting {
+		if sb.State == sandbox.StateHibernated || sb.State == sandbox.StateError || sb.Deleting || (sb.Owner != "" && sb.Owner != node) {
 			continue
 		}
 		load.MemoryMiB += int64(sb.MemoryMiB)
@@ -78,6 +75,8 @@ func sandboxLoad(ctx context.Context, db metadata.Sandboxes) (metadata.NodeResou
 
 func (s *Server) nodeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
+	mux.HandleFunc("POST /v1/nodes/{name}/drain", s.drainNode(true))
+	mux.HandleFunc("POST /v1/nodes/{name}/undrain", s.drainNode(false))
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
@@ -89,9 +88,13 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	out := apiv1.ListNodesResponse{Nodes: []apiv1.Node{}}
 	for _, n := range ns {
-		out.Nodes = append(out.Nodes, apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
-			Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
-			StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node})
+		out.Nodes = append(out.Nodes, s.wireNode(n, now))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) wireNode(n metadata.Node, now time.Time) apiv1.Node {
+	return apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
+		Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
+		StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node}
 }

@@ -153,6 +153,9 @@ func classify(err error) (int, string) {
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if s.forwardToOwner(w, r, err) {
+		return
+	}
 	status, code := classify(err)
 	if status >= 500 && manager.RetryAfterSeconds(err) == 0 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)

@@ -147,11 +147,14 @@ type Server struct {
 	lock       *os.File // the data directory's flock (lockDataDir)
 	dataDir    string   // Config.DataDir, named in the answers of a full disk
 	stopLC     func()   // stops the lifecycle loop and waits for it
-	heartbeat  *node.Heartbeat
-	node       string // the node's name
-	handler    http.Handler
-	ingress    *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
-	e2b        *e2b.Service
+	// stopCluster stops the cluster loop (clusterLoop) and waits for it.
+	stopCluster func()
+	heartbeat   *node.Heartbeat
+	node        string // the node's name
+	handler     http.Handler
+	ingress     *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
+	e2b         *e2b.Service
+	cluster     *clusterFront // forwarding between nodes (nil with SQLite: one node)
 
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
@@ -185,7 +188,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := openServerDatabase(ctx, dir, cfg.Database)
+	if cfg.Node == "" {
+		cfg.Node = node.DefaultName()
+	}
+	if err := node.CheckName(cfg.Node); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -211,7 +221,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
+	// On a shared database (several nodes, one bucket) the chunk collection
+	// is off: a node's collection cannot see another node's commits in
+	// flight, which may reuse a chunk it would delete (docs/multi-host.md).
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, cfg.Database == "")
 	if err != nil {
 		return fail(err)
 	}
@@ -251,6 +264,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
 		AsyncUpload: cfg.Store.AsyncUpload,
 		Limits:      cfg.Limits,
+		Node:        cfg.Node, SingleNode: cfg.Database == "",
 	})
 	if err != nil {
 		return fail(err)
@@ -298,7 +312,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// In-sandbox requests (E2B's routing) reach the sandbox whatever their
 	// path, /v1/… included; the E2B front checks their envd access token.
 	s.handler = s.e2b.Front(s.handler)
+	if cfg.Database != "" {
+		s.cluster = &clusterFront{s: s, domain: cfg.E2B.Domain}
+		inner := s.handler
+		s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.cluster.ServeHTTP(w, r, inner) })
+	}
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
+	if s.cluster != nil {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { defer close(done); s.clusterLoop(stop) }()
+		s.stopCluster = func() { close(stop); <-done }
+	}
 	return s, nil
 }
 
@@ -370,6 +394,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
+	}
+	if s.stopCluster != nil {
+		s.stopCluster()
 	}
 	s.Manager.Wait()
 	s.Manager.DiscardPrepared(context.Background())

@@ -16,7 +16,7 @@ import (
 func wireSandbox(s sandbox.Sandbox) apiv1.Sandbox {
 	w := apiv1.Sandbox{
 		ID: s.ID, State: apiv1.State(s.State), Image: s.Image, ImageDigest: s.ImageDigest,
-		MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom,
+		MemoryMiB: s.MemoryMiB, PidsLimit: s.PidsLimit, CPUs: s.CPUs, Env: s.Env, Generation: s.Generation, ForkedFrom: s.ForkedFrom, Node: s.Node,
 		Error: s.Error, CreatedAt: s.CreatedAt, StateChangedAt: s.StateChangedAt,
 		LastHibernateAt: s.LastHibernateAt, LastResumeAt: s.LastResumeAt, ResumeMS: s.ResumeMS,
 		IdleTimeoutS: s.IdleTimeoutS, PauseAfterS: s.PauseAfterS, TimeoutS: s.TimeoutS, OnTimeout: s.OnTimeout,

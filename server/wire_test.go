@@ -67,7 +67,7 @@ func fill(v any) {
 func sandboxFromWire(w apiv1.Sandbox) sandbox.Sandbox {
 	s := sandbox.Sandbox{
 		ID: w.ID, State: sandbox.State(w.State), Image: w.Image, ImageDigest: w.ImageDigest,
-		MemoryMiB: w.MemoryMiB, PidsLimit: w.PidsLimit, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom,
+		MemoryMiB: w.MemoryMiB, PidsLimit: w.PidsLimit, CPUs: w.CPUs, Env: w.Env, Generation: w.Generation, ForkedFrom: w.ForkedFrom, Node: w.Node,
 		Error: w.Error, CreatedAt: w.CreatedAt, StateChangedAt: w.StateChangedAt,
 		LastHibernateAt: w.LastHibernateAt, LastResumeAt: w.LastResumeAt, ResumeMS: w.ResumeMS,
 		IdleTimeoutS: w.IdleTimeoutS, PauseAfterS: w.PauseAfterS, TimeoutS: w.TimeoutS, OnTimeout: w.OnTimeout,

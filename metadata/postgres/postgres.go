@@ -38,8 +38,10 @@ import (
 type DB struct {
 	*sqlstore.Store
 	sql *sql.DB
-	// server is the session that holds the server lock (LockServer).
+	// server is the session that holds the node lock (LockServer), node its
+	// name.
 	server *sql.Conn
+	node   string
 }
 
 var _ metadata.Store = (*DB)(nil)
@@ -135,7 +137,7 @@ func (d *DB) Close() error {
 		// Unlocked at once: a closed session's locks go only once its
 		// backend has noticed.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		d.server.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, int64(serverLockKey))
+		d.server.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, int32(serverLockKey), d.node)
 		d.server.Close()
 		cancel()
 		d.server = nil
@@ -143,20 +145,23 @@ func (d *DB) Close() error {
 	return d.Store.Close()
 }
 
-// ErrLocked: another torpor server holds the database (LockServer).
+// ErrLocked: another torpor server uses the database as the same node
+// (LockServer).
 var ErrLocked = errors.New("another torpor server uses this database")
 
-// serverLockKey is the advisory lock LockServer takes (any fixed number
-// that no other user of the database takes; these are "torp" in ASCII).
+// serverLockKey is the first key of the advisory locks LockServer takes
+// (any fixed number that no other user of the database takes; these are
+// "torp" in ASCII); the second is the hash of the node's name.
 const serverLockKey = 0x746f7270
 
-// LockServer takes the database's server lock: a session advisory lock on
-// one connection, held until Close (or until that session ends). A torpor
-// server reconciles every sandbox record with its own host, so until
-// sandboxes have owners, one server per database. Errors: ErrLocked
-// (wrapped, naming the holder's session) when another session holds it; a
-// failure of the database.
-func (d *DB) LockServer(ctx context.Context) error {
+// LockServer takes the database's lock of node: a session advisory lock on
+// one connection, held until Close (or until that session ends). A server
+// acts on the sandboxes its node owns and reattaches them at start, so two
+// servers must not be one node; servers with different node names share
+// the database. Errors: ErrLocked (wrapped, naming the node and the
+// holder's session) when another session holds it; a failure of the
+// database.
+func (d *DB) LockServer(ctx context.Context, node string) error {
 	if d.server != nil {
 		return nil
 	}
@@ -165,7 +170,7 @@ func (d *DB) LockServer(ctx context.Context) error {
 		return fmt.Errorf("metadata: server lock: %w", err)
 	}
 	var ok bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, int64(serverLockKey)).Scan(&ok); err != nil {
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, int32(serverLockKey), node).Scan(&ok); err != nil {
 		conn.Close()
 		return fmt.Errorf("metadata: server lock: %w", err)
 	}
@@ -174,10 +179,10 @@ func (d *DB) LockServer(ctx context.Context) error {
 		var holder string
 		_ = d.sql.QueryRowContext(ctx, `SELECT a.pid || ' from ' || coalesce(host(a.client_addr), 'the local socket')
 			FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.objid = $1 AND l.granted AND l.database =
-				(SELECT oid FROM pg_database WHERE datname = current_database())`, int64(serverLockKey)).Scan(&holder)
-		return fmt.Errorf("metadata: %w (its session: backend %s)", ErrLocked, holder)
+			WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = hashtext($2)::oid AND l.objsubid = 2 AND l.granted AND l.database =
+				(SELECT oid FROM pg_database WHERE datname = current_database())`, int64(serverLockKey), node).Scan(&holder)
+		return fmt.Errorf("metadata: %w as node %s (its session: backend %s)", ErrLocked, node, holder)
 	}
-	d.server = conn
+	d.server, d.node = conn, node
 	return nil
 }

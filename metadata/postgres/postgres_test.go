@@ -150,23 +150,27 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
-// testServerLock: one server lock per database; it is free again once its
-// holder closes, and another database's is independent.
+// testServerLock: one server lock per node name and database; another
+// node's is independent, it is free again once its holder closes, and
+// another database's is independent.
 func testServerLock(t *testing.T, c *pgtest.Cluster) {
 	url := c.NewDatabase(t)
 	a, b := open(t, url), open(t, url)
-	if err := a.LockServer(ctx); err != nil {
+	if err := a.LockServer(ctx, "node-a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.LockServer(ctx); !errors.Is(err, ErrLocked) {
+	if err := b.LockServer(ctx, "node-a"); !errors.Is(err, ErrLocked) {
 		t.Fatalf("second server lock: %v, want ErrLocked", err)
 	}
+	if err := open(t, url).LockServer(ctx, "node-b"); err != nil {
+		t.Errorf("another node's lock: %v", err)
+	}
 	other := open(t, c.NewDatabase(t))
-	if err := other.LockServer(ctx); err != nil {
+	if err := other.LockServer(ctx, "node-a"); err != nil {
 		t.Errorf("another database's lock: %v", err)
 	}
 	a.Close()
-	if err := b.LockServer(ctx); err != nil {
+	if err := b.LockServer(ctx, "node-a"); err != nil {
 		t.Errorf("lock after the holder closed: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +53,8 @@ func Run(t *testing.T, newStore Opener) {
 		{"IdempotencyKeys", testIdempotencyKeys},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Nodes", testNodes},
+		{"Leases", testLeases},
+		{"ConcurrentClaims", testConcurrentClaims},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.f(t, openStore(t, newStore(t)))
@@ -83,6 +86,7 @@ func fullSandbox(id string) *metadata.Sandbox {
 		ID: id, State: sandbox.StateHibernated, Image: "base", ImageDigest: "sha256:aa", GuestDigest: "g1",
 		MemoryMiB: 256, CPUs: 0.5, Env: map[string]string{"A": "1", "B": "two words"}, PidsLimit: 333, Generation: 7,
 		ForkedFrom: "sbx-src", SnapshotID: "snap-" + id, PendingSnapshot: "snap-p" + id, Instance: id + "-00000003", Seq: 3,
+		Owner: "node-a", SnapshotNode: "node-b",
 		Error: "an error", Deleting: true, CreatedAt: at(1).Add(250 * time.Millisecond), StateChangedAt: at(2),
 		LastHibernateAt: tp(at(3)), LastResumeAt: tp(at(4).Add(time.Microsecond)), ResumeMS: 321,
 		Policy: sandbox.Policy{IdleTimeoutS: 60, TimeoutS: 3600, OnTimeout: sandbox.OnTimeoutDelete,
@@ -171,8 +175,8 @@ func normal(v reflect.Value) reflect.Value {
 func testSandboxRoundTrip(t *testing.T, st metadata.Store) {
 	full := fullSandbox("sbx-full")
 	create(t, st, full)
-	if full.Version != 1 {
-		t.Fatalf("version after create: %d, want 1", full.Version)
+	if full.Version != 1 || full.LeaseToken != 1 {
+		t.Fatalf("version and lease token after create: %d %d, want 1 1", full.Version, full.LeaseToken)
 	}
 	if got := get(t, st, "sbx-full"); !equal(got, full) {
 		t.Fatalf("created record read back as\n%+v\nwant\n%+v", got, full)
@@ -186,6 +190,7 @@ func testSandboxRoundTrip(t *testing.T, st metadata.Store) {
 	// Change every changeable field, clear the optional ones.
 	s := get(t, st, "sbx-full")
 	s.State, s.Error, s.Deleting, s.Instance, s.PendingSnapshot = sandbox.StateRunning, "", false, "", ""
+	s.Owner, s.SnapshotNode = "", "node-c"
 	s.Env = map[string]string{"C": "3"}
 	s.LastHibernateAt, s.ExpiresAt, s.OnResume, s.Volumes = nil, nil, nil, nil
 	s.Generation, s.Seq, s.ResumeMS, s.RunningMS, s.UsageAt = 8, 4, 12, 91000, at(6)
@@ -962,5 +967,123 @@ func testReopen(t *testing.T, open func() (metadata.Store, error)) {
 			t.Errorf("reopen %d: next generation %d %v, want %d", round, g, err, 1+round)
 		}
 		st.Close()
+	}
+}
+
+// testLeases: a claim starts a new lease (owner, token one more), every
+// other write with the old token is refused with ErrFenced and writes
+// nothing, and a released sandbox (owner "") keeps its token, so the next
+// claim's token is still higher than every earlier one.
+func testLeases(t *testing.T, st metadata.Store) {
+	s := minimalSandbox("sbx-l", at(1))
+	create(t, st, s)
+	if s.LeaseToken != 0 || get(t, st, "sbx-l").Owner != "" {
+		t.Fatalf("a record created without owner: token %d", s.LeaseToken)
+	}
+	a := get(t, st, "sbx-l")
+	a.Owner = "node-a"
+	if err := st.ClaimSandbox(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if a.LeaseToken != 1 || a.Version != 2 {
+		t.Fatalf("after the first claim: token %d version %d, want 1 2", a.LeaseToken, a.Version)
+	}
+	a.State = sandbox.StateRunning
+	if err := st.UpdateSandbox(ctx, a); err != nil {
+		t.Fatalf("owner's update: %v", err)
+	}
+	// Node b takes it (node a lost): node a's record, even at the current
+	// version, is fenced out.
+	b := get(t, st, "sbx-l")
+	stale := *a
+	b.Owner, b.State, b.Error = "node-b", sandbox.StateError, "node node-a lost"
+	if err := st.ClaimSandbox(ctx, b); err != nil || b.LeaseToken != 2 {
+		t.Fatalf("second claim: %v, token %d", err, b.LeaseToken)
+	}
+	stale.Version = b.Version // the version alone would pass
+	stale.State = sandbox.StateHibernated
+	if err := st.UpdateSandbox(ctx, &stale); !errors.Is(err, metadata.ErrFenced) {
+		t.Fatalf("update with the old lease token: %v, want ErrFenced", err)
+	}
+	if _, err := st.BeginRestore(ctx, &stale); !errors.Is(err, metadata.ErrFenced) {
+		t.Fatalf("begin restore with the old lease token: %v, want ErrFenced", err)
+	}
+	snap := &metadata.Snapshot{ID: "snap-fenced", SandboxID: "sbx-l", Bytes: 1, Engine: "e", CreatedAt: at(2)}
+	if err := st.CommitHibernate(ctx, snap, &stale); !errors.Is(err, metadata.ErrFenced) {
+		t.Fatalf("commit hibernate with the old lease token: %v, want ErrFenced", err)
+	}
+	if _, err := st.GetSnapshot(ctx, "snap-fenced"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("a fenced commit hibernate left its snapshot: %v", err)
+	}
+	got := get(t, st, "sbx-l")
+	if got.Owner != "node-b" || got.LeaseToken != 2 || got.State != sandbox.StateError {
+		t.Fatalf("after fenced writes: owner %q token %d state %s", got.Owner, got.LeaseToken, got.State)
+	}
+	// A stale version with the right token is ErrStale, not ErrFenced.
+	old := *got
+	if err := st.UpdateSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.UpdateSandbox(ctx, &old); !errors.Is(err, metadata.ErrStale) {
+		t.Errorf("stale version, current token: %v, want ErrStale", err)
+	}
+	// Released (hibernated: no owner), the token stays; a claim of a stale
+	// version is refused.
+	got.Owner, got.State = "", sandbox.StateHibernated
+	if err := st.UpdateSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if r := get(t, st, "sbx-l"); r.Owner != "" || r.LeaseToken != 2 {
+		t.Errorf("released: owner %q token %d", r.Owner, r.LeaseToken)
+	}
+	staleClaim := old
+	staleClaim.Owner = "node-c"
+	if err := st.ClaimSandbox(ctx, &staleClaim); !errors.Is(err, metadata.ErrStale) {
+		t.Errorf("claim of a stale version: %v, want ErrStale", err)
+	}
+	c := get(t, st, "sbx-l")
+	c.Owner = "node-c"
+	if err := st.ClaimSandbox(ctx, c); err != nil || c.LeaseToken != 3 {
+		t.Errorf("claim after release: %v, token %d, want 3", err, c.LeaseToken)
+	}
+	ghost := minimalSandbox("sbx-ghost", at(1))
+	ghost.Version = 1
+	if err := st.ClaimSandbox(ctx, ghost); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("claim of a missing sandbox: %v", err)
+	}
+}
+
+// testConcurrentClaims: of nodes claiming one record they all read,
+// exactly one succeeds; the others get ErrStale.
+func testConcurrentClaims(t *testing.T, st metadata.Store) {
+	create(t, st, minimalSandbox("sbx-c", at(1)))
+	const nodes = 6
+	var wins, stale atomic.Int32
+	var wg sync.WaitGroup
+	recs := make([]*metadata.Sandbox, nodes)
+	for i := range recs {
+		recs[i] = get(t, st, "sbx-c")
+		recs[i].Owner = fmt.Sprintf("node-%d", i)
+	}
+	for i := range recs {
+		wg.Add(1)
+		go func(s *metadata.Sandbox) {
+			defer wg.Done()
+			switch err := st.ClaimSandbox(ctx, s); {
+			case err == nil:
+				wins.Add(1)
+			case errors.Is(err, metadata.ErrStale):
+				stale.Add(1)
+			default:
+				t.Errorf("claim by %s: %v", s.Owner, err)
+			}
+		}(recs[i])
+	}
+	wg.Wait()
+	if wins.Load() != 1 || stale.Load() != nodes-1 {
+		t.Fatalf("%d claims succeeded, %d stale; want 1 and %d", wins.Load(), stale.Load(), nodes-1)
+	}
+	if got := get(t, st, "sbx-c"); got.LeaseToken != 1 || got.Owner == "" {
+		t.Errorf("after concurrent claims: owner %q token %d", got.Owner, got.LeaseToken)
 	}
 }

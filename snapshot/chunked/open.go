@@ -225,9 +225,11 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 				}
 				tier, l, ok := s.locate(r.ID)
 				if !ok && !reloaded {
-					// The backend could not be listed at start: list it now.
+					// The backend could not be listed at start, or another
+					// writer of the bucket (another node of a cluster) added
+					// packs since: list it now.
 					reloaded = true
-					if err := s.ensureKnown(ctx); err != nil {
+					if err := s.loadKnown(ctx); err != nil {
 						fail(fmt.Errorf("snapshot %s: %w", id, err))
 						return
 					}

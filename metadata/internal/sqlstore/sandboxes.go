@@ -13,27 +13,34 @@ import (
 )
 
 // sandboxCols are the columns of a sandbox record, in the order of
-// sandboxValues and scanSandbox; id first, version last.
+// sandboxValues and scanSandbox; id first, then the written ones, lease_token
+// and version last.
 var sandboxCols = []string{"id", "state", "image", "image_digest", "guest_digest", "memory_mib", "cpus", "env", "generation",
 	"forked_from", "snapshot_id", "pending_snapshot", "instance", "seq", "error", "deleting", "created_at",
 	"state_changed_at", "last_hibernate_at", "last_resume_at", "resume_ms", "last_resume",
 	"idle_timeout_s", "timeout_s", "on_timeout", "hibernation_mode", "on_resume", "volumes",
-	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "pause_after_s", "version"}
+	"running_ms", "timeout_base_ms", "snapshot_byte_s", "usage_at", "expires_at", "metadata", "resume_on_request", "pids_limit", "network", "pause_after_s",
+	"owner", "snapshot_node", "lease_token", "version"}
 
 var (
 	sandboxSelect = `SELECT ` + strings.Join(sandboxCols, ", ") + ` FROM sandboxes`
 	sandboxInsert = `INSERT INTO sandboxes (` + strings.Join(sandboxCols, ", ") + `) VALUES (` +
 		strings.TrimSuffix(strings.Repeat("?,", len(sandboxCols)), ",") + `) ON CONFLICT(id) DO NOTHING`
-	// sandboxUpdate sets every column but id and version from the values
-	// (without the id, with the version last), then version+1, where id and
-	// version are the record's.
-	sandboxUpdate = func() string {
+	// sandboxSet sets every column but id, lease_token and version from the
+	// values (sandboxValues without the first and the last two), then
+	// version+1.
+	sandboxSet = func() string {
 		var set []string
-		for _, c := range sandboxCols[1 : len(sandboxCols)-1] {
+		for _, c := range sandboxCols[1 : len(sandboxCols)-2] {
 			set = append(set, c+" = ?")
 		}
-		return `UPDATE sandboxes SET ` + strings.Join(set, ", ") + `, version = version + 1 WHERE id = ? AND version = ?`
+		return `UPDATE sandboxes SET ` + strings.Join(set, ", ") + `, version = version + 1`
 	}()
+	// sandboxUpdate writes the record where id, version and lease token are
+	// the record's; sandboxClaim where id and version are, with the next
+	// lease token.
+	sandboxUpdate = sandboxSet + ` WHERE id = ? AND version = ? AND lease_token = ?`
+	sandboxClaim  = sandboxSet + `, lease_token = lease_token + 1 WHERE id = ? AND version = ?`
 )
 
 // sandboxValues are s's column values in the order of sandboxCols.
@@ -46,7 +53,7 @@ func (st *Store) sandboxValues(s *metadata.Sandbox) []any {
 		s.Deleting, st.ts(s.CreatedAt), st.ts(s.StateChangedAt), st.tsp(s.LastHibernateAt), st.tsp(s.LastResumeAt), s.ResumeMS,
 		st.orNone(j.lastResume), p.IdleTimeoutS, p.TimeoutS, onTimeout, mode, st.orNone(j.onResume), st.orNone(j.volumes),
 		mt.RunningMS, mt.TimeoutBaseMS, mt.SnapshotByteS, st.tsOrNone(mt.UsageAt), st.tspOrNone(p.ExpiresAt), st.orNone(j.metadata),
-		p.ResumeOnRequest, s.PidsLimit, st.orNone(j.network), p.PauseAfterS, s.Version}
+		p.ResumeOnRequest, s.PidsLimit, st.orNone(j.network), p.PauseAfterS, s.Owner, s.SnapshotNode, s.LeaseToken, s.Version}
 }
 
 func scanSandbox(r scanner) (*metadata.Sandbox, error) {
@@ -58,7 +65,8 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 		&s.Generation, &s.ForkedFrom, &s.SnapshotID, &s.PendingSnapshot, &s.Instance, &s.Seq, &s.Error,
 		&s.Deleting, &created, &changed, &lastH, &lastR, &s.ResumeMS, &lastResume,
 		&p.IdleTimeoutS, &p.TimeoutS, &p.OnTimeout, &p.HibernationMode, &onResume, &volumes,
-		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &p.PauseAfterS, &s.Version)
+		&mt.RunningMS, &mt.TimeoutBaseMS, &mt.SnapshotByteS, &usageAt, &expiresAt, &md, &p.ResumeOnRequest, &s.PidsLimit, &network, &p.PauseAfterS,
+		&s.Owner, &s.SnapshotNode, &s.LeaseToken, &s.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +84,10 @@ func scanSandbox(r scanner) (*metadata.Sandbox, error) {
 // CreateSandbox implements metadata.Sandboxes.
 func (st *Store) CreateSandbox(ctx context.Context, s *metadata.Sandbox) error {
 	c := *s
-	c.Version = 1
+	c.Version, c.LeaseToken = 1, 0
+	if c.Owner != "" {
+		c.LeaseToken = 1
+	}
 	res, err := st.exec(ctx, st.db, sandboxInsert, st.sandboxValues(&c)...)
 	if err != nil {
 		return fmt.Errorf("metadata: create sandbox %s: %w", s.ID, err)
@@ -84,7 +95,7 @@ func (st *Store) CreateSandbox(ctx context.Context, s *metadata.Sandbox) error {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("sandbox %s: %w", s.ID, metadata.ErrExists)
 	}
-	s.Version = 1
+	s.Version, s.LeaseToken = 1, c.LeaseToken
 	return nil
 }
 
@@ -104,11 +115,12 @@ func (st *Store) ListSandboxes(ctx context.Context) ([]*metadata.Sandbox, error)
 	return out, err
 }
 
-// updateSandbox writes s in x if its stored version is s.Version; the caller
-// advances s.Version once the write is committed.
+// updateSandbox writes s in x if its stored version is s.Version and its
+// stored lease token s.LeaseToken; the caller advances s.Version once the
+// write is committed.
 func (st *Store) updateSandbox(ctx context.Context, x execer, s *metadata.Sandbox) error {
 	vals := st.sandboxValues(s)
-	args := append(vals[1:len(vals)-1:len(vals)-1], s.ID, s.Version)
+	args := append(vals[1:len(vals)-2:len(vals)-2], s.ID, s.Version, s.LeaseToken)
 	res, err := st.exec(ctx, x, sandboxUpdate, args...)
 	if err != nil {
 		return fmt.Errorf("metadata: update sandbox %s: %w", s.ID, err)
@@ -116,15 +128,53 @@ func (st *Store) updateSandbox(ctx context.Context, x execer, s *metadata.Sandbo
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	var stored int64
-	err = st.row(ctx, x, `SELECT version FROM sandboxes WHERE id = ?`, s.ID).Scan(&stored)
+	var stored, token int64
+	var owner string
+	err = st.row(ctx, x, `SELECT version, lease_token, owner FROM sandboxes WHERE id = ?`, s.ID).Scan(&stored, &token, &owner)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("sandbox %s: %w", s.ID, metadata.ErrNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("metadata: update sandbox %s: %w", s.ID, err)
 	}
+	if token != s.LeaseToken {
+		return fmt.Errorf("sandbox %s lease token %d (stored: %d, owner %q): %w", s.ID, s.LeaseToken, token, owner, metadata.ErrFenced)
+	}
 	return fmt.Errorf("sandbox %s version %d (stored: %d): %w", s.ID, s.Version, stored, metadata.ErrStale)
+}
+
+// ClaimSandbox implements metadata.Sandboxes.
+func (st *Store) ClaimSandbox(ctx context.Context, s *metadata.Sandbox) error {
+	var token int64
+	err := st.inTx(ctx, "claim sandbox "+s.ID, func(tx *sql.Tx) error {
+		vals := st.sandboxValues(s)
+		args := append(vals[1:len(vals)-2:len(vals)-2], s.ID, s.Version)
+		res, err := st.exec(ctx, tx, sandboxClaim, args...)
+		if err != nil {
+			return fmt.Errorf("metadata: claim sandbox %s: %w", s.ID, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			var stored int64
+			err := st.row(ctx, tx, `SELECT version FROM sandboxes WHERE id = ?`, s.ID).Scan(&stored)
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("sandbox %s: %w", s.ID, metadata.ErrNotFound)
+			}
+			if err != nil {
+				return fmt.Errorf("metadata: claim sandbox %s: %w", s.ID, err)
+			}
+			return fmt.Errorf("claim of sandbox %s version %d (stored: %d): %w", s.ID, s.Version, stored, metadata.ErrStale)
+		}
+		if err := st.row(ctx, tx, `SELECT lease_token FROM sandboxes WHERE id = ?`, s.ID).Scan(&token); err != nil {
+			return fmt.Errorf("metadata: claim sandbox %s: %w", s.ID, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.Version++
+	s.LeaseToken = token
+	return nil
 }
 
 // UpdateSandbox implements metadata.Sandboxes.

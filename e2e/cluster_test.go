@@ -1,0 +1,310 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/metadata/postgres/pgtest"
+	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/server/servertest"
+	"github.com/torpor/torpor/snapshot/chunked"
+	"github.com/torpor/torpor/snapshot/chunked/s3test"
+	"github.com/torpor/torpor/workload"
+)
+
+// clusterNode is one `torpor serve` of TestCluster.
+type clusterNode struct {
+	name, dir, log string
+	proc           *serveProcess
+	c              *client.Client
+}
+
+// TestCluster: three `torpor serve` processes (own data directories and
+// loopback ports) on one PostgreSQL database and one S3 bucket (versitygw).
+// A sandbox made through node A is reached through the others (exec, the
+// port proxy, hibernate: forwarded to its owner); hibernated, with A
+// drained, two nodes asked to resume it at once resume it once, on the node
+// placement picks, its process's counter and 64 MiB of memory intact. The
+// owner killed (-9) is declared lost within the lease time and its sandbox
+// put in state error saying what was lost; resumed through another node it
+// continues from its last snapshot. The lost node, back, stops the instance
+// it no longer owns. Drained, the new owner hibernates the sandbox, which
+// resumes on another node on its next request.
+func TestCluster(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runsc, network namespaces)")
+	}
+	ctx := ctxFor(t, 10*time.Minute)
+	pg := pgtest.Start(t)
+	dbURL := pg.NewDatabase(t)
+	s3 := s3test.Start(t)
+	const bucket = "torpor-e2e-cluster"
+	if _, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
+		SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildTorpor(t)
+	// The nodes are one store under the bucket's prefix: one store id.
+	storeID := fmt.Sprintf("%032x", time.Now().UnixNano())
+	nodes := map[string]*clusterNode{}
+	var order []*clusterNode
+	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
+		dir, err := os.MkdirTemp("", "torpor-e2e-cluster-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "store-id"), []byte(storeID+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n := &clusterNode{name: name, dir: dir, log: filepath.Join(t.TempDir(), name+".log")}
+		nodes[name] = n
+		order = append(order, n)
+	}
+	start := func(n *clusterNode) {
+		n.proc = serve(t, bin, n.log, "--node", n.name, "--database", dbURL, "--data-dir", n.dir,
+			"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t),
+			"--store", "s3", "--s3-endpoint", s3.Endpoint, "--s3-bucket", bucket,
+			"--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-region", s3.Region)
+		n.c = client.New(n.proc.url)
+	}
+	var wg sync.WaitGroup
+	for _, n := range order {
+		wg.Add(1)
+		go func() { defer wg.Done(); start(n) }()
+	}
+	wg.Wait()
+	var id string
+	t.Cleanup(func() {
+		for _, n := range order {
+			if n.proc != nil && n.proc.done != nil && id != "" {
+				if err := n.c.DeleteSandbox(context.Background(), id); err != nil && !client.IsNotFound(err) {
+					t.Errorf("delete %s through %s: %v", id, n.name, err)
+				}
+				id = ""
+			}
+		}
+		for _, n := range order {
+			if n.proc != nil {
+				n.proc.stop(t)
+			}
+		}
+		for _, n := range order {
+			removeDataDir(n.dir)
+			if t.Failed() {
+				log, _ := os.ReadFile(n.log)
+				t.Logf("%s's log:\n%s", n.name, log)
+			}
+		}
+	})
+	a, b, c := nodes["cl-a"], nodes["cl-b"], nodes["cl-c"]
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool {
+		active := 0
+		for _, n := range ns {
+			if n.State == "active" {
+				active++
+			}
+		}
+		return active == 3
+	})
+
+	// Made through A, reached through B and C.
+	sb := create(t, a.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	id = sb.ID
+	if sb.Node != "cl-a" {
+		t.Fatalf("created through cl-a: node %q", sb.Node)
+	}
+	if err := workload.Start(ctx, a.c, id, 64); err != nil {
+		t.Fatal(err)
+	}
+	sum0, err := workload.Get(ctx, a.c, id, "/checksum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt, err := workload.Get(ctx, c.c, id, "/count") // the port proxy, through a node that does not own it
+	if err != nil || cnt.Count != sum0.Count+1 {
+		t.Fatalf("GET /count through cl-c: %+v %v, want count %d", cnt, err, sum0.Count+1)
+	}
+	pid := cnt.Pid
+	if got := sh(t, b.c, id, "echo from $(hostname)"); !strings.HasPrefix(got, "from ") {
+		t.Fatalf("exec through cl-b: %q", got)
+	}
+	direct, forwarded := execP50(t, a.c, b.c, id, 30)
+	t.Logf("exec true p50: direct (cl-a, the owner) %v, forwarded (through cl-b) %v: %.2fx",
+		direct, forwarded, float64(forwarded)/float64(direct))
+	hib := hibernate(t, b.c, id) // forwarded to its owner
+	if hib.Node != "" {
+		t.Errorf("hibernated: node %q, want none", hib.Node)
+	}
+
+	// A drained: two nodes asked at once resume it once, elsewhere.
+	if out, err := runTorpor(bin, "node", "drain", "cl-a", "--url", a.proc.url); err != nil || !strings.Contains(out, "cl-a: draining") {
+		t.Fatalf("torpor node drain cl-a: %v: %s", err, out)
+	}
+	type answer struct {
+		r   apiv1.ResumeResponse
+		err error
+	}
+	answers := make(chan answer, 2)
+	for _, n := range []*clusterNode{b, c} {
+		go func() {
+			r, err := n.c.ResumeCall(ctx, id)
+			answers <- answer{r, err}
+		}()
+	}
+	var resumed, unchanged int
+	var owner string
+	var gen int64
+	for range 2 {
+		ans := <-answers
+		if ans.err != nil {
+			t.Fatalf("concurrent resume: %v", ans.err)
+		}
+		if ans.r.Unchanged {
+			unchanged++
+		} else {
+			resumed++
+		}
+		if owner != "" && (ans.r.Sandbox.Node != owner || ans.r.Sandbox.Generation != gen) {
+			t.Errorf("the two answers disagree: node %q generation %d, and %q %d", owner, gen, ans.r.Sandbox.Node, ans.r.Sandbox.Generation)
+		}
+		owner, gen = ans.r.Sandbox.Node, ans.r.Sandbox.Generation
+	}
+	if resumed != 1 || unchanged != 1 {
+		t.Fatalf("concurrent resumes through cl-b and cl-c: %d resumed, %d unchanged; want 1 and 1", resumed, unchanged)
+	}
+	if owner == "" || owner == "cl-a" {
+		t.Fatalf("resumed on %q; want a node that is not draining", owner)
+	}
+	sum1, err := workload.Get(ctx, a.c, id, "/checksum")
+	if err != nil || sum1.SHA256 != sum0.SHA256 || sum1.Count != sum0.Count+2 {
+		t.Fatalf("after the move to %s: %+v %v; before %+v", owner, sum1, err, sum0)
+	}
+	t.Logf("resumed %s on %s (placement; cl-a draining): count %d → %d, 64 MiB sha256 %.12s… intact",
+		id, owner, sum0.Count, sum1.Count, sum1.SHA256)
+
+	// The owner dies: marked lost, its sandbox in error, resumed elsewhere
+	// from its last snapshot.
+	lost := nodes[owner]
+	other := b
+	if lost == b {
+		other = c
+	}
+	lost.proc.cmd.Process.Kill()
+	<-lost.proc.done
+	lost.proc.done = nil
+	killed := time.Now()
+	var failed apiv1.Sandbox
+	for {
+		failed = get(t, other.c, id)
+		if failed.State == apiv1.StateError {
+			break
+		}
+		if time.Since(killed) > node.LeaseTime+4*node.HeartbeatInterval {
+			t.Fatalf("%v after %s was killed its sandbox is %s (node %q)", time.Since(killed).Round(time.Second), owner, failed.State, failed.Node)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("%s marked lost %v after its kill: %s", owner, time.Since(killed).Round(time.Second), failed.Error)
+	if failed.Node != "" || !strings.Contains(failed.Error, "node "+owner+" lost") || !strings.Contains(failed.Error, hib.Snapshot.ID) {
+		t.Errorf("the lost node's sandbox: node %q error %q; want no node, the loss and snapshot %s named", failed.Node, failed.Error, hib.Snapshot.ID)
+	}
+	back, err := a.c.Resume(ctx, id)
+	if err != nil || back.Node != other.name {
+		t.Fatalf("resume after the loss through cl-a: node %q %v, want %s", back.Node, err, other.name)
+	}
+	cnt, err = workload.Get(ctx, a.c, id, "/count")
+	if err != nil || cnt.Pid != pid || cnt.Count != sum0.Count+2 {
+		t.Fatalf("after the loss: %+v %v; want pid %d count %d (the snapshot's, plus this request)", cnt, err, pid, sum0.Count+2)
+	}
+
+	// The lost node returns: it runs nothing it no longer owns.
+	start(lost)
+	logb, _ := os.ReadFile(lost.log)
+	if !strings.Contains(string(logb), "stopping orphaned instance") || !strings.Contains(string(logb), id) {
+		t.Errorf("%s back: its log does not say it stopped %s's old instance", lost.name, id)
+	}
+	if left := runscSandboxesOf(t, lost.dir, id); left != 0 {
+		t.Errorf("%s back: %d instances of %s left on it", lost.name, left, id)
+	}
+	cnt, err = workload.Get(ctx, lost.c, id, "/count")
+	if err != nil || cnt.Count != sum0.Count+3 {
+		t.Fatalf("through the returned %s: %+v %v", lost.name, cnt, err)
+	}
+
+	// Drain the owner: it hibernates the sandbox, which resumes elsewhere.
+	if _, err := a.c.DrainNode(ctx, "cl-a", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.DrainNode(ctx, other.name, true); err != nil {
+		t.Fatal(err)
+	}
+	drained := time.Now()
+	for get(t, a.c, id).State != apiv1.StateHibernated {
+		if time.Since(drained) > 4*node.HeartbeatInterval+time.Minute {
+			t.Fatalf("drained %s still holds %s", other.name, id)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("drain of %s hibernated %s in %v", other.name, id, time.Since(drained).Round(100*time.Millisecond))
+	cnt, err = workload.Get(ctx, other.c, id, "/count")
+	if err != nil || cnt.Count != sum0.Count+4 || cnt.Pid != pid {
+		t.Fatalf("after the drain: %+v %v", cnt, err)
+	}
+	if now := get(t, other.c, id); now.Node == other.name || now.Node == "" {
+		t.Errorf("after the drain of %s the sandbox is on %q", other.name, now.Node)
+	}
+}
+
+// runTorpor runs the torpor binary with args and returns its output.
+func runTorpor(bin string, args ...string) (string, error) {
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// runscSandboxesOf counts the runsc sandboxes of sandbox id that the server of
+// data directory dir has on the host (its engine's state directory).
+func runscSandboxesOf(t *testing.T, dir, id string) int {
+	t.Helper()
+	out, err := exec.Command(servertest.Runsc(t), "--root", filepath.Join(dir, "gvisor", "root"), "list", "-quiet").CombinedOutput()
+	if err != nil {
+		t.Logf("runsc list: %v: %s", err, out)
+		return -1
+	}
+	n := 0
+	for _, l := range strings.Fields(string(out)) {
+		if strings.HasPrefix(l, id+"-") {
+			n++
+		}
+	}
+	return n
+}
+
+// execP50 runs `true` in sandbox id n times through each of two clients,
+// alternating, and returns the median times of each.
+func execP50(t *testing.T, first, second *client.Client, id string, n int) (time.Duration, time.Duration) {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	var d [2][]time.Duration
+	for i := range 2 * n {
+		c := []*client.Client{first, second}[i%2]
+		t0 := time.Now()
+		if _, _, code, err := c.ExecCollect(ctx, id, apiv1.ExecRequest{Cmd: []string{"true"}}); err != nil || code != 0 {
+			t.Fatalf("exec true: exit %d %v", code, err)
+		}
+		d[i%2] = append(d[i%2], time.Since(t0))
+	}
+	for _, s := range d {
+		slices.Sort(s)
+	}
+	return d[0][n/2], d[1][n/2]
+}
