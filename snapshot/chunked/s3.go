@@ -377,35 +377,15 @@ func (c cancelOnClose) Close() error {
 	return err
 }
 
-// GetRange implements Backend with one ranged GET (bytes=off-(off+n-1)).
+// GetRange implements Backend with one ranged GET (GetRangeInto a new
+// buffer).
 func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("s3 get %s: empty range", key)
 	}
-	opts := minio.GetObjectOptions{}
-	if err := opts.SetRange(off, off+n-1); err != nil {
-		return nil, err
-	}
-	if err := b.answering(ctx); err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, err)
-	}
-	outer := ctx
-	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
-	defer cancel()
-	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
-	if err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
-	}
-	defer o.Close()
 	buf := make([]byte, n)
-	if _, err := io.ReadFull(o, buf); err != nil {
-		if notFound(err) {
-			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
-		}
-		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
-			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
-		}
-		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, b.reach(outer, err))
+	if err := b.GetRangeInto(ctx, key, off, buf); err != nil {
+		return nil, err
 	}
 	return buf, nil
 }
