@@ -17,12 +17,20 @@ func cacheChunk(i, n int) (string, []byte) {
 	return hex.EncodeToString(s[:]), b
 }
 
-// TestCacheFilesHoldManyChunks: a batch of chunks goes into one file, read back
-// chunk by chunk, found again by a new Cache on the same directory (a restart),
+// TestCacheFilesHoldManyChunks: an older build's chunk files are dropped at
+// start-up; a batch of chunks goes into one file, read back chunk by chunk, found again by a new Cache on the same directory (a restart),
 // evicted a file at a time past the limit, and a damaged file is dropped at
 // start-up rather than served.
 func TestCacheFilesHoldManyChunks(t *testing.T) {
 	dir := t.TempDir()
+	// A chunk file of an older build (one file per chunk, named by its id).
+	oldID, oldBytes := cacheChunk(99, 1000)
+	if err := os.MkdirAll(filepath.Join(dir, oldID[:2]), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, oldID[:2], oldID), oldBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c, err := NewCache(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +52,10 @@ func TestCacheFilesHoldManyChunks(t *testing.T) {
 		return out
 	}
 	if f := files(); len(f) != 1 {
-		t.Fatalf("10 chunks in %d files, want 1: %v", len(f), f)
+		t.Fatalf("10 chunks in %d files, want 1 (the older build's chunk file dropped): %v", len(f), f)
+	}
+	if _, ok := c.Get(oldID); ok {
+		t.Fatal("an older build's chunk file is served")
 	}
 	check := func(c *Cache, i int) {
 		t.Helper()
