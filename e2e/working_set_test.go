@@ -18,17 +18,17 @@ import (
 // TestResumeReadsWholeMemoryFile measures the working set of a resume at the
 // pinned runsc: a 1 GiB sandbox holding 64 MiB is hibernated to the chunked
 // store and resumed with its engine restore held back 4 s (ResumeDelay); once
-// the store has opened (and read, to verify) the copy, its pages.img is written
-// back and dropped from the page cache, and once the resume's first request
-// (/count, which touches none of the data) is answered, mincore(2) tells
-// which of its pages runsc read (the kernel's readahead counts too). runsc's restore loads every
-// page of pages.img before the application runs
-// (docs/snapshot-store.md#cold-resumes-and-the-working-set), so the test expects
-// all of them: if a runsc upgrade reads less, recording the working set and
-// fetching it first becomes worth building, and this test says so. It also
-// checks that pages.img holds the pages the sandbox used, not its memory size
-// (why a 1 GiB sandbox holding 64 MiB resumes as fast as a 64 MiB one), and
-// that the resumed process kept its counter and data.
+// the store has opened (and read, to verify) the copy, its pages.img is
+// written back and dropped from the page cache, and once the resume's first
+// request (/count, which touches none of the data) is answered, mincore(2)
+// tells which of its pages runsc read (the kernel's readahead counts too).
+// runsc's restore loads every page of pages.img before the application runs
+// (docs/snapshot-store.md#cold-resumes-and-the-working-set), so the test
+// expects all of them: if a runsc upgrade reads less, recording the working
+// set and fetching it first becomes worth building, and this test says so. It
+// also checks that pages.img holds the pages the sandbox used, not its memory
+// size (why a 1 GiB sandbox holding 64 MiB resumes as fast as a 64 MiB one),
+// and that the resumed process kept its counter and data.
 func TestResumeReadsWholeMemoryFile(t *testing.T) {
 	srv := startWithOptions(t, servertest.Options{Store: server.StoreConfig{Kind: "chunked"}, ResumeDelay: 4 * time.Second})
 	c := srv.Client
