@@ -553,17 +553,18 @@ type BuildEvent struct {
 
 // Error codes, each with its HTTP status.
 const (
-	CodeNotFound         = "not_found"              // 404
-	CodeUnauthenticated  = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
-	CodeRateLimited      = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
-	CodeInvalidArgument  = "invalid_argument"       // 400; 413 for a body over the limit
-	CodeMethodNotAllowed = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
-	CodeConflict         = "conflict"               // 409: the sandbox's state does not allow the call
-	CodeSnapshotCorrupt  = "snapshot_corrupt"       // 422: a snapshot file failed its checksum
-	CodeIdempotencyReuse = "idempotency_key_reused" // 422: an Idempotency-Key sent again with another call
-	CodeUnavailable      = "unavailable"            // 503
-	CodeBadGateway       = "bad_gateway"            // 502: nothing answers on the proxied port
-	CodeInternal         = "internal"               // 500
+	CodeNotFound            = "not_found"              // 404
+	CodeUnauthenticated     = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
+	CodeRateLimited         = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
+	CodeInvalidArgument     = "invalid_argument"       // 400; 413 for a body over the limit
+	CodeMethodNotAllowed    = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
+	CodeConflict            = "conflict"               // 409: the sandbox's state does not allow the call
+	CodeSnapshotCorrupt     = "snapshot_corrupt"       // 422: a snapshot file failed its checksum
+	CodeIdempotencyReuse    = "idempotency_key_reused" // 422: an Idempotency-Key sent again with another call
+	CodeUnavailable         = "unavailable"            // 503
+	CodeInsufficientStorage = "insufficient_storage"   // 507: the data directory's disk is full; the message names it
+	CodeBadGateway          = "bad_gateway"            // 502: nothing answers on the proxied port
+	CodeInternal            = "internal"               // 500
 )
 
 // ErrorBody is the body of every error answer: {"error":{"code":…,"message":…}}.

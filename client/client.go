@@ -244,6 +244,8 @@ func codeForStatus(status int) string {
 		return apiv1.CodeSnapshotCorrupt
 	case http.StatusServiceUnavailable:
 		return apiv1.CodeUnavailable
+	case http.StatusInsufficientStorage:
+		return apiv1.CodeInsufficientStorage
 	case http.StatusUnauthorized:
 		return apiv1.CodeUnauthenticated
 	case http.StatusTooManyRequests:

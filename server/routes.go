@@ -114,11 +114,12 @@ var kindStatus = map[sandbox.Kind]struct {
 	status int
 	code   string
 }{
-	sandbox.NotFound:        {http.StatusNotFound, apiv1.CodeNotFound},
-	sandbox.InvalidArgument: {http.StatusBadRequest, apiv1.CodeInvalidArgument},
-	sandbox.Conflict:        {http.StatusConflict, apiv1.CodeConflict},
-	sandbox.SnapshotCorrupt: {http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt},
-	sandbox.Unavailable:     {http.StatusServiceUnavailable, apiv1.CodeUnavailable},
+	sandbox.NotFound:            {http.StatusNotFound, apiv1.CodeNotFound},
+	sandbox.InvalidArgument:     {http.StatusBadRequest, apiv1.CodeInvalidArgument},
+	sandbox.Conflict:            {http.StatusConflict, apiv1.CodeConflict},
+	sandbox.SnapshotCorrupt:     {http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt},
+	sandbox.Unavailable:         {http.StatusServiceUnavailable, apiv1.CodeUnavailable},
+	sandbox.InsufficientStorage: {http.StatusInsufficientStorage, apiv1.CodeInsufficientStorage},
 }
 
 // classify maps an error to its HTTP status and API code: a sandbox.Error by
@@ -143,6 +144,10 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, apiv1.CodeConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, snapshot.ErrUnavailable):
 		return http.StatusServiceUnavailable, apiv1.CodeUnavailable
+	case manager.NoSpace(err):
+		// A write to the data directory's disk that found it full outside
+		// the manager's own checks (an image import, a create's files).
+		return http.StatusInsufficientStorage, apiv1.CodeInsufficientStorage
 	}
 	return http.StatusInternalServerError, apiv1.CodeInternal
 }
@@ -153,7 +158,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	setRetryAfter(w, err)
-	writeError(w, status, code, err.Error())
+	msg := err.Error()
+	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) {
+		// A write that found the disk full below the manager (the database,
+		// an image import): the answer names the disk.
+		msg = fmt.Sprintf("the data directory's disk is full (%s): %s; free space on that disk and try again", s.dataDir, msg)
+	}
+	writeError(w, status, code, msg)
 }
 
 // setRetryAfter sets Retry-After on the answer to a call that admission
@@ -494,7 +505,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Query().Get("replace") != "true" {
-		if _, _, err := s.Images.Get(r.Context(), name); err == nil {
+		if ok, err := s.Images.Has(r.Context(), name); err == nil && ok {
 			s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", name))
 			return
 		}

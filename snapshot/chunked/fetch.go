@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"net/http"
 	"os"
 	"sync"
-
-	"github.com/minio/minio-go/v7"
 )
 
 // How a cold open reads (assemble, runFetch): the chunks of a file are grouped
@@ -53,40 +49,6 @@ func (b *FS) GetRangeInto(ctx context.Context, key string, off int64, buf []byte
 			err = fmt.Errorf("%s: bytes %d-%d: %w", key, off, off+int64(len(buf)), io.ErrUnexpectedEOF)
 		}
 		return err
-	}
-	return nil
-}
-
-// GetRangeInto implements rangeReader with one ranged GET
-// (bytes=off-(off+len(buf)-1)).
-func (b *S3) GetRangeInto(ctx context.Context, key string, off int64, buf []byte) error {
-	n := int64(len(buf))
-	if n <= 0 {
-		return fmt.Errorf("s3 get %s: empty range", key)
-	}
-	opts := minio.GetObjectOptions{}
-	if err := opts.SetRange(off, off+n-1); err != nil {
-		return err
-	}
-	if err := b.answering(ctx); err != nil {
-		return fmt.Errorf("s3 get %s: %w", key, err)
-	}
-	outer := ctx
-	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
-	defer cancel()
-	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
-	if err != nil {
-		return fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
-	}
-	defer o.Close()
-	if _, err := io.ReadFull(o, buf); err != nil {
-		if notFound(err) {
-			return fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
-		}
-		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
-			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
-		}
-		return fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, b.reach(outer, err))
 	}
 	return nil
 }
