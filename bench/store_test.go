@@ -57,7 +57,8 @@ type storeResult struct {
 // BenchmarkStore compares the snapshot stores in one run on the same workload
 // (the Python server of the resume benchmark, 64 MiB of data; set
 // TORPOR_BENCH_STORE_MIB=64,512 for more sizes, TORPOR_BENCH_STORES=plain,chunked
-// to leave stores out): hibernate throughput of a first
+// to leave stores out; TORPOR_BENCH_STORE_MEMORY_MIB=1024 for sandboxes of
+// 1 GiB whatever the working set): hibernate throughput of a first
 // and of diff hibernates (logical snapshot bytes / hibernate_ms), and resume
 // time (proxied GET to a hibernated sandbox until its answer) from the plain
 // store, the chunked store on local disk with its opened copy kept (warm) and
@@ -176,7 +177,7 @@ func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *stor
 	sr.srv = servertest.Start(b, servertest.Options{Store: cfg,
 		Logger: slog.New(slog.NewJSONHandler(sr.logs, &slog.HandlerOptions{Level: logLevel()}))})
 	c := sr.srv.Client
-	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: memoryFor(ws)})
+	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: storeMemory(b, ws)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -190,6 +191,21 @@ func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *stor
 	}
 	sr.count = st.Count
 	return sr
+}
+
+// storeMemory is the sandbox memory of the store benchmark at working set ws
+// MiB: memoryFor(ws), or TORPOR_BENCH_STORE_MEMORY_MIB when set (a large
+// sandbox holding a small working set: 1024 with TORPOR_BENCH_STORE_MIB=64).
+func storeMemory(b *testing.B, ws int) int {
+	v := os.Getenv("TORPOR_BENCH_STORE_MEMORY_MIB")
+	if v == "" {
+		return memoryFor(ws)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < ws {
+		b.Fatalf("TORPOR_BENCH_STORE_MEMORY_MIB=%q: want MiB, at least the working set (%d)", v, ws)
+	}
+	return n
 }
 
 // cycle hibernates (returning GiB/s), with cold empties the local copies, and

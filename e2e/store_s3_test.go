@@ -84,12 +84,18 @@ func TestStoreChunkedCycles(t *testing.T) {
 // after it start from an empty one.
 func startWithStore(t *testing.T, cfg server.StoreConfig) *servertest.Server {
 	t.Helper()
+	return startWithOptions(t, servertest.Options{Store: cfg})
+}
+
+// startWithOptions is startWithStore with every server option.
+func startWithOptions(t *testing.T, opts servertest.Options) *servertest.Server {
+	t.Helper()
 	chunks := filepath.Join(dataDir, "chunks")
 	if err := os.RemoveAll(chunks); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(chunks) }) // runs after the server has stopped
-	return start(t, servertest.Options{Store: cfg})
+	return start(t, opts)
 }
 
 // dropLocalCopies empties the chunked store's local cache and opened snapshot

@@ -292,22 +292,10 @@ func (b *FS) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return os.Open(p)
 }
 
-// GetRange implements Backend.
+// GetRange implements Backend (GetRangeInto a new buffer).
 func (b *FS) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
-	p, err := b.path(key)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	buf := make([]byte, n)
-	if _, err := f.ReadAt(buf, off); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%s: bytes %d-%d: %w", key, off, off+n, io.ErrUnexpectedEOF)
-		}
+	if err := b.GetRangeInto(ctx, key, off, buf); err != nil {
 		return nil, err
 	}
 	return buf, nil

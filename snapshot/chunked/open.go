@@ -124,14 +124,6 @@ func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error
 	return d.Manifest, err
 }
 
-// A fetch is a run of chunks of one file that one ranged read of one pack
-// returns (up to fetchSpan bytes, fetchMax chunks): what makes a cold resume
-// from S3 a few hundred requests instead of one per chunk.
-const (
-	fetchSpan = 4 << 20
-	fetchMax  = 512
-)
-
 type fetch struct {
 	file int
 	f    *os.File
@@ -140,6 +132,7 @@ type fetch struct {
 	tier Backend // nil: the chunk is nowhere known
 	locs []chunkLoc
 	keys []*chunkSum // with f: where each chunk's key (fingerprint) goes
+	size int64       // the chunks' bytes, decoded (at most fetchSpan but for a lone chunk)
 }
 
 // assemble fetches and verifies every chunk of d; with dir != "" it writes the
@@ -236,7 +229,8 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 					tier, l, ok = s.locate(r.ID)
 				}
 				joins := cur != nil && ok && cur.tier == tier && l.Pack != "" && cur.locs[0].Pack == l.Pack &&
-					cur.file == fi && len(cur.refs) < fetchMax && max(hi, l.Off+l.Len)-min(lo, l.Off) <= fetchSpan
+					cur.file == fi && len(cur.refs) < fetchMax && max(hi, l.Off+l.Len)-min(lo, l.Off) <= fetchSpan &&
+					cur.size+r.Len <= fetchSpan
 				if !joins {
 					if !emit() {
 						return
@@ -248,6 +242,7 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 				cur.offs = append(cur.offs, off)
 				cur.refs = append(cur.refs, r)
 				cur.locs = append(cur.locs, l)
+				cur.size += r.Len
 				if keys != nil {
 					cur.keys = append(cur.keys, &keys[fi][j])
 				}
@@ -282,12 +277,25 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 		}
 		return corrupt(i, "missing")
 	}
+	// Each chunk decodes into its own slot of one buffer, side by side, so
+	// neighbours in the file are written with one write (writeRuns).
+	var total int64
+	for _, r := range ft.refs {
+		total += r.Len
+	}
+	dec, release := getFetchBuf(total)
+	defer release()
+	slots, pos := make([][]byte, len(ft.refs)), make([]int64, len(ft.refs))
+	for i, at := 0, int64(0); i < len(ft.refs); i++ {
+		slots[i], pos[i] = dec[at:at:at+ft.refs[i].Len], at
+		at += ft.refs[i].Len
+	}
 	out := make([][]byte, len(ft.refs))
 	var miss []int
 	for i, r := range ft.refs {
 		if useCache && s.cache != nil {
 			if comp, ok := s.cache.Get(r.ID); ok {
-				if data, err := s.decode(comp, r, k); err == nil {
+				if data, err := s.decodeInto(slots[i], comp, r, k); err == nil {
 					out[i] = data
 					continue
 				}
@@ -309,7 +317,10 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 			lo, hi = min(lo, ft.locs[i].Off), max(hi, ft.locs[i].Off+ft.locs[i].Len)
 		}
 		var err error
-		if span, err = ft.tier.GetRange(ctx, packKey(ft.locs[0].Pack), lo, hi-lo); err != nil {
+		var releaseSpan func()
+		if span, releaseSpan, err = readSpan(ctx, ft.tier, packKey(ft.locs[0].Pack), lo, hi-lo); err == nil {
+			defer releaseSpan()
+		} else {
 			if !isMissing(err) {
 				return fmt.Errorf("snapshot %s: chunk %s: %w", snap, ft.refs[miss[0]].ID, err)
 			}
@@ -341,12 +352,12 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 		}
 		var data []byte
 		if err == nil {
-			data, err = s.decode(comp, r, k)
+			data, err = s.decodeInto(slots[i], comp, r, k)
 			if err != nil && ft.tier != Backend(s.b) {
 				// A damaged outbox copy: the backend may hold the chunk too.
 				if c, berr := s.fromBackend(ctx, r.ID); berr == nil {
 					comp = c
-					data, err = s.decode(comp, r, k)
+					data, err = s.decodeInto(slots[i], comp, r, k)
 				}
 			}
 		}
@@ -376,11 +387,11 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 		}
 	}
 	if ft.f != nil {
-		for i, data := range out {
-			if _, err := ft.f.WriteAt(data, ft.offs[i]); err != nil {
-				return err
-			}
-			if ft.keys != nil {
+		if err := writeRuns(ft, out, dec, pos); err != nil {
+			return err
+		}
+		if ft.keys != nil {
+			for i, data := range out {
 				*ft.keys[i] = fingerprint(data)
 			}
 		}
@@ -442,11 +453,17 @@ func (s *Store) fromBackend(ctx context.Context, cid string) ([]byte, error) {
 // when sealed, decompressed) and checks them against ref's address under k,
 // the key of the manifest naming it (nil: sha256). Errors say what failed.
 func (s *Store) decode(comp []byte, ref chunkRef, k *Key) ([]byte, error) {
+	return s.decodeInto(make([]byte, 0, ref.Len), comp, ref, k)
+}
+
+// decodeInto is decode appending to dst (given empty, with room for ref.Len
+// bytes: then nothing is allocated).
+func (s *Store) decodeInto(dst, comp []byte, ref chunkRef, k *Key) ([]byte, error) {
 	z, _, err := s.unsealChunk(comp, ref.ID)
 	if err != nil {
 		return nil, err
 	}
-	data, err := s.dec.DecodeAll(z, make([]byte, 0, ref.Len))
+	data, err := s.dec.DecodeAll(z, dst)
 	if err != nil {
 		return nil, fmt.Errorf("undecodable: %v", err)
 	}

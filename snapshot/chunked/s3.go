@@ -448,17 +448,32 @@ func (c cancelOnClose) Close() error {
 	return err
 }
 
-// GetRange implements Backend with one ranged GET (bytes=off-(off+n-1)).
+// GetRange implements Backend with one ranged GET (GetRangeInto a new
+// buffer).
 func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("s3 get %s: empty range", key)
 	}
-	opts := minio.GetObjectOptions{}
-	if err := opts.SetRange(off, off+n-1); err != nil {
+	buf := make([]byte, n)
+	if err := b.GetRangeInto(ctx, key, off, buf); err != nil {
 		return nil, err
 	}
+	return buf, nil
+}
+
+// GetRangeInto implements rangeReader with one ranged GET
+// (bytes=off-(off+len(buf)-1)), cut when it stalls (stallGuard).
+func (b *S3) GetRangeInto(ctx context.Context, key string, off int64, buf []byte) error {
+	n := int64(len(buf))
+	if n <= 0 {
+		return fmt.Errorf("s3 get %s: empty range", key)
+	}
+	opts := minio.GetObjectOptions{}
+	if err := opts.SetRange(off, off+n-1); err != nil {
+		return err
+	}
 	if err := b.answering(ctx); err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, err)
+		return fmt.Errorf("s3 get %s: %w", key, err)
 	}
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
@@ -467,21 +482,20 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 	defer stop()
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
 	if err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, stalled(ctx, err)))
+		return fmt.Errorf("s3 get %s: %w", key, b.reach(outer, stalled(ctx, err)))
 	}
 	defer o.Close()
-	buf := make([]byte, n)
 	if _, err := io.ReadFull(io.TeeReader(o, progress), buf); err != nil {
 		err = stalled(ctx, err)
 		if notFound(err) {
-			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
+			return fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
 		}
 		if r := minio.ToErrorResponse(err); errors.Is(err, io.EOF) || r.StatusCode == http.StatusRequestedRangeNotSatisfiable || r.Code == "InvalidRange" {
 			err = fmt.Errorf("%v: %w", err, io.ErrUnexpectedEOF)
 		}
-		return nil, fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, b.reach(outer, err))
+		return fmt.Errorf("s3 get %s bytes %d-%d: %w", key, off, off+n, b.reach(outer, err))
 	}
-	return buf, nil
+	return nil
 }
 
 // Exists implements Backend.
