@@ -1427,18 +1427,11 @@ func (b *releaseOnRead) Read(p []byte) (int, error) {
 // DialPort's do, and is cut when the sandbox hibernates. Errors: those of
 // lockRunning; agentclient.ErrNoEnvd when the sandbox's agent predates envd.
 func (m *Manager) DialAgent(ctx context.Context, id string) (net.Conn, error) {
-	s, unlock, err := m.lockRunning(ctx, id)
+	s, _, unlock, err := m.lockEnvd(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	ac := m.liveClient(id)
-	if ac == nil {
-		return nil, conflict("sandbox %s: no guest agent connection", id)
-	}
-	if err := ac.Envd(); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
 	c, err := m.eng(s).Dial(ctx, s.Instance, engine.AgentPort)
 	if err != nil {
 		return nil, err
