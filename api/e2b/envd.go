@@ -33,7 +33,7 @@ import (
 // refuse): 501 (unimplemented) when the sandbox's agent predates envd (a
 // sandbox made or hibernated by an older torpor), else failInSandbox's.
 func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancelCause(r.Context())
 	defer s.envd.add(id, cancel)()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -60,6 +60,11 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 				refuse(w, r, http.StatusNotImplemented, connect.CodeUnimplemented, fmt.Sprintf("%v; a sandbox made by this server's torpor serves envd (the commands, files and PTY of E2B's SDKs); torpor's own API still reaches this one", err))
 				return
 			}
+			if errors.Is(context.Cause(r.Context()), errEnvdCut) {
+				// As when the connection itself was closed under it.
+				refuse(w, r, http.StatusBadGateway, connect.CodeUnavailable, fmt.Sprintf("sandbox %s: %v", id, errEnvdCut))
+				return
+			}
 			s.failInSandbox(w, r, err)
 		},
 	}
@@ -84,28 +89,31 @@ type bufferPool struct{ p sync.Pool }
 func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
 func (b *bufferPool) Put(x []byte) { b.p.Put(&x) }
 
+// errEnvdCut is the cause of an envd request cut by cutEnvd.
+var errEnvdCut = errors.New("the request was cut by a pause of the sandbox")
+
 // envdCalls are the envd requests being forwarded, by sandbox id: each one's
 // cancel, which cuts its connection to the agent.
 type envdCalls struct {
 	mu sync.Mutex
-	m  map[string]map[*context.CancelFunc]struct{}
+	m  map[string]map[*context.CancelCauseFunc]struct{}
 }
 
 // add keeps cancel as one of sandbox id's requests until the returned
-// function forgets it.
-func (e *envdCalls) add(id string, cancel context.CancelFunc) (forget func()) {
+// function forgets it (and cancels it: the request is done).
+func (e *envdCalls) add(id string, cancel context.CancelCauseFunc) (forget func()) {
 	key := &cancel
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.m == nil {
-		e.m = make(map[string]map[*context.CancelFunc]struct{})
+		e.m = make(map[string]map[*context.CancelCauseFunc]struct{})
 	}
 	if e.m[id] == nil {
-		e.m[id] = make(map[*context.CancelFunc]struct{})
+		e.m[id] = make(map[*context.CancelCauseFunc]struct{})
 	}
 	e.m[id][key] = struct{}{}
 	return func() {
-		cancel()
+		cancel(nil)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		delete(e.m[id], key)
@@ -126,13 +134,13 @@ func (e *envdCalls) add(id string, cancel context.CancelFunc) (forget func()) {
 // are not requests: the hibernate closes them.
 func (s *Service) cutEnvd(id string) int {
 	s.envd.mu.Lock()
-	calls := make([]context.CancelFunc, 0, len(s.envd.m[id]))
+	calls := make([]context.CancelCauseFunc, 0, len(s.envd.m[id]))
 	for c := range s.envd.m[id] {
 		calls = append(calls, *c)
 	}
 	s.envd.mu.Unlock()
 	for _, cancel := range calls {
-		cancel()
+		cancel(errEnvdCut)
 	}
 	return len(calls)
 }
