@@ -1422,7 +1422,8 @@ func (b *releaseOnRead) Read(p []byte) (int, error) {
 
 // DialAgent connects to the sandbox's guest agent for E2B's envd (requests
 // written for envd, their paths rewritten with proto.EnvdPath; see
-// agentclient.EnvdTransport), waking the sandbox if hibernated: the connection
+// agentclient.EnvdTransport; EnvdRoundTrip sends one request over kept-alive
+// connections instead), waking the sandbox if hibernated: the connection
 // is made after the resume contract ran. It counts as a request in flight, as
 // DialPort's do, and is cut when the sandbox hibernates. Errors: those of
 // lockRunning; agentclient.ErrNoEnvd when the sandbox's agent predates envd.
