@@ -10,6 +10,7 @@ import (
 
 	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // EnvdRoundTrip sends req, a request written for E2B's envd (its own paths:
@@ -82,4 +83,23 @@ func (b *countedBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.once.Do(b.done)
 	return err
+}
+
+// RequestState is what a front checks of a sandbox before it forwards a
+// request into it (RequestStateOf).
+type RequestState struct {
+	State           sandbox.State
+	ResumeOnRequest bool
+	Error           string // why it is in state error; "" otherwise
+}
+
+// RequestStateOf returns sandbox id's RequestState from its record alone: one
+// read of the database, where Get also builds the sandbox's policy, usage and
+// snapshot views. Errors: sandbox.ErrNotFound.
+func (m *Manager) RequestStateOf(ctx context.Context, id string) (RequestState, error) {
+	s, err := m.get(ctx, id)
+	if err != nil {
+		return RequestState{}, err
+	}
+	return RequestState{State: s.State, ResumeOnRequest: s.ResumeOnRequest, Error: s.Error}, nil
 }
