@@ -10,12 +10,14 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/guest/proto"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server/servertest"
 )
 
@@ -286,3 +288,103 @@ func TestE2BEnvdRefused(t *testing.T) {
 // connectHTTPStatus is the HTTP status of a Connect unary error by its code
 // (connectrpc.com/docs/protocol, the codes TestE2BEnvdRefused meets).
 var connectHTTPStatus = map[string]int{"unauthenticated": 401, "failed_precondition": 400, "unavailable": 503}
+
+// TestE2BEnvdPauseAfterBurst: envd's requests through the front keep their
+// agent connections open, idle, for the next ones; a pause (E2B's) right after
+// a burst of concurrent uploads, downloads and health checks, and a hibernate
+// (torpor's) after a second burst, each return within a fraction of the
+// hibernate's drain (manager.HibernateDrain), which no idle connection holds,
+// and after each resume the files of the burst are there.
+func TestE2BEnvdPauseAfterBurst(t *testing.T) {
+	srv := startE2B(t, servertest.Options{})
+	sb := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base"})
+	id := sb.SandboxID
+	const workers, rounds = 6, 4
+	content := func(burst, w int) string { return fmt.Sprintf("burst %d, worker %d\n", burst, w) }
+	file := func(w int) string { return fmt.Sprintf("/files?path=/tmp/burst-%d", w) }
+	// envd sends one request through the front; it may run in any goroutine.
+	envd := func(method, target, body string) (int, string) {
+		var r io.Reader
+		if body != "" {
+			r = strings.NewReader(body)
+		}
+		req, err := http.NewRequestWithContext(ctxFor(t, time.Minute), method, srv.URL+target, r)
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		req.Header.Set(e2b.HeaderSandboxID, id)
+		req.Header.Set(e2b.HeaderSandboxPort, fmt.Sprint(e2b.EnvdPort))
+		req.Header.Set(e2b.HeaderAccessToken, sb.EnvdAccessToken)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/octet-stream")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", method, target, err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	burst := func(n int) {
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					if st, b := envd("POST", file(w), content(n, w)); st != http.StatusOK {
+						t.Errorf("burst %d: POST %s: %d %s", n, file(w), st, b)
+					}
+					if st, b := envd("GET", file(w), ""); st != http.StatusOK || b != content(n, w) {
+						t.Errorf("burst %d: GET %s: %d %q", n, file(w), st, b)
+					}
+					if st, b := envd("GET", "/health", ""); st != http.StatusNoContent {
+						t.Errorf("burst %d: GET /health: %d %s", n, st, b)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	check := func(n int, after string) {
+		for w := range workers {
+			if st, b := envd("GET", file(w), ""); st != http.StatusOK || b != content(n, w) {
+				t.Errorf("GET %s after the %s: %d %q, want %q", file(w), after, st, b, content(n, w))
+			}
+		}
+	}
+	prompt := func(what string, d time.Duration) {
+		if d > manager.HibernateDrain/2 {
+			t.Errorf("%s right after a burst of envd requests took %v: an idle envd connection held its drain (%v)", what, d, manager.HibernateDrain)
+		}
+	}
+
+	burst(1)
+	t0 := time.Now()
+	if a := e2bCall(t, srv, "POST", "/sandboxes/"+id+"/pause", nil); a.Status != http.StatusNoContent {
+		t.Fatalf("pause: %d %s", a.Status, a.Body)
+	}
+	prompt("pause", time.Since(t0))
+	if d := e2bInfo(t, srv, id); d.State != e2b.StatePaused {
+		t.Fatalf("state %s after the pause", d.State)
+	}
+	if a := e2bCall(t, srv, "POST", "/v2/sandboxes/"+id+"/connect", e2b.ConnectRequest{Timeout: i32(300)}); a.Status/100 != 2 {
+		t.Fatalf("connect: %d %s", a.Status, a.Body)
+	}
+	check(1, "pause and connect")
+
+	burst(2)
+	t0 = time.Now()
+	hibernate(t, srv.Client, id)
+	prompt("hibernate", time.Since(t0))
+	if _, err := srv.Client.Resume(ctxFor(t, time.Minute), id); err != nil {
+		t.Fatal(err)
+	}
+	check(2, "hibernate and resume")
+}

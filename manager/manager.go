@@ -1469,23 +1469,17 @@ func (b *releaseOnRead) Read(p []byte) (int, error) {
 
 // DialAgent connects to the sandbox's guest agent for E2B's envd (requests
 // written for envd, their paths rewritten with proto.EnvdPath; see
-// agentclient.EnvdTransport), waking the sandbox if hibernated: the connection
+// agentclient.EnvdTransport; EnvdRoundTrip sends one request over kept-alive
+// connections instead), waking the sandbox if hibernated: the connection
 // is made after the resume contract ran. It counts as a request in flight, as
 // DialPort's do, and is cut when the sandbox hibernates. Errors: those of
 // lockRunning; agentclient.ErrNoEnvd when the sandbox's agent predates envd.
 func (m *Manager) DialAgent(ctx context.Context, id string) (net.Conn, error) {
-	s, unlock, err := m.lockRunning(ctx, id)
+	s, _, unlock, err := m.lockEnvd(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	ac := m.liveClient(id)
-	if ac == nil {
-		return nil, conflict("sandbox %s: no guest agent connection", id)
-	}
-	if err := ac.Envd(); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
 	c, err := m.eng(s).Dial(ctx, s.Instance, engine.AgentPort)
 	if err != nil {
 		return nil, err

@@ -337,10 +337,16 @@ func (s *Service) get(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	if err != nil {
 		return sb, err
 	}
-	if _, ok := stateOf(sb.State); !ok {
-		return sb, sandbox.Errorf(sandbox.NotFound, "sandbox %q is in state error (%s): kill it", id, sb.Error)
+	return sb, known(id, sb.State, sb.Error)
+}
+
+// known is the error of get for a sandbox in state st (errMsg: why it is in
+// state error): nil for a state E2B knows, else sandbox.ErrNotFound.
+func known(id string, st sandbox.State, errMsg string) error {
+	if _, ok := stateOf(st); !ok {
+		return sandbox.Errorf(sandbox.NotFound, "sandbox %q is in state error (%s): kill it", id, errMsg)
 	}
-	return sb, nil
+	return nil
 }
 
 func (s *Service) info(w http.ResponseWriter, r *http.Request) {

@@ -17,30 +17,24 @@ import (
 
 // serveEnvd forwards an envd request (the SDK's own paths: "/files",
 // "/process.Process/Start", …) to sandbox id's guest agent, which serves envd.
-// The connection is made by the manager's DialAgent (it wakes a hibernated
-// sandbox that resumes on request and connects after the resume contract);
-// agentclient.EnvdTransport rewrites the path with proto.EnvdPath and keeps
-// the query. Answers are flushed as they come (Connect's server streams).
+// The manager's EnvdRoundTrip sends it (it wakes a hibernated sandbox that
+// resumes on request and sends after the resume contract), over the agent
+// client's envd connections, kept alive between requests; an idle one holds
+// no hibernate (EnvdRoundTrip counts a request in flight until its answer is
+// done, not a connection). agentclient.EnvdTransport rewrites the path with
+// proto.EnvdPath and keeps the query. Answers are flushed as they come
+// (Connect's server streams, whose length is not known, and every other
+// answer without a Content-Length).
 //
-// Each request has its own transport, whose connections are closed when the
-// answer is done: an open connection to the agent counts as a request in
-// flight and would hold a hibernate until its drain ends.
-//
-// The connections are kept in s.envd until closed, so that pause can cut
-// them (cutEnvd).
+// The request is kept in s.envd until its answer is done, so that pause can
+// cut it (cutEnvd).
 //
 // Errors are E2B's {"code", "message"} (an RPC's in its protocol, see
 // refuse): 501 (unimplemented) when the sandbox's agent predates envd (a
 // sandbox made or hibernated by an older torpor), else failInSandbox's.
 func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
-	tr := agentclient.NewEnvdTransport(func(ctx context.Context) (net.Conn, error) {
-		c, err := s.cfg.Manager.DialAgent(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		return s.envd.add(id, c), nil
-	})
-	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer s.envd.add(id, cancel)()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// The transport sets the path and ignores the host name.
@@ -55,8 +49,10 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 			}
 			pr.SetXForwarded()
 		},
-		Transport:     tr,
-		FlushInterval: -1,
+		Transport: roundTripper(func(req *http.Request) (*http.Response, error) {
+			return s.cfg.Manager.EnvdRoundTrip(id, req)
+		}),
+		BufferPool: envdBuffers,
 		// A stream cut by pause or a hibernate is not worth more than a debug line.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -64,72 +60,89 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 				refuse(w, r, http.StatusNotImplemented, connect.CodeUnimplemented, fmt.Sprintf("%v; a sandbox made by this server's torpor serves envd (the commands, files and PTY of E2B's SDKs); torpor's own API still reaches this one", err))
 				return
 			}
+			if errors.Is(context.Cause(r.Context()), errEnvdCut) {
+				// As when the connection itself was closed under it.
+				refuse(w, r, http.StatusBadGateway, connect.CodeUnavailable, fmt.Sprintf("sandbox %s: %v", id, errEnvdCut))
+				return
+			}
 			s.failInSandbox(w, r, err)
 		},
 	}
-	rp.ServeHTTP(w, r)
+	rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// envdConns are the open connections of envd requests, by sandbox id.
-type envdConns struct {
+// roundTripper is an http.RoundTripper of a function.
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// envdBufferSize is the size of the pieces serveEnvd copies an answer in (a
+// file of GET /files, a stream's frames as they come).
+const envdBufferSize = 256 << 10
+
+// envdBuffers are serveEnvd's copy buffers, shared by its requests
+// (httputil.BufferPool).
+var envdBuffers = &bufferPool{sync.Pool{New: func() any { b := make([]byte, envdBufferSize); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(x []byte) { b.p.Put(&x) }
+
+// errEnvdCut is the cause of an envd request cut by cutEnvd.
+var errEnvdCut = errors.New("the request was cut by a pause of the sandbox")
+
+// envdCalls are the envd requests being forwarded, by sandbox id: each one's
+// cancel, which cuts its connection to the agent.
+type envdCalls struct {
 	mu sync.Mutex
-	m  map[string]map[*envdConn]struct{}
+	m  map[string]map[*context.CancelCauseFunc]struct{}
 }
 
-// envdConn is a connection of envdConns; Close removes it.
-type envdConn struct {
-	net.Conn
-	once sync.Once
-	done func()
-}
-
-func (c *envdConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.done)
-	return err
-}
-
-// add keeps c as one of sandbox id's connections until it is closed.
-func (e *envdConns) add(id string, c net.Conn) net.Conn {
-	ec := &envdConn{Conn: c}
-	ec.done = func() {
+// add keeps cancel as one of sandbox id's requests until the returned
+// function forgets it (and cancels it: the request is done).
+func (e *envdCalls) add(id string, cancel context.CancelCauseFunc) (forget func()) {
+	key := &cancel
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m == nil {
+		e.m = make(map[string]map[*context.CancelCauseFunc]struct{})
+	}
+	if e.m[id] == nil {
+		e.m[id] = make(map[*context.CancelCauseFunc]struct{})
+	}
+	e.m[id][key] = struct{}{}
+	return func() {
+		cancel(nil)
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		delete(e.m[id], ec)
+		delete(e.m[id], key)
 		if len(e.m[id]) == 0 {
 			delete(e.m, id)
 		}
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.m == nil {
-		e.m = make(map[string]map[*envdConn]struct{})
-	}
-	if e.m[id] == nil {
-		e.m[id] = make(map[*envdConn]struct{})
-	}
-	e.m[id][ec] = struct{}{}
-	return ec
 }
 
-// cutEnvd closes every open envd connection of sandbox id and returns how
-// many there were. pause calls it before hibernating: the streams E2B's SDKs
-// keep open (a background command's output, a PTY, watchDir) never end on
-// their own and would hold the hibernate for its whole drain
-// (manager.HibernateDrain); E2B's own pause cuts them too, and the SDK
-// re-attaches after connect (commands.connect). A request that dials in
-// between is drained as any other.
+// cutEnvd cuts every envd request of sandbox id in flight (its connection to
+// the agent is closed) and returns how many there were. pause calls it before
+// hibernating: the streams E2B's SDKs keep open (a background command's
+// output, a PTY, watchDir) never end on their own and would hold the
+// hibernate for its whole drain (manager.HibernateDrain) when the agent is too
+// old to end them itself (the hibernate's prepare step); E2B's own pause cuts
+// them too, and the SDK re-attaches after connect (commands.connect). A
+// request that arrives in between is drained as any other. Idle connections
+// are not requests: the hibernate closes them.
 func (s *Service) cutEnvd(id string) int {
 	s.envd.mu.Lock()
-	conns := make([]*envdConn, 0, len(s.envd.m[id]))
+	calls := make([]context.CancelCauseFunc, 0, len(s.envd.m[id]))
 	for c := range s.envd.m[id] {
-		conns = append(conns, c)
+		calls = append(calls, *c)
 	}
 	s.envd.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
+	for _, cancel := range calls {
+		cancel(errEnvdCut)
 	}
-	return len(conns)
+	return len(calls)
 }
 
 // sameHost reports whether r comes straight from this host: a loopback peer

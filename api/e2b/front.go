@@ -56,8 +56,14 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 			fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
 		return
 	}
-	sb, err := s.get(r.Context(), id)
-	if err == nil && sb.State == sandbox.StateHibernated && !sb.ResumeOnRequest {
+	// The sandbox's record alone: each in-sandbox request reads it (Get's
+	// views would cost several reads more), and the manager reads it again
+	// under the sandbox's lock.
+	st, err := s.cfg.Manager.RequestStateOf(r.Context(), id)
+	if err == nil {
+		err = known(id, st.State, st.Error)
+	}
+	if err == nil && st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
 		err = sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
 	}
 	if err != nil {

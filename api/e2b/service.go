@@ -57,7 +57,7 @@ type Config struct {
 type Service struct {
 	cfg  Config
 	log  *slog.Logger
-	envd envdConns
+	envd envdCalls
 }
 
 // New returns a Service. Errors: a Secret shorter than 32 bytes, no Manager.

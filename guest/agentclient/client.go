@@ -41,6 +41,9 @@ const baseURL = "http://torpor-agent"
 type Client struct {
 	tr *http.Transport
 	hc *http.Client
+	// envd carries E2B's envd requests (EnvdTransport), on its own pool of
+	// connections made by the same dial function.
+	envd *EnvdTransport
 	// version is the agent's protocol version, learnt by WaitReady (0 before).
 	version atomic.Int32
 	agent   atomic.Pointer[string]
@@ -48,10 +51,11 @@ type Client struct {
 
 // New returns a client whose connections are made by dial (for a sandbox: a TCP
 // connection to the sandbox IP, port 49983, made from the sandbox's network namespace).
-// Connections are kept alive, at most 4 idle ones.
+// Connections are kept alive, at most 4 idle ones for torpor's own calls and
+// 4 more for envd's (EnvdTransport).
 func New(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	tr := newTransport(dial, 90*time.Second)
-	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}, envd: NewEnvdTransport(dial)}
 }
 
 // newTransport is an HTTP/1.1 transport whose connections dial makes, keeping
@@ -77,9 +81,19 @@ func TCPDialer(addr string) func(ctx context.Context) (net.Conn, error) {
 	}
 }
 
-// CloseIdleConnections closes the client's idle connections (e.g. before the sandbox
-// is hibernated). Later calls dial again.
-func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
+// CloseIdleConnections closes the client's idle connections, envd's included
+// (e.g. before the sandbox is hibernated). Later calls dial again.
+func (c *Client) CloseIdleConnections() {
+	c.tr.CloseIdleConnections()
+	c.envd.CloseIdleConnections()
+}
+
+// EnvdTransport returns the transport of the client's envd requests
+// (EnvdTransport: envd's own paths, rewritten with proto.EnvdPath), whose
+// connections are made by the client's dial function and kept alive between
+// requests, at most 4 idle ones for 30 s; CloseIdleConnections closes them.
+// Whether the agent serves envd at all is Envd's to say.
+func (c *Client) EnvdTransport() *EnvdTransport { return c.envd }
 
 // ErrUnsupportedVersion is the error (via errors.Is) of an agent whose protocol
 // version this host does not speak: below proto.MinVersion or above proto.Version.
@@ -509,22 +523,25 @@ func NewEnvdTransport(dial func(ctx context.Context) (net.Conn, error)) *EnvdTra
 	return &EnvdTransport{tr: newTransport(dial, 30*time.Second)}
 }
 
-// maxBufferedEnvdBody is the largest request body EnvdTransport reads whole
-// before sending it (every Connect unary and server-streaming call, small
-// uploads); larger and unsized bodies (client streams, uploads) are streamed.
+// maxBufferedEnvdBody is the largest request body of an RPC (every Connect
+// unary and server-streaming call) that EnvdTransport reads whole before
+// sending it; larger and unsized bodies (client streams) and every body of
+// envd's plain HTTP paths (the uploads of POST /files) are streamed.
 const maxBufferedEnvdBody = 1 << 20
 
 // RoundTrip sends req to the agent with its path rewritten (req is not changed).
 //
-// A small request body of known length is read whole first. envd answers a
+// A small RPC request body of known length is read whole first. envd answers a
 // server-streaming call as soon as it has read the request's one message; when
 // the answer comes before net/http's transport has finished with the body it
 // closes the body, and a body owned by an incoming request (a front forwarding
 // it) then fails the transport's last read, which cuts the answer's connection
-// mid-stream. A body held in memory cannot fail that way.
+// mid-stream. A body held in memory cannot fail that way. envd's plain HTTP
+// paths (/files, /health, /envs) read the whole body before they answer, so
+// an upload is passed on as it arrives, without a copy.
 func (t *EnvdTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody && req.ContentLength > 0 && req.ContentLength <= maxBufferedEnvdBody {
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength > 0 && req.ContentLength <= maxBufferedEnvdBody && envdRPC(req.URL.Path) {
 		// Exactly ContentLength bytes: waiting for EOF would wait for a
 		// writer (connect-go's request pipe) that closes only later.
 		b := make([]byte, req.ContentLength)
@@ -545,5 +562,11 @@ func (t *EnvdTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // CloseIdleConnections closes the transport's idle connections (before the
-// sandbox hibernates: an idle connection to it counts as a request in flight).
+// sandbox hibernates: a checkpoint keeps no connection).
 func (t *EnvdTransport) CloseIdleConnections() { t.tr.CloseIdleConnections() }
+
+// envdRPC reports whether an envd path (before proto.EnvdPath) names a method
+// of envd's RPC services, not one of its plain HTTP paths ("/files", …).
+func envdRPC(path string) bool {
+	return strings.HasPrefix(path, proto.EnvdProcessPrefix) || strings.HasPrefix(path, proto.EnvdFilesystemPrefix)
+}

@@ -280,3 +280,58 @@ func TestEnvdTransport(t *testing.T) {
 		t.Fatalf("agent got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestEnvdTransportUploadStreamed: an upload to envd's /files of known length
+// reaches the agent as it is written, not once it is whole (the agent answers
+// here after its first bytes, before the rest is sent).
+func TestEnvdTransportUploadStreamed(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		w.Write(b)
+	}))
+	t.Cleanup(hs.Close)
+	tr := agentclient.NewEnvdTransport(agentclient.TCPDialer(strings.TrimPrefix(hs.URL, "http://")))
+	t.Cleanup(tr.CloseIdleConnections)
+
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://envd/files?path=/tmp/up", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = 64 << 10
+	req.Header.Set("Content-Type", "application/octet-stream")
+	go pw.Write([]byte("first"))
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		done <- answer{resp, err}
+	}()
+	var resp *http.Response
+	select {
+	case a := <-done:
+		if a.err != nil {
+			t.Fatalf("the upload's answer before its end: %v", a.err)
+		}
+		resp = a.resp
+	case <-time.After(5 * time.Second):
+		pw.CloseWithError(errors.New("test over"))
+		t.Fatal("no answer after 5 s: the upload was held back until whole")
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "first" {
+		t.Fatalf("the agent read %q first, want %q", b, "first")
+	}
+}
