@@ -30,7 +30,9 @@ import (
 //   - hibernated, error: any instance is stopped.
 //
 // Then every engine instance that no running sandbox owns is stopped, and staged
-// snapshots that never committed are removed.
+// snapshots that never committed are removed. Warm pools' ready clones have no
+// records (pool.go): a crash leaves their instances, which are stopped here as
+// orphans, and the pools refill once the server runs (RunPools).
 func (m *Manager) Reconcile(ctx context.Context) error {
 	m.finishInterruptedCheckpoints(ctx)
 	if err := m.cfg.Store.Recover(ctx); err != nil {
