@@ -42,6 +42,9 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/nodes":                              {"get"},
+		"/v1/pools":                              {"get"},
+		"/v1/images/{name}/pool":                 {"put"},
+		"/v1/snapshots/{id}/pool":                {"put"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},
@@ -151,6 +154,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ResumeHook":            ResumeHook{},
 		"StoreUsage":            StoreUsage{},
 		"Node":                  Node{}, "NodeResources": NodeResources{}, "ListNodesResponse": ListNodesResponse{},
+		"Pool": Pool{SnapshotID: "s", MemoryMiB: 1, Error: "e"}, "SetPoolRequest": SetPoolRequest{Size: new(int)}, "ListPoolsResponse": ListPoolsResponse{},
 	}
 	for name, v := range cases {
 		raw, ok := doc.Components.Schemas[name]
