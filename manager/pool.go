@@ -57,6 +57,10 @@ const MaxPoolSize = 16
 // poolRetry is how long a pool whose refill failed waits before the next try.
 const poolRetry = 10 * time.Second
 
+// refillDelay is how long the refill waits after a take: a restore competes
+// for the CPU with the taken sandbox's first requests (2 cores here).
+const refillDelay = 250 * time.Millisecond
+
 type poolKey struct {
 	kind metadata.PoolKind
 	name string
@@ -83,8 +87,10 @@ type poolState struct {
 type pools struct {
 	mu    sync.Mutex
 	state map[poolKey]*poolState
-	// kick wakes the refill loop (a take, a new size).
-	kick chan struct{}
+	// kick wakes the refill loop (a take, a new size); lastTake is when a
+	// clone was last taken (under mu).
+	kick     chan struct{}
+	lastTake time.Time
 	// setMu serializes the changes of pool records (SetImagePool,
 	// SetSnapshotPool, a new template snapshot).
 	setMu sync.Mutex
@@ -274,6 +280,17 @@ func (m *Manager) RunPools(ctx context.Context) {
 // poolRetry.
 func (m *Manager) fillPools(ctx context.Context) {
 	for ctx.Err() == nil {
+		m.pools.mu.Lock()
+		wait := refillDelay - time.Since(m.pools.lastTake)
+		m.pools.mu.Unlock()
+		if wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			continue
+		}
 		p, ok := m.nextFill(ctx)
 		if !ok {
 			return
@@ -618,6 +635,7 @@ func (m *Manager) takeClone(k poolKey, want *metadata.Sandbox) *pooledClone {
 		}
 		if sameSpec(poolSpec(m.spec(&w, "")), c.spec) {
 			st.ready = slices.Delete(st.ready, i, i+1)
+			m.pools.lastTake = time.Now()
 			m.kickPools()
 			return c
 		}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the resume benchmark against a fresh server on a scratch data directory and
-# stops that server (by its pid) afterwards. Arguments go to `torpor bench resume`.
+# stops that server (by its pid) afterwards. Arguments go to `torpor bench resume`;
+# with `pool` first, the rest go to `torpor bench pool` (warm pools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
@@ -26,4 +27,9 @@ for _ in $(seq 100); do
   curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@"
+if [ "${1:-}" = pool ]; then
+  shift
+  TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench pool "$@"
+else
+  TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@"
+fi
