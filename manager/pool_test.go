@@ -235,3 +235,38 @@ func TestPoolCrash(t *testing.T) {
 		t.Fatalf("sandboxes after the restart: %+v", all)
 	}
 }
+
+// TestPoolStandbyBudget: ready clones count against the standby budget with
+// the paused sandboxes: a pool fills only as far as the budget allows, and
+// when a paused sandbox needs the room a ready clone is stopped (the paused
+// sandbox is not demoted).
+func TestPoolStandbyBudget(t *testing.T) {
+	budget := 2*manager.DefaultMemoryMiB + 32 // two clones, then 32 MiB to spare
+	h := newHost(t, hostOpts{lifecycle: manager.LifecycleConfig{StandbyMemoryMiB: budget, CheckInterval: 20 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.m.RunLifecycle(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	h.runPools()
+	sb := h.create() // 64 MiB, before the pool: never idle long enough to pause by itself here
+	if _, err := h.m.SetImagePool(context.Background(), "tiny", 3); err != nil {
+		t.Fatal(err)
+	}
+	h.waitReady("image", "tiny", 2)
+	time.Sleep(200 * time.Millisecond)
+	if n := h.m.PoolReady("image", "tiny"); n != 2 {
+		t.Fatalf("%d clones ready with a budget for 2", n)
+	}
+	h.pause(sb.ID)
+	h.waitReady("image", "tiny", 1)
+	time.Sleep(200 * time.Millisecond)
+	if rec := h.record(sb.ID); rec.State != sandbox.StatePaused {
+		t.Fatalf("the paused sandbox is %s: demoted instead of a ready clone", rec.State)
+	}
+	if n := h.m.PoolReady("image", "tiny"); n != 1 {
+		t.Fatalf("%d clones ready with a paused sandbox in the budget, want 1", n)
+	}
+	if p, _ := h.m.GetPool(context.Background(), "image", "tiny"); p.Size != 3 || p.Ready != 1 {
+		t.Fatalf("pool %+v", p)
+	}
+}
