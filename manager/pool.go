@@ -619,28 +619,43 @@ func sameSpec(a, b engine.Spec) bool {
 }
 
 // takeClone pops a ready clone of pool k that starts the sandbox want would
-// (its record as a create or fork would make it), or returns nil.
+// (its record as a create or fork would make it), or returns nil. With
+// want.ImageDigest set (a create), clones of another digest (the image was
+// replaced) are stopped and the pool refills with the new one.
 func (m *Manager) takeClone(k poolKey, want *metadata.Sandbox) *pooledClone {
+	var stale []*pooledClone
+	defer func() {
+		if len(stale) > 0 {
+			m.stopClones(context.Background(), stale)
+			m.kickPools()
+		}
+	}()
 	m.pools.mu.Lock()
 	defer m.pools.mu.Unlock()
 	st := m.pools.state[k]
 	if st == nil {
 		return nil
 	}
-	for i, c := range st.ready {
+	var take *pooledClone
+	kept := st.ready[:0]
+	for _, c := range st.ready {
 		w := *want
 		w.GuestDigest = c.rec.GuestDigest // the snapshot's (checked for images by imageTemplate)
-		if want.ImageDigest != "" && want.ImageDigest != c.rec.ImageDigest {
-			continue
-		}
-		if sameSpec(poolSpec(m.spec(&w, "")), c.spec) {
-			st.ready = slices.Delete(st.ready, i, i+1)
-			m.pools.lastTake = time.Now()
-			m.kickPools()
-			return c
+		switch {
+		case want.ImageDigest != "" && want.ImageDigest != c.rec.ImageDigest:
+			stale = append(stale, c)
+		case take == nil && sameSpec(poolSpec(m.spec(&w, "")), c.spec):
+			take = c
+		default:
+			kept = append(kept, c)
 		}
 	}
-	return nil
+	st.ready = kept
+	if take != nil {
+		m.pools.lastTake = time.Now()
+		m.kickPools()
+	}
+	return take
 }
 
 // putBack returns clones taken but not used to their pool.
