@@ -676,7 +676,6 @@ func (m *Manager) putBack(k poolKey, cs []*pooledClone) {
 // failure c is left in state error and the error returned.
 func (m *Manager) startPooled(ctx context.Context, c *metadata.Sandbox, pc *pooledClone) error {
 	defer m.adm.drop(pc.res)
-	start := time.Now()
 	eng := m.eng(c)
 	p, ok := eng.Engine.(engine.Pauser)
 	if !ok {
@@ -701,7 +700,6 @@ func (m *Manager) startPooled(ctx context.Context, c *metadata.Sandbox, pc *pool
 	c.LastResume = m.runContract(ctx, c, c.Generation, true, false, c.SnapshotID, launched)
 	t := time.Now().UTC()
 	c.LastResumeAt = &t
-	c.ResumeMS = time.Since(start).Milliseconds()
 	return m.setState(ctx, c, sandbox.StateRunning)
 }
 
@@ -725,6 +723,7 @@ func (m *Manager) createPooled(ctx context.Context, s *metadata.Sandbox) (sandbo
 		return sandbox.Sandbox{}, false, nil
 	}
 	ctx = context.WithoutCancel(ctx)
+	start := time.Now()
 	m.asPooled(s, pc)
 	gen, err := m.cfg.DB.NextGeneration(ctx)
 	if err == nil {
@@ -740,7 +739,7 @@ func (m *Manager) createPooled(ctx context.Context, s *metadata.Sandbox) (sandbo
 	}
 	m.writeResolvConf(ctx, s)
 	m.cfg.Metrics.created.Inc()
-	m.log.Info("created from the warm pool", "sandbox", s.ID, "image", s.Image, "instance", s.Instance, "ms", s.ResumeMS)
+	m.log.Info("created from the warm pool", "sandbox", s.ID, "image", s.Image, "instance", s.Instance, "ms", msf(time.Since(start)))
 	return m.view(ctx, s), true, nil
 }
 
