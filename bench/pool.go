@@ -47,6 +47,9 @@ type PoolResult struct {
 	PoolSize int
 	Pooled   Summary
 	Unpooled Summary
+	// PooledCall and UnpooledCall are the create calls alone (until their
+	// answer), of the same samples.
+	PooledCall, UnpooledCall Summary
 	// Refill is how long the pool took to have PoolSize ready again after a
 	// pooled create (until GET /v1/pools said so).
 	Refill Summary
@@ -110,52 +113,55 @@ func Pool(ctx context.Context, o PoolOptions) (PoolResult, error) {
 	if _, err := waitPoolReady(ctx, c, o.Image, o.PoolSize); err != nil {
 		return res, err
 	}
-	var pooled, unpooled, refill []float64
+	var pooled, unpooled, refill, pooledCall, unpooledCall []float64
 	for i := 0; i < o.Samples; i++ {
-		d, forked, err := createFirstExec(ctx, c, apiv1.CreateSandboxRequest{Image: o.Image})
+		d, call, forked, err := createFirstExec(ctx, c, apiv1.CreateSandboxRequest{Image: o.Image})
 		if err != nil {
 			return res, fmt.Errorf("pooled create %d: %w", i+1, err)
 		}
 		if !forked {
 			return res, fmt.Errorf("pooled create %d: the sandbox was started, not taken from the pool", i+1)
 		}
-		pooled = append(pooled, msOf(d))
+		pooled, pooledCall = append(pooled, msOf(d)), append(pooledCall, msOf(call))
 		t0 := time.Now()
 		if _, err := waitPoolReady(ctx, c, o.Image, o.PoolSize); err != nil {
 			return res, err
 		}
 		refill = append(refill, msOf(time.Since(t0)))
-		d, forked, err = createFirstExec(ctx, c, apiv1.CreateSandboxRequest{Image: o.Image, Env: map[string]string{"TORPOR_BENCH": "unpooled"}})
+		d, call, forked, err = createFirstExec(ctx, c, apiv1.CreateSandboxRequest{Image: o.Image, Env: map[string]string{"TORPOR_BENCH": "unpooled"}})
 		if err != nil {
 			return res, fmt.Errorf("unpooled create %d: %w", i+1, err)
 		}
 		if forked {
 			return res, fmt.Errorf("unpooled create %d: took a clone", i+1)
 		}
-		unpooled = append(unpooled, msOf(d))
+		unpooled, unpooledCall = append(unpooled, msOf(d)), append(unpooledCall, msOf(call))
 		fmt.Fprintf(progress, "sample %d/%d: pooled %.1f ms, unpooled %.1f ms, refill %.0f ms\n", i+1, o.Samples,
 			pooled[i], unpooled[i], refill[i])
 	}
 	res.Pooled, res.Unpooled, res.Refill = Summarize(pooled), Summarize(unpooled), Summarize(refill)
+	res.PooledCall, res.UnpooledCall = Summarize(pooledCall), Summarize(unpooledCall)
 	return res, nil
 }
 
 // createFirstExec creates a sandbox with req, runs `true` in it, and
 // deletes it; it returns the time from the create call to the exec's
-// answer and whether the sandbox was a clone (taken from a pool).
-func createFirstExec(ctx context.Context, c *client.Client, req apiv1.CreateSandboxRequest) (time.Duration, bool, error) {
+// answer, the create call's alone, and whether the sandbox was a clone
+// (taken from a pool).
+func createFirstExec(ctx context.Context, c *client.Client, req apiv1.CreateSandboxRequest) (total, call time.Duration, forked bool, err error) {
 	t0 := time.Now()
 	sb, err := c.CreateSandbox(ctx, req)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
+	call = time.Since(t0)
 	defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
 	_, stderr, code, err := c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"true"}})
-	d := time.Since(t0)
+	total = time.Since(t0)
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, stderr)
 	}
-	return d, sb.LastResume != nil && sb.LastResume.Forked, err
+	return total, call, sb.LastResume != nil && sb.LastResume.Forked, err
 }
 
 // waitPoolReady waits until image's pool has n clones ready.
@@ -198,7 +204,8 @@ func PrintPool(w io.Writer, r PoolResult, asJSON bool) error {
 	for _, row := range []struct {
 		name string
 		s    Summary
-	}{{"pooled", r.Pooled}, {"unpooled", r.Unpooled}, {"pool refill (one clone)", r.Refill}} {
+	}{{"pooled", r.Pooled}, {"  of which the create call", r.PooledCall}, {"unpooled", r.Unpooled},
+		{"  of which the create call", r.UnpooledCall}, {"pool refill (one clone)", r.Refill}} {
 		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", row.name, row.s.P50, row.s.P90, row.s.P99, row.s.Max, row.s.N)
 	}
 	met := "met"
