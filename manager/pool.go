@@ -684,6 +684,7 @@ func (m *Manager) startPooled(ctx context.Context, c *metadata.Sandbox, pc *pool
 		m.fail(ctx, c, err)
 		return err
 	}
+	start := time.Now()
 	if err := eng.bound(ctx, m.cfg.EngineTimeouts.Stop, "unpause", c.Instance, func(ctx context.Context) error {
 		return p.Unpause(ctx, c.Instance)
 	}); err != nil {
@@ -698,9 +699,13 @@ func (m *Manager) startPooled(ctx context.Context, c *metadata.Sandbox, pc *pool
 	m.mu.Unlock()
 	m.watch(c.ID, c.Instance)
 	c.LastResume = m.runContract(ctx, c, c.Generation, true, false, c.SnapshotID, launched)
-	t := time.Now().UTC()
+	tRecord := time.Now()
+	t := tRecord.UTC()
 	c.LastResumeAt = &t
-	return m.setState(ctx, c, sandbox.StateRunning)
+	err := m.setState(ctx, c, sandbox.StateRunning)
+	m.log.Info("pool: clone taken", "sandbox", c.ID, "instance", c.Instance, "unpause_ms", msf(launched.Sub(start)),
+		"contract_ms", msf(tRecord.Sub(launched)), "record_ms", msf(time.Since(tRecord)))
+	return err
 }
 
 // asPooled gives record c (a create's or a fork's, not yet persisted) ready
