@@ -1141,8 +1141,19 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	// (pool.go): they hold their memory already. Those not used on a
 	// failure go back.
 	pooled := m.takeForFork(src, ids)
-	used := 0
-	defer func() { m.putBack(poolKey{metadata.PoolSnapshot, src.SnapshotID}, pooled[used:]) }()
+	used, launched := 0, false
+	var clones []*metadata.Sandbox
+	defer func() {
+		if !launched { // a failure before the clones start: the ones given a record are stopped
+			m.stopClones(context.WithoutCancel(ctx), pooled[:used])
+			for _, c := range clones[:min(used, len(clones))] {
+				if c != nil {
+					m.fail(context.WithoutCancel(ctx), c, errors.New("fork failed before this clone started"))
+				}
+			}
+		}
+		m.putBack(poolKey{metadata.PoolSnapshot, src.SnapshotID}, pooled[used:])
+	}()
 	if len(pooled) < count {
 		release, err := m.admit(ctx, "fork", id, (count-len(pooled))*src.MemoryMiB, ids[len(pooled):]...)
 		if err != nil {
@@ -1174,7 +1185,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
 		}
 	}
-	clones := make([]*metadata.Sandbox, count)
+	clones = make([]*metadata.Sandbox, count)
 	now := time.Now().UTC()
 	for i := range clones {
 		gen, err := m.cfg.DB.NextGeneration(ctx)
@@ -1201,6 +1212,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		clones[i] = c
 	}
 	// Restore the clones two at a time (the machines have 2 cores).
+	launched = true
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 2)
 	errs := make([]error, count)
