@@ -767,3 +767,56 @@ func (m *Manager) takeForFork(src *metadata.Sandbox, ids []string) []*pooledClon
 	}
 	return out
 }
+
+// startPooledFromSnapshot is StartFromSnapshot's path for kept snapshot rec
+// when its warm pool has a ready clone for spec (policies pol): the clone
+// becomes the new sandbox, as a fork clone of the snapshot. It returns false
+// when there is none.
+func (m *Manager) startPooledFromSnapshot(ctx context.Context, rec *metadata.Snapshot, spec sandbox.Spec, pol sandbox.Policy) (sandbox.Sandbox, bool, error) {
+	if pol.HibernationMode != sandbox.ModeMemory || len(pol.Volumes) > 0 {
+		return sandbox.Sandbox{}, false, nil
+	}
+	man, err := m.cfg.Store.Manifest(ctx, rec.ID)
+	if err != nil || isFilesystemManifest(man) {
+		return sandbox.Sandbox{}, false, nil
+	}
+	env := maps.Clone(man.Spec.Env)
+	if len(spec.Env) > 0 && env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, spec.Env)
+	now := time.Now().UTC()
+	c := &metadata.Sandbox{ID: NewSandboxID(), State: sandbox.StateCreating, Image: man.Spec.Image,
+		MemoryMiB: man.Spec.MemoryMiB, CPUs: man.Spec.CPUs, Env: env, ForkedFrom: rec.SandboxID,
+		Metadata: spec.Metadata, CreatedAt: now, StateChangedAt: now, Policy: pol}
+	k := poolKey{metadata.PoolSnapshot, rec.ID}
+	m.pools.mu.Lock()
+	if st := m.pools.state[k]; st != nil && len(st.ready) > 0 {
+		// A restore keeps the snapshot's limits (engine.Spec): the record
+		// says what the clone has.
+		c.PidsLimit = st.ready[0].rec.PidsLimit
+	}
+	m.pools.mu.Unlock()
+	pc := m.takeClone(k, c)
+	if pc == nil {
+		return sandbox.Sandbox{}, false, nil
+	}
+	m.asPooled(c, pc)
+	gen, err := m.cfg.DB.NextGeneration(ctx)
+	if err == nil {
+		c.Generation = gen
+		err = m.cfg.DB.CreateSandbox(ctx, c)
+	}
+	if err != nil {
+		m.stopClones(ctx, []*pooledClone{pc})
+		return sandbox.Sandbox{}, true, err
+	}
+	unlock, _ := m.lock(ctx, c.ID)
+	defer unlock()
+	if err := m.startPooled(ctx, c, pc); err != nil {
+		return m.view(ctx, c), true, fmt.Errorf("start from snapshot %s: %w", rec.ID, err)
+	}
+	m.writeResolvConf(ctx, c)
+	m.cfg.Metrics.created.Inc()
+	return m.view(ctx, c), true, nil
+}

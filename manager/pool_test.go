@@ -2,6 +2,7 @@ package manager_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -268,5 +269,48 @@ func TestPoolStandbyBudget(t *testing.T) {
 	}
 	if p, _ := h.m.GetPool(context.Background(), "image", "tiny"); p.Size != 3 || p.Ready != 1 {
 		t.Fatalf("pool %+v", p)
+	}
+}
+
+// TestPoolKeptSnapshotStart: a start from a kept snapshot with a pool (E2B's
+// create from a snapshot template) takes a ready clone: not restored, told
+// forked, the snapshot's state; a start with other env is restored.
+func TestPoolKeptSnapshotStart(t *testing.T) {
+	ctx := context.Background()
+	h := newHost(t, hostOpts{})
+	h.runPools()
+	src := h.create()
+	h.writeFile(src.ID, "/state", "kept")
+	kept, err := h.m.KeepSnapshot(ctx, src.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.SetSnapshotPool(ctx, kept.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	h.waitReady("snapshot", kept.ID, 1)
+	restores := h.eng.Calls(fake.Restore)
+	sb, err := h.m.StartFromSnapshot(ctx, kept.ID, sandbox.Spec{Metadata: map[string]string{"k": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.eng.Calls(fake.Restore) != restores {
+		t.Fatal("a start from a pooled snapshot restored")
+	}
+	if sb.LastResume == nil || !sb.LastResume.Forked || sb.Metadata["k"] != "v" || h.readFile(sb.ID, "/state") != "kept" {
+		t.Fatalf("pooled start: %+v", sb)
+	}
+	other, err := h.m.StartFromSnapshot(ctx, kept.ID, sandbox.Spec{Env: map[string]string{"X": "1"}})
+	if err != nil || other.LastResume == nil || !other.LastResume.Forked {
+		t.Fatalf("start with env: %+v %v", other, err)
+	}
+	if inst := h.record(other.ID).Instance; !strings.HasPrefix(inst, other.ID+"-") {
+		t.Fatalf("a start with another env runs on %s: a ready clone, not its own restore", inst)
+	}
+	if inst := h.record(sb.ID).Instance; strings.HasPrefix(inst, sb.ID+"-") {
+		t.Fatalf("the pooled start runs on %s, its own restore", inst)
 	}
 }
