@@ -33,9 +33,10 @@ import (
 //
 // What takes one: a create of the image whose spec is the template's (no env,
 // volumes or egress fields; the default memory, CPUs and pids limit; mode
-// memory), and a fork of a sandbox hibernated or paused on a template
-// snapshot whose clones would have the pool's spec (any other fork or create
-// does what it does without a pool). Each clone is taken once: the ready list
+// memory), a fork of a sandbox hibernated or paused on a template snapshot
+// whose clones would have the pool's spec, and a start from a kept template
+// snapshot (StartFromSnapshot) with that spec (any other fork, create or
+// start does what it does without a pool). Each clone is taken once: the ready list
 // is popped under a mutex. A taken clone is a clone in every sense of the
 // resume contract: the guest is told it is forked with a new generation, so
 // it reseeds and wipes fork-unsafe secrets, as a fork's clone does.
