@@ -167,6 +167,9 @@ func TestPoolCreate(t *testing.T) {
 	if a.ID == b.ID || a.Generation == b.Generation {
 		t.Fatalf("two creates: %s gen %d, %s gen %d", a.ID, a.Generation, b.ID, b.Generation)
 	}
+	if n := metric(t, srv, "torpor_pool_clones_taken_total"); n != 2 {
+		t.Errorf("torpor_pool_clones_taken_total %v after two pooled creates, want 2", n)
+	}
 	draws := map[string]bool{}
 	for _, sb := range sbs {
 		wantContract(t, sb, "resume", true)

@@ -459,6 +459,7 @@ func (m *Manager) fillOne(ctx context.Context, p metadata.Pool) error {
 	st.err, st.memMiB = "", c.MemoryMiB
 	n := len(st.ready)
 	m.pools.mu.Unlock()
+	m.cfg.Metrics.poolFilled.Inc()
 	m.log.Info("pool: clone ready", "template", p.Kind, "name", p.Name, "instance", c.Instance, "ready", n,
 		"size", cur.Size, "ms", time.Since(start).Milliseconds())
 	return nil
@@ -704,6 +705,7 @@ func (m *Manager) startPooled(ctx context.Context, c *metadata.Sandbox, pc *pool
 	t := tRecord.UTC()
 	c.LastResumeAt = &t
 	err := m.setState(ctx, c, sandbox.StateRunning)
+	m.cfg.Metrics.poolTaken.Inc()
 	m.log.Info("pool: clone taken", "sandbox", c.ID, "instance", c.Instance, "unpause_ms", msf(launched.Sub(start)),
 		"contract_ms", msf(tRecord.Sub(launched)), "record_ms", msf(time.Since(tRecord)))
 	return err
