@@ -4,7 +4,8 @@
 #   make test    setup + build + go test (real runsc sandboxes; run as root)
 #   make run     setup + build + the quickstart
 #   make bench   the resume benchmark (20 cycles at 64 MiB and 512 MiB)
-#   make soak    the crash harness: 50 SIGKILLs of the server amid sandbox calls (docs/operations.md)
+#   make soak    the crash harness (50 SIGKILLs of the server amid sandbox calls), then the load soak
+#                (SOAK_DURATION, default 30m, of many small sandboxes; leak trends) (docs/operations.md)
 #   make fuzz    every fuzz target for FUZZTIME (default 60s), one after another (docs/fuzzing.md)
 #   make proto   regenerate the E2B envd Go code in api/e2b/envd/gen from its .proto files
 
@@ -88,9 +89,15 @@ run: setup
 bench: setup
 	bash scripts/bench.sh --cycles 20 --working-set 64MiB,512MiB
 
-# soak: TestCrashHarness with 50 kills (make test runs its short form, 5 kills).
+# soak: TestCrashHarness with 50 kills (make test runs its short form, 5 kills),
+# then TestLoadSoak for SOAK_DURATION (make test skips it); SOAK_SANDBOXES sets
+# its number of sandboxes (default: what a twelfth of the available memory holds).
+SOAK_DURATION ?= 30m
+SOAK_SANDBOXES ?=
 soak: setup
 	TORPOR_CRASH_KILLS=50 $(GO) test -count=1 -timeout 60m -run '^TestCrashHarness$$' -v ./e2e
+	TORPOR_SOAK_DURATION=$(SOAK_DURATION) TORPOR_SOAK_SANDBOXES=$(SOAK_SANDBOXES) \
+		$(GO) test -count=1 -timeout 6h -run '^TestLoadSoak$$' -v ./e2e
 
 # fuzz: each decoder of outside bytes fuzzed for FUZZTIME in turn (their seed
 # corpora, testdata/fuzz/, run in every `make test`). New inputs that widen

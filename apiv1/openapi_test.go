@@ -39,6 +39,7 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/snapshots/{id}":                     {"get", "delete"},
 		"/v1/snapshots/{id}/verify":              {"post"},
 		"/v1/store":                              {"get"},
+		"/v1/sandboxes/{id}/metrics":             {"get"},
 		"/v1/images":                             {"get"},
 		"/v1/volumes":                            {"post", "get"},
 		"/v1/nodes":                              {"get"},
@@ -152,8 +153,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ResumeClock":           ResumeClock{},
 		"ResumeSubscribers":     ResumeSubscribers{},
 		"ResumeHook":            ResumeHook{},
-		"StoreUsage":            StoreUsage{},
-		"Node":                  Node{}, "NodeResources": NodeResources{}, "ListNodesResponse": ListNodesResponse{},
+		"StoreUsage":            StoreUsage{}, "SandboxMetrics": SandboxMetrics{},
+		"Node": Node{}, "NodeResources": NodeResources{}, "ListNodesResponse": ListNodesResponse{},
 		"Pool": Pool{SnapshotID: "s", MemoryMiB: 1, Error: "e"}, "SetPoolRequest": SetPoolRequest{Size: new(int)}, "ListPoolsResponse": ListPoolsResponse{},
 	}
 	for name, v := range cases {

@@ -485,6 +485,22 @@ type PauseResponse struct {
 	Unchanged bool `json:"unchanged,omitempty"`
 }
 
+// SandboxMetrics is the body of GET /v1/sandboxes/{id}/metrics: what a running
+// or paused sandbox's instance uses now, read from its cgroup (the guest's
+// processes and gVisor's kernel for it). A hibernated sandbox has no instance
+// and answers 409.
+type SandboxMetrics struct {
+	At    time.Time `json:"at"`
+	State string    `json:"state"`
+	// CPUTimeS is the CPU time, in seconds, used since the instance started
+	// (it restarts at 0 after a resume: a resumed sandbox is a new instance).
+	CPUTimeS float64 `json:"cpu_time_s"`
+	// MemoryBytes is what the instance's cgroup charges now (guest memory,
+	// gVisor's own and page cache); MemoryLimitBytes its limit, in bytes.
+	MemoryBytes      int64 `json:"memory_bytes"`
+	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+}
+
 // ResumeResponse is the body of POST /v1/sandboxes/{id}/resume.
 type ResumeResponse struct {
 	Sandbox
@@ -537,17 +553,18 @@ type BuildEvent struct {
 
 // Error codes, each with its HTTP status.
 const (
-	CodeNotFound         = "not_found"              // 404
-	CodeUnauthenticated  = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
-	CodeRateLimited      = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
-	CodeInvalidArgument  = "invalid_argument"       // 400; 413 for a body over the limit
-	CodeMethodNotAllowed = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
-	CodeConflict         = "conflict"               // 409: the sandbox's state does not allow the call
-	CodeSnapshotCorrupt  = "snapshot_corrupt"       // 422: a snapshot file failed its checksum
-	CodeIdempotencyReuse = "idempotency_key_reused" // 422: an Idempotency-Key sent again with another call
-	CodeUnavailable      = "unavailable"            // 503
-	CodeBadGateway       = "bad_gateway"            // 502: nothing answers on the proxied port
-	CodeInternal         = "internal"               // 500
+	CodeNotFound            = "not_found"              // 404
+	CodeUnauthenticated     = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
+	CodeRateLimited         = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
+	CodeInvalidArgument     = "invalid_argument"       // 400; 413 for a body over the limit
+	CodeMethodNotAllowed    = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
+	CodeConflict            = "conflict"               // 409: the sandbox's state does not allow the call
+	CodeSnapshotCorrupt     = "snapshot_corrupt"       // 422: a snapshot file failed its checksum
+	CodeIdempotencyReuse    = "idempotency_key_reused" // 422: an Idempotency-Key sent again with another call
+	CodeUnavailable         = "unavailable"            // 503
+	CodeInsufficientStorage = "insufficient_storage"   // 507: the data directory's disk is full; the message names it
+	CodeBadGateway          = "bad_gateway"            // 502: nothing answers on the proxied port
+	CodeInternal            = "internal"               // 500
 )
 
 // ErrorBody is the body of every error answer: {"error":{"code":…,"message":…}}.

@@ -80,6 +80,19 @@ type Options struct {
 	ScratchDir string
 	// SkipRaw leaves the raw runsc measurement out.
 	SkipRaw bool
+	// Wakes is how many hibernated sandboxes are woken at once, at the first
+	// working set only (default DefaultWakes), in DefaultWakeRounds rounds;
+	// SkipWakes leaves the case out.
+	Wakes     int
+	SkipWakes bool
+	// ForkCycles is how many forks of count 1 and of count 4 of the running
+	// sandbox are measured per working set (default DefaultForkCycles);
+	// SkipFork leaves the case out.
+	ForkCycles int
+	SkipFork   bool
+	// Plot, when set, is a PNG file that Resume draws the latency distributions
+	// into (WritePlot: one panel per working set, each tier beside raw runsc).
+	Plot string
 }
 
 // Result is the measurement of one working set. Times are in milliseconds.
@@ -109,6 +122,30 @@ type Result struct {
 	RawCheckpoint *Summary
 	RawRestore    *Summary
 	RawSkipped    string
+	// Wakes is, for Wakes hibernated sandboxes woken at once, each one's time
+	// from the round's start to its first answer (N = 0 when not measured).
+	Wakes Summary
+	// Fork1 is a fork (count 1) of the running sandbox until its clone's first
+	// answer; Fork4First and Fork4All a fork of 4 until its first clone
+	// answers and until all have (N = 0 when not measured).
+	Fork1, Fork4First, Fork4All Summary
+}
+
+// WakesRatio is Wakes.P99 / Resume.P50: concurrent wakes against one wake
+// (0 when not measured).
+func (r Result) WakesRatio() float64 {
+	if r.Wakes.N == 0 || r.Resume.P50 == 0 {
+		return 0
+	}
+	return r.Wakes.P99 / r.Resume.P50
+}
+
+// Fork4Ratio is Fork4First.P50 / Fork1.P50 (0 when not measured).
+func (r Result) Fork4Ratio() float64 {
+	if r.Fork1.N == 0 || r.Fork1.P50 == 0 {
+		return 0
+	}
+	return r.Fork4First.P50 / r.Fork1.P50
 }
 
 // RatioP50 is Resume.P50 / RawRestore.P50 (0 without a raw measurement).
@@ -126,18 +163,15 @@ func (o *Options) defaults() {
 	if len(o.WorkingSetsMiB) == 0 {
 		o.WorkingSetsMiB = DefaultWorkingSetsMiB
 	}
-	if o.Out == nil {
-		o.Out = os.Stdout
-	}
-	if o.Progress == nil {
-		if o.JSON {
-			o.Progress = io.Discard
-		} else {
-			o.Progress = o.Out
-		}
-	}
+	o.Out, o.Progress = outputs(o.Out, o.Progress, o.JSON)
 	if o.ExecSamples <= 0 {
 		o.ExecSamples = DefaultExecSamples
+	}
+	if o.Wakes <= 0 {
+		o.Wakes = DefaultWakes
+	}
+	if o.ForkCycles <= 0 {
+		o.ForkCycles = DefaultForkCycles
 	}
 	if o.DataDir == "" {
 		o.DataDir = os.Getenv("TORPOR_DATA_DIR")
@@ -181,6 +215,15 @@ func Resume(ctx context.Context, opts Options) error {
 		if err == nil {
 			err = perr
 		}
+		if opts.Plot != "" {
+			perr = WritePlot(opts.Plot, Panels(results))
+			if perr == nil {
+				fmt.Fprintf(opts.Progress, "plot written to %s\n", opts.Plot)
+			}
+			if err == nil {
+				err = perr
+			}
+		}
 	}
 	return err
 }
@@ -204,10 +247,18 @@ func Measure(ctx context.Context, opts Options) ([]Result, error) {
 			raw.close()
 		}
 	}()
-	for _, ws := range opts.WorkingSetsMiB {
+	for i, ws := range opts.WorkingSetsMiB {
 		r, script, digest, err := measureTorpor(ctx, c, opts, ws)
 		if err != nil {
 			return results, err
+		}
+		if i == 0 && !opts.SkipWakes {
+			fmt.Fprintf(opts.Progress, "%d MiB: %d hibernated sandboxes woken at once, %d rounds…\n", ws, opts.Wakes, DefaultWakeRounds)
+			w, err := measureWakes(ctx, c, ws, r.MemoryMiB, opts.Wakes, DefaultWakeRounds)
+			if err != nil {
+				return results, err
+			}
+			r.Wakes = Summarize(w)
 		}
 		switch {
 		case opts.SkipRaw:
@@ -326,6 +377,15 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 		return r, nil, "", err
 	}
 
+	if !opts.SkipFork {
+		fmt.Fprintf(opts.Progress, "%d MiB: %d forks of 1 and of 4 clones of %s…\n", ws, opts.ForkCycles, id)
+		one, first, all, err := measureFork(ctx, c, id, opts.ForkCycles)
+		if err != nil {
+			return r, nil, "", err
+		}
+		r.Fork1, r.Fork4First, r.Fork4All = Summarize(one), Summarize(first), Summarize(all)
+	}
+
 	fmt.Fprintf(opts.Progress, "%d MiB: exec latency of `true`, %d samples…\n", ws, opts.ExecSamples)
 	var ex []float64
 	for i := 0; i < execWarmup+opts.ExecSamples; i++ {
@@ -401,6 +461,14 @@ func WriteTables(w io.Writer, results []Result) error {
 		row("unpause contract window", r.UnpauseWindow)
 		row("pause (with its snapshot)", r.Pause)
 		row("exec true", r.Exec)
+		if r.Wakes.N > 0 {
+			row(fmt.Sprintf("%d concurrent wakes, each", r.Wakes.N/DefaultWakeRounds), r.Wakes)
+		}
+		if r.Fork1.N > 0 {
+			row("fork 1 → clone answers", r.Fork1)
+			row("fork 4 → first clone answers", r.Fork4First)
+			row("fork 4 → all clones answer", r.Fork4All)
+		}
 		if r.RawRestore != nil {
 			row("raw runsc restore to first answer", *r.RawRestore)
 			row("raw runsc checkpoint", *r.RawCheckpoint)
@@ -416,6 +484,13 @@ func WriteTables(w io.Writer, results []Result) error {
 		fmt.Fprintf(&b, "target: exec p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetExecP50MS, passMiss(r.Exec.P50 <= TargetExecP50MS), r.Exec.P50)
 		if r.Paused.N > 0 {
 			fmt.Fprintf(&b, "target: paused -> first request p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetPausedP50MS, passMiss(r.Paused.P50 <= TargetPausedP50MS), r.Paused.P50)
+		}
+		if r.Wakes.N > 0 {
+			fmt.Fprintf(&b, "target: concurrent wakes p99 ≤ %.0f× one resume's p50: %s (%.2f×)\n", TargetWakesRatio, passMiss(r.WakesRatio() <= TargetWakesRatio), r.WakesRatio())
+		}
+		if r.Fork1.N > 0 {
+			fmt.Fprintf(&b, "target: fork → clone answers p50 ≤ %.0f ms: %s (%.1f ms)\n", TargetForkMS, passMiss(r.Fork1.P50 <= TargetForkMS), r.Fork1.P50)
+			fmt.Fprintf(&b, "target: fork of 4 ≤ %.1f× fork of 1 (first clone, p50): %s (%.2f×)\n", TargetFork4Ratio, passMiss(r.Fork4Ratio() <= TargetFork4Ratio), r.Fork4Ratio())
 		}
 	}
 	_, err := io.WriteString(w, b.String())
@@ -455,6 +530,12 @@ type jsonResult struct {
 	PausedP99MS        float64  `json:"paused_p99_ms"`
 	PauseP50MS         float64  `json:"pause_p50_ms"`
 	UnpauseWindowP50MS float64  `json:"unpause_window_p50_ms"`
+	WakesP50MS         *float64 `json:"wakes_p50_ms"`
+	WakesP99MS         *float64 `json:"wakes_p99_ms"`
+	WakesRatio         *float64 `json:"wakes_ratio"`
+	Fork1P50MS         *float64 `json:"fork1_p50_ms"`
+	Fork4FirstP50MS    *float64 `json:"fork4_first_p50_ms"`
+	Fork4AllP50MS      *float64 `json:"fork4_all_p50_ms"`
 	Cycles             int      `json:"cycles"`
 }
 
@@ -482,6 +563,12 @@ func WriteJSON(w io.Writer, results []Result) error {
 			j.RawRestoreP90MS = ptr(round3(r.RawRestore.P90))
 			j.RawCheckpointP50MS = ptr(round3(r.RawCheckpoint.P50))
 			j.RatioP50 = ptr(round3(r.RatioP50()))
+		}
+		if r.Wakes.N > 0 {
+			j.WakesP50MS, j.WakesP99MS, j.WakesRatio = ptr(round3(r.Wakes.P50)), ptr(round3(r.Wakes.P99)), ptr(round3(r.WakesRatio()))
+		}
+		if r.Fork1.N > 0 {
+			j.Fork1P50MS, j.Fork4FirstP50MS, j.Fork4AllP50MS = ptr(round3(r.Fork1.P50)), ptr(round3(r.Fork4First.P50)), ptr(round3(r.Fork4All.P50))
 		}
 		out.Results = append(out.Results, j)
 	}

@@ -33,13 +33,18 @@ func Percentile(samples []float64, p float64) float64 {
 type Summary struct {
 	P50, P90, P99, Max float64
 	N                  int
+	// Samples are the measurements summarized, in the order taken, for plots
+	// (WritePlot); they are left out of the JSON output.
+	Samples []float64 `json:"-"`
 }
 
-// Summarize computes the nearest-rank p50, p90, p99 and the maximum of samples.
+// Summarize computes the nearest-rank p50, p90, p99 and the maximum of samples
+// and keeps a copy of them.
 func Summarize(samples []float64) Summary {
 	return Summary{
 		P50: Percentile(samples, 50), P90: Percentile(samples, 90),
 		P99: Percentile(samples, 99), Max: Percentile(samples, 100), N: len(samples),
+		Samples: append([]float64(nil), samples...),
 	}
 }
 

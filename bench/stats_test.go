@@ -45,7 +45,10 @@ func TestPercentile(t *testing.T) {
 
 func TestSummarize(t *testing.T) {
 	s := Summarize([]float64{4, 1, 3, 2})
-	if s != (Summary{P50: 2, P90: 4, P99: 4, Max: 4, N: 4}) {
+	if s.P50 != 2 || s.P90 != 4 || s.P99 != 4 || s.Max != 4 || s.N != 4 {
 		t.Errorf("Summarize = %+v", s)
+	}
+	if len(s.Samples) != 4 || s.Samples[0] != 4 || s.Samples[3] != 2 {
+		t.Errorf("Summarize kept samples %v, want them in the order given", s.Samples)
 	}
 }

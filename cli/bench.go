@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,9 +21,50 @@ func runBenchResume(ctx context.Context, o benchResumeOptions, out io.Writer) er
 		DataDir:        o.DataDir,
 		RunscPath:      o.RunscPath,
 		AgentPath:      o.AgentPath,
+		Plot:           o.Plot,
+		Wakes:          o.Wakes,
+		SkipWakes:      o.Wakes == 0,
+		ForkCycles:     o.ForkCycles,
+		SkipFork:       o.ForkCycles == 0,
 		// Progress lines go to stderr so that --json output stays clean.
 		Progress: os.Stderr,
 	})
+}
+
+func (a *app) benchStandbyCommand() *cobra.Command {
+	o := bench.StandbyOptions{}
+	cmd := &cobra.Command{
+		Use:   "standby [--paused 20] [--hibernated 100] [--window 60s] [--memory 256] [--json]",
+		Short: "Measure what resting sandboxes cost in each tier: CPU and memory of paused ones, snapshot size and host footprint of hibernated ones",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Paused < 0 || o.Hibernated < 0 || o.Paused+o.Hibernated == 0 {
+				return usagef("--paused %d --hibernated %d: want counts of at least 0, not both 0", o.Paused, o.Hibernated)
+			}
+			if o.Window < time.Second {
+				return usagef("--window %s: want at least 1s", o.Window)
+			}
+			if o.MemoryMiB < 128 {
+				return usagef("--memory %d: want at least 128 (MiB)", o.MemoryMiB)
+			}
+			// 0 means "leave the tier out" here; the package reads it as its default.
+			if o.Paused == 0 {
+				o.Paused = -1
+			}
+			if o.Hibernated == 0 {
+				o.Hibernated = -1
+			}
+			o.URL, o.Out, o.Progress = a.serverURL(), a.stdout, os.Stderr
+			_, err := bench.Standby(cmd.Context(), o)
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&o.Paused, "paused", bench.DefaultStandbyPaused, "paused sandboxes (0 = none)")
+	cmd.Flags().IntVar(&o.Hibernated, "hibernated", bench.DefaultStandbyHibernated, "hibernated sandboxes (0 = none)")
+	cmd.Flags().DurationVar(&o.Window, "window", bench.DefaultStandbyWindow, "how long they rest while measured")
+	cmd.Flags().IntVar(&o.MemoryMiB, "memory", bench.DefaultStandbyMemoryMiB, "each sandbox's memory, MiB")
+	cmd.Flags().BoolVar(&o.JSON, "json", false, "print the result as JSON")
+	return cmd
 }
 
 // benchPoolCommand: torpor bench pool (bench.Pool).

@@ -104,6 +104,7 @@ server's certificate must be signed by a system authority or one in --ca-cert
 		a.imageCommand(),
 		a.volumeCommand(),
 		a.usageCommand(),
+		a.metricsCommand(),
 		a.setCommand(),
 		a.snapshotCommand(),
 		a.keyCommand(),

@@ -59,6 +59,13 @@ func newFakeServer(t *testing.T) *fakeServer {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 		writeJSON(w, 200, sb)
 	}))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
+		if sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
+			writeJSON(w, 409, apiv1.ErrorBody{Error: apiv1.ErrorDetail{Code: apiv1.CodeConflict, Message: "no instance"}})
+			return
+		}
+		writeJSON(w, 200, apiv1.SandboxMetrics{State: string(sb.State), CPUTimeS: 1.5, MemoryBytes: 30 << 20, MemoryLimitBytes: 512 << 20})
+	}))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", f.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *apiv1.Sandbox) {
 		delete(f.sandboxes, sb.ID)
 		w.WriteHeader(204)
@@ -617,6 +624,7 @@ func TestJSONIsTheAPIAnswer(t *testing.T) {
 		{[]string{"usage", "--json"}, "/v1/sandboxes"},
 		{[]string{"usage", "--json", "sb1"}, "/v1/sandboxes/sb1"},
 		{[]string{"inspect", "sb2"}, "/v1/sandboxes/sb2"},
+		{[]string{"metrics", "--json", "sb1"}, "/v1/sandboxes/sb1/metrics"},
 		{[]string{"image", "ls", "--json"}, "/v1/images"},
 	} {
 		if out, want := f.mustRun(c.args...), api(c.path); !sameJSON(out, want) {

@@ -278,3 +278,26 @@ func (a *app) usageCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the API's answer, whose "usage" fields are the metering: with ID the sandbox, else {"sandboxes": [sandbox…]}`)
 	return cmd
 }
+
+func (a *app) metricsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "metrics ID",
+		Short: "Show what a running or paused sandbox uses now: CPU seconds since its instance started, memory held (it wakes nothing)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := a.client().SandboxMetrics(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, m)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s %s: cpu %.3f s, memory %.1f MiB of %.0f MiB\n", args[0], m.State, m.CPUTimeS,
+				float64(m.MemoryBytes)/(1<<20), float64(m.MemoryLimitBytes)/(1<<20))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's answer")
+	return cmd
+}

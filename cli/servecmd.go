@@ -156,6 +156,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.Float64Var(&cfg.IdleCPUThreshold, "idle-cpu-threshold", 0.05, "CPU use, as a fraction of one core, below which a sandbox counts as idle (docs/lifecycle.md)")
 	f.StringVar(&cfg.StandbyMemory, "standby-memory", "auto", "budget of paused sandboxes, counted at their memory limits (4GiB, 2048MiB); beyond it the ones paused longest are hibernated; auto = half of the host's memory, 0 = no budget (docs/lifecycle.md)")
 	addStoreFlags(f, &cfg.Store, "snapshot store: chunked (deduplicated chunks in packs on this disk), s3 (chunks in an S3-compatible bucket, local cache) or plain (one plain file per snapshot file); default: the kind the data directory was set up with (recorded in DATA_DIR/store), chunked for a new one")
+	f.StringVar(&cfg.Store.S3ImagePrefix, "s3-image-prefix", envOr("TORPOR_S3_IMAGE_PREFIX", server.DefaultImagePrefix), "with --store s3: key prefix in the bucket under which images are shared with every server on it (the same for all of them, whatever their --s3-prefix; docs/multi-host.md)")
 	f.Int64Var(&cfg.CacheBytes, "cache-bytes", 10<<30, "size limit of the local chunk cache in front of S3, bytes (LRU; 0 disables)")
 	f.Int64Var(&cfg.OpenBytes, "open-bytes", 20<<30, "size limit of the opened copies (each live snapshot's files, uncompressed, kept for warm resumes and diff hibernates), bytes (LRU, after a minute unused; 0: no limit)")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of E2B's in-sandbox host names, <port>-<sandbox id>.DOMAIN (sandbox.getHost; needs wildcard DNS to this server), sent to E2B's SDKs as the sandboxes' domain; empty: in-sandbox requests are routed by the E2b-Sandbox-Id/-Port headers only (E2B_SANDBOX_URL)")
@@ -232,6 +233,10 @@ type benchResumeOptions struct {
 	DataDir   string
 	RunscPath string
 	AgentPath string
+	// Plot is the PNG file to draw the results into ("" = none).
+	Plot string
+	// Wakes and ForkCycles size the concurrency cases (0 leaves a case out).
+	Wakes, ForkCycles int
 }
 
 func (a *app) benchCommand() *cobra.Command {
@@ -253,6 +258,9 @@ func (a *app) benchCommand() *cobra.Command {
 			if o.Cycles < 1 {
 				return usagef("--cycles %d: want at least 1", o.Cycles)
 			}
+			if o.Wakes < 0 || o.ForkCycles < 0 {
+				return usagef("--wakes %d --fork-cycles %d: want 0 or more", o.Wakes, o.ForkCycles)
+			}
 			sets, err := parseSizesMiB(workingSet)
 			if err != nil {
 				return usagef("--working-set: %v", err)
@@ -271,10 +279,13 @@ func (a *app) benchCommand() *cobra.Command {
 	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	resume.Flags().IntVar(&o.Wakes, "wakes", 10, "hibernated sandboxes woken at once, at the first working set (0 = leave the case out)")
+	resume.Flags().IntVar(&o.ForkCycles, "fork-cycles", 5, "forks of 1 and of 4 clones of the running sandbox per working set (0 = leave the case out)")
+	resume.Flags().StringVar(&o.Plot, "plot", "", "also draw the latency distribution of each tier beside raw runsc as a PNG at this path")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
 	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
 	resume.Flags().StringVar(&o.AgentPath, "agent", "", "torpor-agent for the raw baseline (default $TORPOR_AGENT, else next to torpor)")
-	cmd.AddCommand(resume, a.benchPoolCommand())
+	cmd.AddCommand(resume, a.benchStandbyCommand(), a.benchPoolCommand())
 	return cmd
 }
 

@@ -244,6 +244,8 @@ func codeForStatus(status int) string {
 		return apiv1.CodeSnapshotCorrupt
 	case http.StatusServiceUnavailable:
 		return apiv1.CodeUnavailable
+	case http.StatusInsufficientStorage:
+		return apiv1.CodeInsufficientStorage
 	case http.StatusUnauthorized:
 		return apiv1.CodeUnauthenticated
 	case http.StatusTooManyRequests:
@@ -313,6 +315,16 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (apiv1.Sandbox, erro
 	var sb apiv1.Sandbox
 	err := c.call(ctx, http.MethodGet, sandboxPath(id), nil, &sb)
 	return sb, err
+}
+
+// SandboxMetrics returns what running or paused sandbox id uses now (CPU time
+// since its instance started, memory); it wakes no sandbox. Errors: an
+// *APIError with status 404 for an unknown sandbox, 409 for one without an
+// instance (hibernated, or between states).
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (apiv1.SandboxMetrics, error) {
+	var m apiv1.SandboxMetrics
+	err := c.call(ctx, http.MethodGet, sandboxPath(id)+"/metrics", nil, &m)
+	return m, err
 }
 
 // DeleteSandbox destroys a sandbox and its snapshots.

@@ -41,6 +41,9 @@ type crashSandbox struct {
 	// hibernated: its last acknowledged operation was a hibernate and nothing
 	// was tried on it since, so the API must say hibernated.
 	hibernated bool
+	// paused: likewise for an acknowledged pause: the API must say paused
+	// (a kill of the server alone leaves the paused instance to reattach).
+	paused bool
 	// pid and count of its workload, when known (count is its last answer;
 	// only the checks ask it, so the next answer is count+1).
 	pid   int
@@ -55,6 +58,7 @@ type crashSandbox struct {
 type crashCounts struct {
 	ops, acked, failed map[string]int
 	kills, violations  int
+	killsPaused        int            // kills that found an acknowledged pause the last call on some sandbox
 	verified           map[string]int // what the checks found kept: files, counters, hibernates resumed, states
 	errs               []string       // the first errors of cut or refused operations
 	unacked            int            // sandboxes the API lists that no answer named (cut creates, forks)
@@ -103,15 +107,17 @@ func (h *crashHarness) verified(what string) {
 	h.mu.Unlock()
 }
 
-// TestCrashHarness drives create, exec, file writes, hibernate, resume, fork
-// and delete on up to 4 sandboxes from 3 goroutines while it kills `torpor
-// serve` with SIGKILL at random moments (0.2–3 s apart), restarts it on the
-// same data directory and checks after every restart: each sandbox's state
-// is true (running ones answer an exec, hibernated ones have no runsc
-// process), nothing is orphaned (runsc processes, network namespaces and
-// cgroups of this data directory's scope that no running sandbox owns,
-// snapshot staging directories), each acknowledged hibernate resumes with its workload
-// continuing (same pid, counter +1), and every acknowledged file write reads
+// TestCrashHarness drives create, exec, file writes, hibernate, pause, resume
+// (of a paused sandbox: an unpause), fork and delete on up to 4 sandboxes from
+// 3 goroutines while it kills `torpor serve` with SIGKILL at random moments
+// (0.2–3 s apart), restarts it on the same data directory and checks after
+// every restart: each sandbox's state is true (running ones answer an exec,
+// paused ones keep their runsc processes, hibernated ones have none), nothing
+// is orphaned (runsc processes, network namespaces and cgroups of this data
+// directory's scope that no running or paused sandbox owns, snapshot staging
+// directories), each acknowledged hibernate or pause is still hibernated or
+// paused and resumes with its workload continuing (same pid, counter +1),
+// and every acknowledged file write reads
 // back with its hash. Operations in flight at a kill may have either outcome;
 // the API must then say which. TORPOR_CRASH_KILLS sets the number of kills
 // (default 5; `make soak`: 50).
@@ -174,6 +180,12 @@ func TestCrashHarness(t *testing.T) {
 		h.phase.Lock() // the operations in flight end
 		h.mu.Lock()
 		h.n.kills++
+		for _, s := range h.slots {
+			if s.paused {
+				h.n.killsPaused++
+				break
+			}
+		}
 		h.mu.Unlock()
 		tr := time.Now()
 		p.start()
@@ -192,8 +204,8 @@ func TestCrashHarness(t *testing.T) {
 	h.phase.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t.Logf("crash harness: %d kills, %d operations (%d acknowledged, %d cut or refused), %d sandboxes no answer named, %d violations, in %v",
-		h.n.kills, sum(h.n.ops), sum(h.n.acked), sum(h.n.failed), h.n.unacked, h.n.violations, time.Since(t0).Round(time.Second))
+	t.Logf("crash harness: %d kills (%d with a sandbox paused), %d operations (%d acknowledged, %d cut or refused), %d sandboxes no answer named, %d violations, in %v",
+		h.n.kills, h.n.killsPaused, sum(h.n.ops), sum(h.n.acked), sum(h.n.failed), h.n.unacked, h.n.violations, time.Since(t0).Round(time.Second))
 	t.Logf("operations: %v; acknowledged: %v; checked and kept: %v", h.n.ops, h.n.acked, h.n.verified)
 	t.Logf("first errors of cut or refused operations:\n%s", strings.Join(h.n.errs, "\n"))
 }
@@ -232,7 +244,7 @@ func (h *crashHarness) step(rng *mrand.Rand) bool {
 	op := "create"
 	var dst *crashSandbox
 	if s.id != "" {
-		ops := []string{"exec", "exec", "write", "write", "write", "hibernate", "hibernate", "resume", "fork", "fork", "delete"}
+		ops := []string{"exec", "exec", "write", "write", "write", "hibernate", "hibernate", "pause", "pause", "resume", "fork", "fork", "delete"}
 		op = ops[rng.IntN(len(ops))]
 		if op == "fork" {
 			if len(empty) == 0 {
@@ -281,7 +293,7 @@ func (h *crashHarness) run(op string, s, dst *crashSandbox, seq int) error {
 	defer cancel()
 	c := h.c
 	if op != "create" {
-		s.hibernated = false // tried: either outcome, until acknowledged
+		s.hibernated, s.paused = false, false // tried: either outcome, until acknowledged
 	}
 	switch op {
 	case "create":
@@ -330,7 +342,19 @@ func (h *crashHarness) run(op string, s, dst *crashSandbox, seq int) error {
 		}
 		s.hibernated = true
 		return nil
+	case "pause":
+		r, err := c.Pause(ctx, s.id)
+		if err != nil {
+			return err
+		}
+		if r.State != apiv1.StatePaused || r.Snapshot == nil {
+			h.violation("pause of %s acknowledged with state %s, snapshot %v; want paused with its snapshot", s.id, r.State, r.Snapshot)
+			return nil
+		}
+		s.paused = true
+		return nil
 	case "resume":
+		// Of a paused sandbox: an unpause (same instance, same generation).
 		_, err := c.Resume(ctx, s.id)
 		return err
 	case "fork":
@@ -485,6 +509,11 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 			if err != nil || code != 0 || string(o) != "ok\n" {
 				out = append(out, fmt.Sprintf("the API says %s is running; exec gives %q exit %d err %v", sb.ID, o, code, err))
 			}
+		case apiv1.StatePaused:
+			// Only the server was killed: the paused instance is still there.
+			if !live[sb.ID] {
+				out = append(out, fmt.Sprintf("the API says %s is paused; no runsc process holds it", sb.ID))
+			}
 		case apiv1.StateHibernated, apiv1.StateError:
 			if live[sb.ID] {
 				out = append(out, fmt.Sprintf("the API says %s is %s; its runsc processes run", sb.ID, sb.State))
@@ -547,6 +576,9 @@ func (h *crashHarness) check(when string) {
 		if s.hibernated && sb.State != apiv1.StateHibernated {
 			h.violation("%s: hibernate of %s was acknowledged (nothing tried since); the API says %s", when, s.id, sb.State)
 		}
+		if s.paused && sb.State != apiv1.StatePaused {
+			h.violation("%s: pause of %s was acknowledged (nothing tried since); the API says %s", when, s.id, sb.State)
+		}
 		if sb.State == apiv1.StateError {
 			// No promise covers a sandbox the API created for us and then
 			// lost with only the server killed: that is a violation, then it
@@ -566,8 +598,11 @@ func (h *crashHarness) check(when string) {
 			h.violation("%s: workload of %s (was %s): pid %d count %d, want pid %d count %d", when, s.id, sb.State, st.Pid, st.Count, s.pid, s.count+1)
 		case err == nil && s.known:
 			h.verified("workload counters")
-			if sb.State == apiv1.StateHibernated {
+			switch sb.State {
+			case apiv1.StateHibernated:
 				h.verified("hibernated resumed")
+			case apiv1.StatePaused:
+				h.verified("paused resumed")
 			}
 		}
 		if err == nil {
@@ -582,7 +617,7 @@ func (h *crashHarness) check(when string) {
 				}
 			}
 		}
-		s.hibernated = false
+		s.hibernated, s.paused = false, false
 		paths := make([]string, 0, len(s.files))
 		for p := range s.files {
 			paths = append(paths, p)

@@ -29,11 +29,20 @@
 //     reattaches a running one; a sandbox whose runsc process died while the server
 //     was down is reported "error" and nothing of it is left on the host.
 //   - crash_test.go: `torpor serve` killed with SIGKILL at random moments amid
-//     creates, execs, file writes, hibernates, resumes, forks and deletes on up to
-//     four sandboxes (TORPOR_CRASH_KILLS kills, default 5; `make soak` 50); after
-//     every restart each listed state is true on the host, nothing is orphaned,
-//     acknowledged hibernates resume with their workload continuing and
-//     acknowledged writes read back with their sha256.
+//     creates, execs, file writes, hibernates, pauses, resumes, forks and deletes
+//     on up to four sandboxes (TORPOR_CRASH_KILLS kills, default 5; `make soak`
+//     50); after every restart each listed state is true on the host, nothing is
+//     orphaned, acknowledged hibernates and pauses resume with their workload
+//     continuing and acknowledged writes read back with their sha256.
+//   - s3_faults_test.go: versitygw killed or frozen (SIGSTOP) in the middle of a
+//     hibernate's upload: the hibernate answers within its bound, not durable; the
+//     sandbox resumes from the local copy; the upload completes once S3 is back.
+//   - diskfull_test.go: a data directory on a small tmpfs, filled: hibernate and
+//     pause answer 507 insufficient_storage naming it and the sandbox runs on;
+//     once space is freed they succeed.
+//   - soak_test.go: the load soak (only with TORPOR_SOAK_DURATION; `make soak`):
+//     many small sandboxes under a steady mix of calls, the server's resources
+//     sampled for leak trends.
 //   - oldagent_test.go: a snapshot taken with the oldest supported guest agent
 //     (built from this repository's history; see guest/proto) resumes on a server
 //     that installs the current agent: the process continues, exec, files and the

@@ -37,7 +37,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -578,13 +577,7 @@ func hzGoState(ctx context.Context, c *client.Client, id string, port int) (hzGo
 func hzStartGoAgent(t *testing.T, c *client.Client, id string, port int) hzGoAgentState {
 	t.Helper()
 	ctx := hzCtx(t, 5*time.Minute)
-	bin := t.TempDir() + "/goagent"
-	build := exec.Command("go", "build", "-o", bin, "./e2e/testdata/goagent")
-	build.Dir = servertest.Root()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build goagent: %v\n%s", err, out)
-	}
+	bin := goBuild(t, "./e2e/testdata/goagent")
 	f, err := os.Open(bin)
 	if err != nil {
 		t.Fatal(err)

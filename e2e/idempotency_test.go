@@ -57,14 +57,18 @@ func (p *serveProc) client() *client.Client {
 
 // buildTorpor builds the torpor binary of this checkout into a temporary
 // directory.
-func buildTorpor(t *testing.T) string {
+func buildTorpor(t *testing.T) string { return goBuild(t, "./cmd/torpor") }
+
+// goBuild builds the command pkg of this checkout (a path relative to its
+// root) statically into a temporary directory and returns the binary's path.
+func goBuild(t *testing.T, pkg string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "torpor")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/torpor")
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
 	cmd.Dir = servertest.Root()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build torpor: %v: %s", err, out)
+		t.Fatalf("build %s: %v: %s", pkg, err, out)
 	}
 	return bin
 }

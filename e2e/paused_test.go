@@ -251,8 +251,10 @@ func TestPausedServerCrash(t *testing.T) {
 }
 
 // TestPausedUsesNoCPU: a sandbox whose process spins uses (almost) no CPU
-// while paused, as its cgroup meters it, and spins again once a request has
-// unpaused it; its memory stays held (logged: what the paused tier costs).
+// while paused, as GET /v1/sandboxes/{id}/metrics reads it from its cgroup
+// (checked against the engine's own meter), and spins again once a request
+// has unpaused it; its memory stays held (logged: what the paused tier
+// costs). Hibernated, it has no metrics (409) and no host process.
 func TestPausedUsesNoCPU(t *testing.T) {
 	srv := start(t, servertest.Options{})
 	c := srv.Client
@@ -266,31 +268,36 @@ func TestPausedUsesNoCPU(t *testing.T) {
 		t.Fatalf("instances of %s: %v", sb.ID, inst)
 	}
 	meter, ok := srv.Engine.(engine.CPUMeter)
-	mem, okm := srv.Engine.(engine.MemoryMeter)
-	if !ok || !okm {
+	if _, okm := srv.Engine.(engine.MemoryMeter); !ok || !okm {
 		t.Skip("the engine meters no CPU or memory")
 	}
-	cpuOver := func(d time.Duration) time.Duration {
+	sample := func(want string) apiv1.SandboxMetrics {
 		t.Helper()
-		a, err := meter.CPUTime(inst[0])
+		m, err := c.SandboxMetrics(ctx, sb.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(d)
-		b, err := meter.CPUTime(inst[0])
-		if err != nil {
-			t.Fatal(err)
+		if m.State != want || m.MemoryBytes <= 0 || m.MemoryLimitBytes != 256<<20 {
+			t.Fatalf("metrics %+v, want state %s, memory held, limit 256 MiB", m, want)
 		}
-		return b - a
+		return m
 	}
-	running := cpuOver(time.Second)
-	runMem, _, _ := mem.Memory(inst[0])
+	cpuOver := func(d time.Duration, state string) (time.Duration, apiv1.SandboxMetrics) {
+		t.Helper()
+		a := sample(state)
+		time.Sleep(d)
+		b := sample(state)
+		return time.Duration((b.CPUTimeS - a.CPUTimeS) * float64(time.Second)), b
+	}
+	running, runM := cpuOver(time.Second, "running")
+	if eng, err := meter.CPUTime(inst[0]); err != nil || eng < time.Duration(runM.CPUTimeS*float64(time.Second)) {
+		t.Fatalf("the engine meters %v (%v) after the API said %.3f s", eng, err, runM.CPUTimeS)
+	}
 	pause(t, c, sb.ID)
 	time.Sleep(200 * time.Millisecond) // the pause's snapshot writes are done
-	paused := cpuOver(2 * time.Second)
-	pausedMem, _, _ := mem.Memory(inst[0])
+	paused, pausedM := cpuOver(2*time.Second, "paused")
 	t.Logf("CPU: %v in 1 s running, %v in 2 s paused; memory held: %.1f MiB running, %.1f MiB paused",
-		running, paused, float64(runMem)/(1<<20), float64(pausedMem)/(1<<20))
+		running, paused, float64(runM.MemoryBytes)/(1<<20), float64(pausedM.MemoryBytes)/(1<<20))
 	// The machine is shared: the spinner gets what the others leave it, but
 	// far more than a paused sandbox's few milliseconds.
 	if running < 100*time.Millisecond {
@@ -300,10 +307,24 @@ func TestPausedUsesNoCPU(t *testing.T) {
 		t.Fatalf("a paused sandbox used %v of CPU in 2 s", paused)
 	}
 	sh(t, c, sb.ID, "true") // unpauses it
-	again := cpuOver(2 * time.Second)
+	again, _ := cpuOver(2*time.Second, "running")
 	t.Logf("after the unpause: %v in 2 s", again)
 	if again < 100*time.Millisecond {
 		t.Fatalf("after the unpause the spinning process used %v of CPU in 2 s", again)
+	}
+	if len(hostProcs(sb.ID)) == 0 {
+		t.Fatal("no host process names the running sandbox: the check after its hibernate would prove nothing")
+	}
+	hibernate(t, c, sb.ID)
+	if _, err := c.SandboxMetrics(ctx, sb.ID); !client.IsConflict(err) {
+		t.Errorf("metrics of a hibernated sandbox: %v, want 409", err)
+	}
+	srv.Manager.Wait()
+	if procs := hostProcs(sb.ID); len(procs) > 0 {
+		t.Errorf("host processes of a hibernated sandbox: %v", procs)
+	}
+	if _, err := c.SandboxMetrics(ctx, "sb-nonexistent"); !client.IsNotFound(err) {
+		t.Errorf("metrics of an unknown sandbox: %v, want 404", err)
 	}
 	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,13 @@
 // and hooks make the image's Source, e.g.
 // "mmdebstrap:ca-certificates,coreutils,procps,python3".
 //
+// With a bucket (SetBucket; a server with an S3 snapshot store sets one), the
+// stores of several hosts share their images through it: builds and imports
+// upload the file under its digest, then the name's manifest, and a store
+// that lacks a name or a digest a caller needs fetches it, checks its SHA-256
+// and keeps it (Bucket, SetBucket; docs/multi-host.md). Images in the bucket
+// are not encrypted.
+//
 // Temporary files and trees live in <dir>/tmp (same file system as the store,
 // so the final rename is atomic); Open removes what a crashed process left
 // there. The package needs root for Build (mmdebstrap) and to keep file

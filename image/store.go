@@ -12,7 +12,10 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/metadata"
@@ -47,6 +50,14 @@ type Store struct {
 	locks map[string]*sync.Mutex // per image name
 
 	cacheDir string // see SetBuildCache
+
+	// Sharing between hosts (share.go): nil bucket without SetBucket.
+	bucket        *Bucket
+	fetches       singleflight.Group // downloads, per digest
+	retries       singleflight.Group // shareLater's uploads, per "name@digest"
+	downloads     atomic.Int64       // downloads started (tests)
+	shared        map[string]bool    // "name@digest" this process shared; under mu
+	shareFailedAt time.Time          // the last failed upload; under mu
 }
 
 // Open opens (creating if needed) the image store in dir, e.g.
@@ -121,8 +132,11 @@ func (s *Store) lockName(ctx context.Context, name string) (unlock func(), err e
 // Get returns the image with the given name, or with the given digest
 // ("sha256:<hex>"), and the absolute path of its EROFS file. A digest whose file
 // exists but that no name points to any more (replaced by a newer build) is
-// still found, with an empty Name and Source. Errors: ErrInvalid for a malformed
-// name or digest, ErrNotFound if there is no such image.
+// still found, with an empty Name and Source. With a bucket (SetBucket), a
+// name or file this host lacks comes from the bucket (see SetBucket), which
+// may take a download's time. Errors: ErrInvalid for a malformed name or
+// digest, ErrNotFound if there is no such image (here or in the bucket),
+// ErrCorrupt for a fetched file that fails its digest, and the bucket's.
 func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, string, error) {
 	if strings.HasPrefix(nameOrDigest, "sha256:") {
 		return s.getDigest(ctx, nameOrDigest)
@@ -134,6 +148,12 @@ func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, st
 	if err != nil {
 		return sandbox.Image{}, "", err
 	}
+	if !ok && s.bucket != nil {
+		img, ok, err = s.fromBucket(ctx, nameOrDigest)
+		if err != nil {
+			return sandbox.Image{}, "", err
+		}
+	}
 	if !ok {
 		return sandbox.Image{}, "", fmt.Errorf("image %q %w", nameOrDigest, ErrNotFound)
 	}
@@ -141,10 +161,47 @@ func (s *Store) Get(ctx context.Context, nameOrDigest string) (sandbox.Image, st
 	if p == "" {
 		return sandbox.Image{}, "", fmt.Errorf("image %q: record has malformed digest %q", nameOrDigest, img.Digest)
 	}
-	if _, err := os.Stat(p); err != nil {
+	_, err = os.Stat(p)
+	if missing(err) && s.bucket != nil {
+		if err = s.fetch(ctx, img.Digest); err != nil {
+			return sandbox.Image{}, "", fmt.Errorf("image %q: %w", nameOrDigest, err)
+		}
+	} else if err != nil {
 		return sandbox.Image{}, "", fmt.Errorf("image %q (%s): file missing: %w", nameOrDigest, img.Digest, err)
+	} else {
+		s.shareLater(ctx, img)
 	}
 	return img, p, nil
+}
+
+// Has reports whether Get would find the image name, without fetching its
+// file: without a bucket, whether this host's records name it and its file is
+// here; with one (SetBucket), whether the records or the bucket's manifests
+// name it. Errors: ErrInvalid for a malformed name; reading the records or
+// the bucket.
+func (s *Store) Has(ctx context.Context, name string) (bool, error) {
+	if !ValidName(name) {
+		return false, invalidf("image %q: invalid name (want %s)", name, nameRE)
+	}
+	img, ok, err := s.lookup(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	if s.bucket == nil {
+		if !ok {
+			return false, nil
+		}
+		_, err := os.Stat(s.Path(img.Digest))
+		return err == nil, nil
+	}
+	if ok {
+		return true, nil
+	}
+	_, ok, err = s.bucket.lookupName(ctx, name)
+	if err != nil {
+		return false, fmt.Errorf("image %q: %s: %w", name, s.bucket, err)
+	}
+	return ok, nil
 }
 
 func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, string, error) {
@@ -153,7 +210,13 @@ func (s *Store) getDigest(ctx context.Context, digest string) (sandbox.Image, st
 	}
 	p := s.Path(digest)
 	fi, err := os.Stat(p)
-	if errors.Is(err, os.ErrNotExist) {
+	if missing(err) && s.bucket != nil {
+		if err := s.fetch(ctx, digest); err != nil {
+			return sandbox.Image{}, "", err
+		}
+		fi, err = os.Stat(p)
+	}
+	if missing(err) {
 		return sandbox.Image{}, "", fmt.Errorf("image %q %w", digest, ErrNotFound)
 	}
 	if err != nil {
@@ -244,6 +307,9 @@ func (s *Store) store(ctx context.Context, name, source, tmpPath string, progres
 		}
 	}
 	img := sandbox.Image{Name: name, Digest: digest, Bytes: size, Source: source, CreatedAt: time.Now().UTC()}
+	if err := s.shareNew(ctx, img, progress); err != nil {
+		return sandbox.Image{}, err
+	}
 	if err := s.record(ctx, img); err != nil {
 		return sandbox.Image{}, err
 	}

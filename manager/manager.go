@@ -763,8 +763,15 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		}
 		return "", cause
 	}
+	op := "hibernate"
+	if leaveRunning {
+		op = "snapshot"
+	}
 	dir, err := m.cfg.Store.Stage(ctx, snapID)
 	if err != nil {
+		return undo(diskFull(op, s.ID, err))
+	}
+	if err := m.snapshotRoom(op, s, dir); err != nil {
 		return undo(err)
 	}
 	if !leaveRunning {
@@ -796,7 +803,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		m.forgetInstance(s.Instance) // the engine removed it
 	}
 	if err != nil {
-		return undo(fmt.Errorf("hibernate %s: %w", s.ID, err))
+		return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: %w", s.ID, err)))
 	}
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
@@ -834,7 +841,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	}
 	if err != nil {
 		if leaveRunning {
-			return undo(fmt.Errorf("hibernate %s: commit: %w", s.ID, err))
+			return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: commit: %w", s.ID, err)))
 		}
 		// The instance is gone and its snapshot did not commit: the memory is lost.
 		_ = m.cfg.Store.Abort(ctx, snapID)

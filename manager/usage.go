@@ -50,19 +50,20 @@ func (m *Manager) usageAt(ctx context.Context, s *metadata.Sandbox, now time.Tim
 	return run, byteS
 }
 
-// Sample returns what running sandbox id's instance uses now, as its engine
-// meters it (fields the engine cannot meter stay 0). It does not wake a
-// hibernated sandbox. Errors: sandbox.ErrNotFound; sandbox.ErrConflict for a
-// sandbox that is not running; the engine's metering errors.
+// Sample returns what running or paused sandbox id's instance uses now, as its
+// engine meters it (fields the engine cannot meter stay 0). It wakes neither a
+// paused nor a hibernated sandbox. Errors: sandbox.ErrNotFound;
+// sandbox.ErrConflict for a sandbox that has no instance (hibernated, being
+// created, hibernated or resumed, in error); the engine's metering errors.
 func (m *Manager) Sample(ctx context.Context, id string) (sandbox.ResourceSample, error) {
 	s, err := m.get(ctx, id)
 	if err != nil {
 		return sandbox.ResourceSample{}, err
 	}
-	if s.State != sandbox.StateRunning || s.Instance == "" {
-		return sandbox.ResourceSample{}, sandboxConflict(id, "sandbox %s is in state %s; only a running sandbox is metered", id, s.State)
+	if (s.State != sandbox.StateRunning && s.State != sandbox.StatePaused) || s.Instance == "" {
+		return sandbox.ResourceSample{}, sandboxConflict(id, "sandbox %s is in state %s; only a running or paused sandbox is metered", id, s.State)
 	}
-	out := sandbox.ResourceSample{At: time.Now().UTC(), MemoryLimitBytes: int64(s.MemoryMiB) << 20}
+	out := sandbox.ResourceSample{At: time.Now().UTC(), State: s.State, MemoryLimitBytes: int64(s.MemoryMiB) << 20}
 	e := m.eng(s).Engine
 	if cm, ok := e.(engine.CPUMeter); ok {
 		if out.CPUTime, err = cm.CPUTime(s.Instance); err != nil {

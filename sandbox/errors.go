@@ -8,7 +8,8 @@ import (
 
 // Kind says what sort of failure an Error is. Each API surface maps it to its
 // own status code (the REST API: NotFound 404, InvalidArgument 400, Conflict
-// 409, SnapshotCorrupt 422, Unavailable 503, Internal 500).
+// 409, SnapshotCorrupt 422, Unavailable 503, InsufficientStorage 507,
+// Internal 500).
 type Kind int
 
 // The kinds of Error. The zero Kind is Internal.
@@ -33,15 +34,22 @@ const (
 	// Unavailable: a part the call needs does not answer now (an unreachable
 	// store); retrying later may succeed.
 	Unavailable
+	// InsufficientStorage: the data directory's disk has no room for what the
+	// call writes (a hibernate's snapshot, a created sandbox's files); the
+	// message names the directory. Nothing was changed: the sandbox is as it
+	// was (a running one goes on running). The same call succeeds once space
+	// is freed.
+	InsufficientStorage
 )
 
 var kindNames = [...]string{
-	Internal:        "internal error",
-	NotFound:        "not found",
-	InvalidArgument: "invalid argument",
-	Conflict:        "conflict",
-	SnapshotCorrupt: "snapshot corrupt",
-	Unavailable:     "unavailable",
+	Internal:            "internal error",
+	NotFound:            "not found",
+	InvalidArgument:     "invalid argument",
+	Conflict:            "conflict",
+	SnapshotCorrupt:     "snapshot corrupt",
+	Unavailable:         "unavailable",
+	InsufficientStorage: "insufficient storage",
 }
 
 // String names the kind in words ("not found", "invalid argument", …).

@@ -245,12 +245,14 @@ type Sandbox struct {
 	Network Network
 }
 
-// ResourceSample is what a running sandbox's instance uses at one moment, as
-// its engine meters it (engine.CPUMeter, engine.MemoryMeter): CPUTime is the
-// CPU time used since the instance started; MemoryBytes the memory it holds
-// now and MemoryLimitBytes its limit (0 when the engine cannot say).
+// ResourceSample is what a running or paused sandbox's instance uses at one
+// moment, as its engine meters it (engine.CPUMeter, engine.MemoryMeter):
+// CPUTime is the CPU time used since the instance started; MemoryBytes the
+// memory it holds now and MemoryLimitBytes its limit (0 when the engine cannot
+// say). State is the sandbox's state when it was taken.
 type ResourceSample struct {
 	At               time.Time
+	State            State
 	CPUTime          time.Duration
 	MemoryBytes      int64
 	MemoryLimitBytes int64

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the resume benchmark against a fresh server on a scratch data directory and
-# stops that server (by its pid) afterwards. Arguments go to `torpor bench resume`;
-# with `pool` first, the rest go to `torpor bench pool` (warm pools).
+# Runs a benchmark against a fresh server on a scratch data directory and stops
+# that server (by its pid) afterwards: `scripts/bench.sh [resume|standby|pool] ARGS…`
+# (resume when the first argument names no benchmark). ARGS go to
+# `torpor bench resume`, `torpor bench standby` or `torpor bench pool`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
@@ -27,9 +28,9 @@ for _ in $(seq 100); do
   curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-if [ "${1:-}" = pool ]; then
-  shift
-  TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench pool "$@"
-else
-  TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@"
-fi
+case "${1:-}" in
+standby) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench standby "$@" ;;
+pool) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench pool "$@" ;;
+resume) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
+*) TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
+esac

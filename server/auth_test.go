@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,8 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,7 +18,6 @@ import (
 	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
-	"github.com/torpor/torpor/engine"
 	"github.com/torpor/torpor/engine/fake"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/server"
@@ -116,48 +112,10 @@ func startAuthServer(t *testing.T) *authServer {
 	return a
 }
 
-// startFake starts a server with cfg on the fake engine (no root, no runsc)
-// in a new data directory with the plain store, no lifecycle loop and image
-// "tiny", served over real HTTP on loopback, stopped at the test's end. It
-// returns the server, its URL, the data directory and the engine.
+// startFake is server.StartFake (fakeserver_test.go).
 func startFake(t *testing.T, cfg server.Config) (*server.Server, string, string, *fake.Engine) {
 	t.Helper()
-	dir := t.TempDir()
-	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engines, err := engine.NewRegistry(eng.Name(), eng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := filepath.Join(dir, "agent-binary")
-	if err := os.WriteFile(agent, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	cfg.DataDir, cfg.AgentPath, cfg.Engines, cfg.Store, cfg.DisableLifecycle = dir, agent, engines, server.StoreConfig{Kind: "plain"}, true
-	srv, err := server.New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		infos, _ := eng.List(ctx)
-		for _, i := range infos {
-			eng.Stop(ctx, i.ID)
-		}
-		srv.Close()
-	})
-	var tiny bytes.Buffer
-	tw := tar.NewWriter(&tiny)
-	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
-	tw.Close()
-	if _, err := srv.Images.Import(ctx, "tiny", &tiny, nil); err != nil {
-		t.Fatalf("import image: %v", err)
-	}
-	return srv, hs.URL, dir, eng
+	return server.StartFake(t, cfg)
 }
 
 // do sends method path with the Authorization header auth ("" = none) from

@@ -3,7 +3,11 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
+
+	"github.com/torpor/torpor/sandbox"
 
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
@@ -11,7 +15,7 @@ import (
 
 // TestClassifyStoreErrors: a store whose S3 prefix is another store's answers
 // 409 conflict (it answered 500 internal in a new-user trial); an unreachable
-// S3 answers 503.
+// S3 answers 503; a full disk 507.
 func TestClassifyStoreErrors(t *testing.T) {
 	for _, c := range []struct {
 		err    error
@@ -20,6 +24,11 @@ func TestClassifyStoreErrors(t *testing.T) {
 		{fmt.Errorf("delete snap-x: s3 delete manifests/snap-x.json: %w", chunked.ErrOwnedElsewhere), http.StatusConflict},
 		{fmt.Errorf("s3 list: %w", snapshot.ErrUnavailable), http.StatusServiceUnavailable},
 		{fmt.Errorf("boom"), http.StatusInternalServerError},
+		// A full data directory disk (docs/operations.md#a-full-disk): 507,
+		// whether the manager said so or the write's own error does.
+		{&sandbox.Error{Kind: sandbox.InsufficientStorage, Err: fmt.Errorf("the data directory's disk is full")}, http.StatusInsufficientStorage},
+		{fmt.Errorf("import: %w", &os.PathError{Op: "write", Path: "/d/images/x", Err: syscall.ENOSPC}), http.StatusInsufficientStorage},
+		{fmt.Errorf("metadata: update sandbox sbx-1: database or disk is full (13)"), http.StatusInsufficientStorage},
 	} {
 		if got, _ := classify(c.err); got != c.status {
 			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.status)

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -10,9 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -20,8 +15,6 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
-	"github.com/torpor/torpor/engine"
-	"github.com/torpor/torpor/engine/fake"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
@@ -36,42 +29,8 @@ type fakeServer struct {
 
 func startFakeServer(t *testing.T, limits manager.LimitsConfig) *fakeServer {
 	t.Helper()
-	dir := t.TempDir()
-	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engines, err := engine.NewRegistry(eng.Name(), eng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := filepath.Join(dir, "agent-binary")
-	if err := os.WriteFile(agent, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	srv, err := New(ctx, Config{DataDir: dir, AgentPath: agent, Engines: engines, Store: StoreConfig{Kind: "plain"},
-		DisableLifecycle: true, Limits: limits, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		infos, _ := eng.List(ctx)
-		for _, i := range infos {
-			eng.Stop(ctx, i.ID)
-		}
-		srv.Close()
-	})
-	var tiny bytes.Buffer
-	tw := tar.NewWriter(&tiny)
-	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
-	tw.Close()
-	if _, err := srv.Images.Import(ctx, "tiny", &tiny, nil); err != nil {
-		t.Fatalf("import image: %v", err)
-	}
-	return &fakeServer{srv: srv, url: hs.URL}
+	srv, url, _, _ := StartFake(t, Config{Limits: limits, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return &fakeServer{srv: srv, url: url}
 }
 
 // post sends body to path with Idempotency-Key key ("" = none) and returns

@@ -50,6 +50,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.fork)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.sandboxMetrics)
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}/{path...}", s.proxy())
 	mux.Handle("/v1/sandboxes/{id}/ports/{port}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Path+"/", http.StatusTemporaryRedirect)
@@ -114,11 +115,12 @@ var kindStatus = map[sandbox.Kind]struct {
 	status int
 	code   string
 }{
-	sandbox.NotFound:        {http.StatusNotFound, apiv1.CodeNotFound},
-	sandbox.InvalidArgument: {http.StatusBadRequest, apiv1.CodeInvalidArgument},
-	sandbox.Conflict:        {http.StatusConflict, apiv1.CodeConflict},
-	sandbox.SnapshotCorrupt: {http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt},
-	sandbox.Unavailable:     {http.StatusServiceUnavailable, apiv1.CodeUnavailable},
+	sandbox.NotFound:            {http.StatusNotFound, apiv1.CodeNotFound},
+	sandbox.InvalidArgument:     {http.StatusBadRequest, apiv1.CodeInvalidArgument},
+	sandbox.Conflict:            {http.StatusConflict, apiv1.CodeConflict},
+	sandbox.SnapshotCorrupt:     {http.StatusUnprocessableEntity, apiv1.CodeSnapshotCorrupt},
+	sandbox.Unavailable:         {http.StatusServiceUnavailable, apiv1.CodeUnavailable},
+	sandbox.InsufficientStorage: {http.StatusInsufficientStorage, apiv1.CodeInsufficientStorage},
 }
 
 // classify maps an error to its HTTP status and API code: a sandbox.Error by
@@ -143,6 +145,10 @@ func classify(err error) (int, string) {
 		return http.StatusConflict, apiv1.CodeConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, snapshot.ErrUnavailable):
 		return http.StatusServiceUnavailable, apiv1.CodeUnavailable
+	case manager.NoSpace(err):
+		// A write to the data directory's disk that found it full outside
+		// the manager's own checks (an image import, a create's files).
+		return http.StatusInsufficientStorage, apiv1.CodeInsufficientStorage
 	}
 	return http.StatusInternalServerError, apiv1.CodeInternal
 }
@@ -153,7 +159,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	setRetryAfter(w, err)
-	writeError(w, status, code, err.Error())
+	msg := err.Error()
+	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) {
+		// A write that found the disk full below the manager (the database,
+		// an image import): the answer names the disk.
+		msg = fmt.Sprintf("the data directory's disk is full (%s): %s; free space on that disk and try again", s.dataDir, msg)
+	}
+	writeError(w, status, code, msg)
 }
 
 // setRetryAfter sets Retry-After on the answer to a call that admission
@@ -281,6 +293,18 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, apiv1.PauseResponse{Sandbox: wireSandbox(sb), Unchanged: unchanged})
+}
+
+// sandboxMetrics answers what a running or paused sandbox uses now
+// (apiv1.SandboxMetrics); it wakes no sandbox.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	a, err := s.Manager.Sample(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, apiv1.SandboxMetrics{At: a.At, State: string(a.State), CPUTimeS: a.CPUTime.Seconds(),
+		MemoryBytes: a.MemoryBytes, MemoryLimitBytes: a.MemoryLimitBytes})
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
@@ -482,7 +506,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Query().Get("replace") != "true" {
-		if _, _, err := s.Images.Get(r.Context(), name); err == nil {
+		if ok, err := s.Images.Has(r.Context(), name); err == nil && ok {
 			s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "image %q exists; import with replace=true (torpor image import --replace) to point the name at the new image", name))
 			return
 		}

@@ -141,6 +141,7 @@ type Server struct {
 	reg        *prometheus.Registry
 	closeStore func() error
 	lock       *os.File // the data directory's flock (lockDataDir)
+	dataDir    string   // Config.DataDir, named in the answers of a full disk
 	stopLC     func()   // stops the lifecycle loop and waits for it
 	heartbeat  *node.Heartbeat
 	node       string // the node's name
@@ -211,6 +212,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	closeStore = cs
+	if bucket, err := openImageBucket(ctx, cfg.Store, cfg.Logger); err != nil {
+		return fail(err)
+	} else if bucket != nil {
+		images.SetBucket(bucket)
+	}
 	if ks, ok := store.(interface{ KeyID() string }); ok && ks.KeyID() != "" {
 		cfg.Logger.Info("snapshot store: new snapshots are encrypted at rest", "key_id", ks.KeyID(), "old_keys", len(cfg.Store.OldKeyFiles))
 	}
@@ -258,7 +264,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		heartbeat.Stop()
 		return failStarted(err)
 	}
-	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock,
+	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, dataDir: cfg.DataDir,
 		heartbeat: heartbeat, node: heartbeat.Name(),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))

@@ -39,6 +39,9 @@ type StoreConfig struct {
 	S3SecretKey string
 	S3Region    string
 	S3Prefix    string
+	// S3ImagePrefix is where in the bucket images are shared between the
+	// servers on it (default DefaultImagePrefix, "images/"; server/images.go).
+	S3ImagePrefix string
 	// S3VirtualHost selects virtual-host-style requests (default path-style, which
 	// self-hosted servers need).
 	S3VirtualHost bool

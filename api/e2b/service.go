@@ -156,6 +156,8 @@ func StatusOf(err error) int {
 			return http.StatusUnprocessableEntity
 		case sandbox.Unavailable:
 			return http.StatusServiceUnavailable
+		case sandbox.InsufficientStorage:
+			return http.StatusInsufficientStorage
 		}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable

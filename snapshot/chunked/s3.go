@@ -320,6 +320,74 @@ const (
 	s3DataTimeout = 60 * time.Second // put, get, list
 )
 
+// s3StallTimeout bounds how long a put or a ranged get may move no byte: a
+// put's body not read on (the connection's send buffer full: the server
+// reads nothing), or no answer after its last byte; a ranged get's answer
+// not arriving or stopping. It fails then, minio-go's retries included, as a
+// timeout (S3 is marked hung, so the next requests probe first). Without it a
+// server that hung in the middle of an upload (its connections open, never
+// answered) held each request in flight, and so the hibernate, for all of
+// s3DataTimeout (measured: 60 s, against 3 s when the server is down).
+// 15 s of no progress at all is far beyond a healthy server's pauses.
+const s3StallTimeout = 15 * time.Second
+
+// errStalled is the cause of a request cut by stallGuard; it reads as a
+// timeout (isTimeout).
+var errStalled = fmt.Errorf("no byte moved for %s: %w", s3StallTimeout, context.DeadlineExceeded)
+
+// stallGuard returns a context derived from ctx that is cancelled, with
+// cause errStalled, once s3StallTimeout passes without a byte written to
+// progress (a writer for minio-go's Progress option or an io.TeeReader);
+// stop ends the guard.
+func stallGuard(ctx context.Context) (context.Context, *progressMark, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	p := &progressMark{}
+	p.last.Store(time.Now().UnixNano())
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(s3StallTimeout / 15)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				if now.Sub(time.Unix(0, p.last.Load())) >= s3StallTimeout {
+					cancel(errStalled)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, p, func() { close(done); cancel(nil) }
+}
+
+// progressMark records when bytes last moved: its Read (minio-go's Progress
+// hook is handed each chunk read from a put's body) and Write (an
+// io.TeeReader's copy of what a get read) note the time and consume nothing.
+type progressMark struct{ last atomic.Int64 }
+
+func (p *progressMark) Read(b []byte) (int, error) {
+	p.last.Store(time.Now().UnixNano())
+	return len(b), nil
+}
+
+func (p *progressMark) Write(b []byte) (int, error) {
+	p.last.Store(time.Now().UnixNano())
+	return len(b), nil
+}
+
+// stalled returns err, or errStalled wrapping it when the request's context
+// was cut by stallGuard (minio-go reports only that it was cancelled).
+func stalled(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errStalled) {
+		return fmt.Errorf("%w (%w)", errStalled, err)
+	}
+	return err
+}
+
 // Put implements Backend.
 func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
 	if err := b.claim(ctx); err != nil {
@@ -331,12 +399,15 @@ func (b *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	defer cancel()
+	ctx, progress, stop := stallGuard(ctx)
+	defer stop()
 	_, err := b.c.PutObject(ctx, b.bucket, b.prefix+key, r, size, minio.PutObjectOptions{
 		ContentType:      "application/octet-stream",
 		DisableMultipart: true,
+		Progress:         progress,
 	})
 	if err != nil {
-		return fmt.Errorf("s3 put %s: %w", key, b.reach(outer, err))
+		return fmt.Errorf("s3 put %s: %w", key, b.reach(outer, stalled(ctx, err)))
 	}
 	return nil
 }
@@ -392,13 +463,16 @@ func (b *S3) GetRange(ctx context.Context, key string, off, n int64) ([]byte, er
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, s3DataTimeout)
 	defer cancel()
+	ctx, progress, stop := stallGuard(ctx)
+	defer stop()
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, opts)
 	if err != nil {
-		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, err))
+		return nil, fmt.Errorf("s3 get %s: %w", key, b.reach(outer, stalled(ctx, err)))
 	}
 	defer o.Close()
 	buf := make([]byte, n)
-	if _, err := io.ReadFull(o, buf); err != nil {
+	if _, err := io.ReadFull(io.TeeReader(o, progress), buf); err != nil {
+		err = stalled(ctx, err)
 		if notFound(err) {
 			return nil, fmt.Errorf("s3 get %s: %w", key, fs.ErrNotExist)
 		}
