@@ -552,6 +552,10 @@ func (m *Manager) imageTemplate(ctx context.Context, p metadata.Pool) (metadata.
 	snapID := newID("snap-")
 	dir, err := m.cfg.Store.Stage(ctx, snapID)
 	if err != nil {
+		return p, diskFull("template of image "+p.Name, s.ID, err)
+	}
+	if err := m.snapshotRoom("template of image "+p.Name, s, dir); err != nil {
+		_ = m.cfg.Store.Abort(ctx, snapID)
 		return p, err
 	}
 	if err := eng.Checkpoint(ctx, s.Instance, dir, false); err != nil {
