@@ -45,6 +45,9 @@ func TestOpenAPIHasEveryPath(t *testing.T) {
 		"/v1/nodes":                              {"get"},
 		"/v1/nodes/{name}/drain":                 {"post"},
 		"/v1/nodes/{name}/undrain":               {"post"},
+		"/v1/pools":                              {"get"},
+		"/v1/images/{name}/pool":                 {"put"},
+		"/v1/snapshots/{id}/pool":                {"put"},
 		"/v1/volumes/{name}":                     {"get", "delete"},
 		"/v1/images/build":                       {"post"},
 		"/v1/images/import":                      {"post"},
@@ -154,6 +157,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ResumeHook":            ResumeHook{},
 		"StoreUsage":            StoreUsage{}, "SandboxMetrics": SandboxMetrics{},
 		"Node": Node{}, "NodeResources": NodeResources{}, "ListNodesResponse": ListNodesResponse{},
+		"Pool": Pool{SnapshotID: "s", MemoryMiB: 1, Error: "e"}, "SetPoolRequest": SetPoolRequest{Size: new(int)}, "ListPoolsResponse": ListPoolsResponse{},
 	}
 	for name, v := range cases {
 		raw, ok := doc.Components.Schemas[name]

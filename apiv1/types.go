@@ -580,3 +580,37 @@ type ErrorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }
+
+// Pool is a template's warm pool: Size restored-and-paused clones kept ready
+// (Ready of them now) for creates of the image or forks of sandboxes
+// hibernated on the snapshot (docs/lifecycle.md#warm-pools). Answer of PUT
+// /v1/images/{name}/pool and PUT /v1/snapshots/{id}/pool; GET /v1/pools lists
+// them.
+type Pool struct {
+	// Template is "image" or "snapshot"; Name the image's name or the
+	// snapshot's id.
+	Template string `json:"template"`
+	Name     string `json:"name"`
+	Size     int    `json:"size"`
+	Ready    int    `json:"ready"`
+	// SnapshotID is the snapshot the clones are restored from (for an image,
+	// the one torpor took of a fresh sandbox of it; "" until it exists).
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	// MemoryMiB is each clone's memory limit (0 until the first is ready).
+	MemoryMiB int `json:"memory_mib,omitempty"`
+	// Error is the last refill's failure, cleared by the next success.
+	Error     string    `json:"error,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SetPoolRequest is the body of PUT /v1/images/{name}/pool and PUT
+// /v1/snapshots/{id}/pool: size 0 to 16 (0 ends the pool; for a snapshot it
+// is no longer a template).
+type SetPoolRequest struct {
+	Size *int `json:"size"`
+}
+
+// ListPoolsResponse is the body of GET /v1/pools.
+type ListPoolsResponse struct {
+	Pools []Pool `json:"pools"`
+}

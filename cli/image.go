@@ -22,7 +22,7 @@ func (a *app) imageCommand() *cobra.Command {
 		Args:    usageArgs(cobra.NoArgs),
 		RunE:    func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.imageBuildCommand(), a.imageImportCommand(), a.imageLsCommand(), a.imageWarmCommand())
+	cmd.AddCommand(a.imageBuildCommand(), a.imageImportCommand(), a.imageLsCommand(), a.imageWarmCommand(), a.imagePoolCommand())
 	return cmd
 }
 

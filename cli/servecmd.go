@@ -291,7 +291,7 @@ func (a *app) benchCommand() *cobra.Command {
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
 	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
 	resume.Flags().StringVar(&o.AgentPath, "agent", "", "torpor-agent for the raw baseline (default $TORPOR_AGENT, else next to torpor)")
-	cmd.AddCommand(resume, a.benchStandbyCommand())
+	cmd.AddCommand(resume, a.benchStandbyCommand(), a.benchPoolCommand())
 	return cmd
 }
 

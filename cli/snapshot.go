@@ -219,7 +219,7 @@ func (a *app) snapshotCommand() *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.AddCommand(ls, inspect, verify, rm, usage)
+	cmd.AddCommand(ls, inspect, verify, rm, usage, a.snapshotTemplateCommand(offline))
 	return cmd
 }
 

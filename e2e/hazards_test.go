@@ -572,13 +572,10 @@ func hzGoState(ctx context.Context, c *client.Client, id string, port int) (hzGo
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
-// TestSDKGoInSandbox runs a Go program built on sdk/go/resume in a sandbox:
-// after a fork every clone's hooks ran before the first request (its registered
-// source reseeded, its secret wiped, its pending intent moved aside), and after
-// a plain hibernate/resume of the source the hooks ran without the fork steps.
-func TestSDKGoInSandbox(t *testing.T) {
-	srv := servertest.Start(t, servertest.Options{})
-	c := srv.Client
+// hzStartGoAgent builds e2e/testdata/goagent, starts it in sandbox id on
+// port and waits until it answers, subscribed to resume events.
+func hzStartGoAgent(t *testing.T, c *client.Client, id string, port int) hzGoAgentState {
+	t.Helper()
 	ctx := hzCtx(t, 5*time.Minute)
 	bin := goBuild(t, "./e2e/testdata/goagent")
 	f, err := os.Open(bin)
@@ -586,35 +583,33 @@ func TestSDKGoInSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	sb := hzCreate(t, c)
-	if err := c.WriteFile(ctx, sb.ID, "/opt/hz/goagent", f); err != nil {
+	if err := c.WriteFile(ctx, id, "/opt/hz/goagent", f); err != nil {
 		t.Fatalf("copy goagent: %v", err)
 	}
-	const port = 8103
-	if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"sh", "-c", "chmod +x /opt/hz/goagent && exec /opt/hz/goagent 8103"}}); err != nil {
+	cmd := fmt.Sprintf("chmod +x /opt/hz/goagent && exec /opt/hz/goagent %d", port)
+	if _, err := c.ExecBackground(ctx, id, apiv1.ExecRequest{Cmd: []string{"sh", "-c", cmd}}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	var st hzGoAgentState
 	for {
-		st, err = hzGoState(ctx, c, sb.ID, port)
+		st, err := hzGoState(ctx, c, id, port)
 		if err == nil && st.Subscribed {
-			break
+			return st
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("goagent not up and subscribed: %+v %v", st, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if st.Secret != "s3cret" || len(st.Pending) != 1 {
-		t.Fatalf("goagent initial state %+v", st)
-	}
-	key := st.Pending[0]
+}
 
-	clones, err := c.Fork(ctx, sb.ID, 2)
-	if err != nil {
-		t.Fatalf("fork: %v", err)
-	}
+// hzCheckGoClones checks the goagent (hzStartGoAgent) in each fork clone:
+// its hooks ran before the first request with the clone's generation and
+// forked, its secret is wiped, its pending intent set aside, and no two
+// clones drew the same value from the registered random source.
+func hzCheckGoClones(t *testing.T, c *client.Client, clones []apiv1.Sandbox, port int) {
+	t.Helper()
+	ctx := hzCtx(t, 2*time.Minute)
 	draws := map[uint64]bool{}
 	for _, cl := range clones {
 		cs, err := hzGoState(ctx, c, cl.ID, port)
@@ -630,9 +625,32 @@ func TestSDKGoInSandbox(t *testing.T) {
 			t.Errorf("clone %s: secret %q, pending %v; want wiped, none", cl.ID, cs.Secret, cs.Pending)
 		}
 	}
-	if len(draws) != 2 {
-		t.Errorf("the two clones drew the same value from the registered source: %v", draws)
+	if len(draws) != len(clones) {
+		t.Errorf("the %d clones drew the same value from the registered source: %v", len(clones), draws)
 	}
+}
+
+// TestSDKGoInSandbox runs a Go program built on sdk/go/resume in a sandbox:
+// after a fork every clone's hooks ran before the first request (its registered
+// source reseeded, its secret wiped, its pending intent moved aside), and after
+// a plain hibernate/resume of the source the hooks ran without the fork steps.
+func TestSDKGoInSandbox(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{})
+	c := srv.Client
+	ctx := hzCtx(t, 5*time.Minute)
+	sb := hzCreate(t, c)
+	const port = 8103
+	st := hzStartGoAgent(t, c, sb.ID, port)
+	if st.Secret != "s3cret" || len(st.Pending) != 1 {
+		t.Fatalf("goagent initial state %+v", st)
+	}
+	key := st.Pending[0]
+
+	clones, err := c.Fork(ctx, sb.ID, 2)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	hzCheckGoClones(t, c, clones, port)
 
 	hzHibernate(t, c, sb.ID)
 	resumed := hzResume(t, c, sb.ID)

@@ -169,6 +169,17 @@ func holdsMemory(st sandbox.State) bool {
 // wrapping an *AdmissionError when the host's memory would be exceeded; the
 // database's.
 func (m *Manager) admit(ctx context.Context, op, id string, mib int, ids ...string) (release func(), err error) {
+	r, err := m.reserve(ctx, op, id, mib, ids...)
+	if err != nil {
+		return nil, err
+	}
+	return func() { m.adm.drop(r) }, nil
+}
+
+// reserve is admit returning the reservation itself, which the caller ends
+// with adm.drop (and may hand to other sandboxes with adm.cover): a warm
+// pool's ready clone holds one until a sandbox takes it (pool.go).
+func (m *Manager) reserve(ctx context.Context, op, id string, mib int, ids ...string) (*reservation, error) {
 	a := &m.adm
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -204,9 +215,23 @@ func (m *Manager) admit(ctx context.Context, op, id string, mib int, ids ...stri
 		a.reserved = map[*reservation]struct{}{}
 	}
 	a.reserved[r] = struct{}{}
-	return func() {
-		a.mu.Lock()
-		delete(a.reserved, r)
-		a.mu.Unlock()
-	}, nil
+	return r, nil
+}
+
+// drop ends reservation r (nil: nothing).
+func (a *admission) drop(r *reservation) {
+	if r == nil {
+		return
+	}
+	a.mu.Lock()
+	delete(a.reserved, r)
+	a.mu.Unlock()
+}
+
+// cover makes reservation r the memory of the sandboxes ids instead of the
+// ones it was made for (their records then do not count while r lasts).
+func (a *admission) cover(r *reservation, ids ...string) {
+	a.mu.Lock()
+	r.ids = ids
+	a.mu.Unlock()
 }

@@ -317,6 +317,14 @@ func (m *Manager) lifecycleTick(ctx context.Context) {
 	}
 	// The standby budget: paused sandboxes beyond it are hibernated, those
 	// paused longest first.
+	// Warm pools' ready clones share the budget and go first (pool.go).
+	if cfg.StandbyMemoryMiB > 0 {
+		room := cfg.StandbyMemoryMiB
+		for _, s := range paused {
+			room -= s.MemoryMiB
+		}
+		m.trimPools(ctx, room)
+	}
 	for _, id := range overBudget(paused, cfg.StandbyMemoryMiB) {
 		todo = append(todo, action{id: id, why: "standby budget", demote: "standby_budget"})
 	}

@@ -160,6 +160,10 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 		return sandbox.Sandbox{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
+	// A ready clone of the snapshot's warm pool, if it has one (pool.go).
+	if sb, ok, err := m.startPooledFromSnapshot(ctx, rec, spec, pol); ok {
+		return sb, err
+	}
 	dir, man, err := m.openSnapshot(ctx, snapID, "start from snapshot", snapID)
 	if err != nil {
 		return sandbox.Sandbox{}, err

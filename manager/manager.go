@@ -132,6 +132,7 @@ type Manager struct {
 	teardowns sync.WaitGroup
 	exiting   map[string]chan struct{}
 	adm       admission // memory reserved by admitted calls (admission.go)
+	pools     pools     // warm pools' ready clones (pool.go)
 }
 
 // Wait blocks until the background teardowns of hibernated sandboxes' exited
@@ -191,6 +192,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{},
 		instEngine: map[string]string{}}
+	m.pools.kick = make(chan struct{}, 1)
 	d, err := installAgent(cfg.AgentPath, cfg.GuestDir)
 	if err != nil {
 		return nil, err
@@ -572,6 +574,10 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 		return sandbox.Sandbox{}, err
 	}
 	defer unlock()
+	// A warm pool's ready clone of the image, if one has this spec (pool.go).
+	if sb, ok, err := m.createPooled(ctx, s); ok {
+		return sb, err
+	}
 	release, err := m.admit(ctx, "create", "", s.MemoryMiB, s.ID)
 	if err != nil {
 		return sandbox.Sandbox{}, err
@@ -1178,11 +1184,30 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if err != nil {
 		return nil, err
 	}
-	release, err := m.admit(ctx, "fork", id, count*src.MemoryMiB, ids...)
-	if err != nil {
-		return nil, err
+	// Ready clones of the source's snapshot's warm pool, if it has one
+	// (pool.go): they hold their memory already. Those not used on a
+	// failure go back.
+	pooled := m.takeForFork(src, ids)
+	used, launched := 0, false
+	var clones []*metadata.Sandbox
+	defer func() {
+		if !launched { // a failure before the clones start: the ones given a record are stopped
+			m.stopClones(context.WithoutCancel(ctx), pooled[:used])
+			for _, c := range clones[:min(used, len(clones))] {
+				if c != nil {
+					m.fail(context.WithoutCancel(ctx), c, errors.New("fork failed before this clone started"))
+				}
+			}
+		}
+		m.putBack(poolKey{metadata.PoolSnapshot, src.SnapshotID}, pooled[used:])
+	}()
+	if len(pooled) < count {
+		release, err := m.admit(ctx, "fork", id, (count-len(pooled))*src.MemoryMiB, ids[len(pooled):]...)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
-	defer release()
 	ctx = context.WithoutCancel(ctx)
 	switch src.State {
 	case sandbox.StateRunning:
@@ -1193,19 +1218,21 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	default:
 		return nil, sandboxConflict(id, "sandbox %s is in state %s; only a running, paused or hibernated sandbox can be forked", id, src.State)
 	}
-	dir, man, err := m.openSnapshot(ctx, src.SnapshotID, "fork", id)
-	if err != nil {
-		return nil, err
+	var dir, rootfs string
+	var man snapshot.Manifest
+	var e engine.Engine
+	if len(pooled) < count {
+		if dir, man, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
+			return nil, err
+		}
+		if e, err = m.restoreEngine(src.SnapshotID, man); err != nil {
+			return nil, err
+		}
+		if rootfs, err = m.snapshotImage(ctx, src.Image, man.Spec.ImageDigest); err != nil {
+			return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
+		}
 	}
-	e, err := m.restoreEngine(src.SnapshotID, man)
-	if err != nil {
-		return nil, err
-	}
-	rootfs, err := m.snapshotImage(ctx, src.Image, man.Spec.ImageDigest)
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: image %s: %w", id, man.Spec.ImageDigest, err)
-	}
-	clones := make([]*metadata.Sandbox, count)
+	clones = make([]*metadata.Sandbox, count)
 	now := time.Now().UTC()
 	for i := range clones {
 		gen, err := m.cfg.DB.NextGeneration(ctx)
@@ -1222,12 +1249,17 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			return nil, err
 		}
 		c.Instance = instanceID(c.ID, 1)
+		if i < len(pooled) {
+			m.asPooled(c, pooled[i])
+			used = i + 1
+		}
 		if err := m.cfg.DB.CreateSandbox(ctx, c); err != nil {
 			return nil, err
 		}
 		clones[i] = c
 	}
 	// Restore the clones two at a time (the machines have 2 cores).
+	launched = true
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 2)
 	errs := make([]error, count)
@@ -1237,6 +1269,12 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			if i < len(pooled) {
+				unlock, _ := m.lock(ctx, c.ID)
+				defer unlock()
+				errs[i] = m.startPooled(ctx, c, pooled[i])
+				return
+			}
 			errs[i] = m.startClone(ctx, e, c, rootfs, dir)
 		}()
 	}

@@ -19,6 +19,8 @@ type Metrics struct {
 	created       prometheus.Counter
 	forked        prometheus.Counter
 	refused       prometheus.Counter
+	poolTaken     prometheus.Counter
+	poolFilled    prometheus.Counter
 }
 
 // Buckets in seconds: 10 ms to ~40 s, for hibernate and resume durations
@@ -48,9 +50,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "torpor_sandboxes_forked_total", Help: "Clones made by fork."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "torpor_admission_refused_total", Help: "Creates, resumes and forks refused because the host's memory would be exceeded."}),
+		poolTaken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_pool_clones_taken_total", Help: "Warm pools' ready clones taken by creates, forks and starts from snapshots."}),
+		poolFilled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "torpor_pool_clones_made_total", Help: "Ready clones made by the warm pools' refill."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.hibernate, m.resume, m.unpause, m.pauses, m.demotions, m.snapshotBytes, m.created, m.forked, m.refused)
+		reg.MustRegister(m.hibernate, m.resume, m.unpause, m.pauses, m.demotions, m.snapshotBytes, m.created, m.forked, m.refused,
+			m.poolTaken, m.poolFilled)
 	}
 	return m
 }

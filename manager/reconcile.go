@@ -31,8 +31,9 @@ import (
 //
 // Then every engine instance that no running sandbox owns is stopped — among
 // them the prepared instances a crashed server left (engine.RestorePreparer:
-// listed under ids no sandbox has) — and staged snapshots that never
-// committed are removed.
+// listed under ids no sandbox has) and warm pools' ready clones, which have no
+// records (pool.go; the pools refill once the server runs, RunPools) — and
+// staged snapshots that never committed are removed.
 func (m *Manager) Reconcile(ctx context.Context) error {
 	m.finishInterruptedCheckpoints(ctx)
 	if err := m.cfg.Store.Recover(ctx); err != nil {

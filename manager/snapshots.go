@@ -165,6 +165,16 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if len(users) > 0 {
 		return conflict("snapshot %s is in use: sandbox %s resumes from it (delete the sandbox instead)", id, users[0])
 	}
+	pools, err := m.cfg.DB.ListPools(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		if p.SnapshotID == id {
+			return conflict("snapshot %s is the template of the warm pool of %s %s", id, p.Kind, p.Name).
+				WithHint("set that pool's size to 0 first")
+		}
+	}
 	ctx = context.WithoutCancel(ctx)
 	if err := m.cfg.Store.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)

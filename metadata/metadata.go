@@ -86,8 +86,51 @@ type Store interface {
 	IdempotencyKeys
 	Counters
 	Nodes
+	Pools
 	// Close releases the store. Calls after Close fail.
 	Close() error
+}
+
+// Pools are the warm pools' settings: how many restored-and-paused clones
+// each template keeps ready (manager/pool.go). A template is an image (its
+// pool's SnapshotID is the snapshot torpor took of a fresh sandbox of it) or a
+// snapshot marked as a template (SnapshotID is that snapshot). A snapshot a
+// pool names is never in UnreferencedSnapshots.
+type Pools interface {
+	// SetPool records p, replacing the pool of the same Kind and Name. With
+	// snap non-nil it also records that snapshot (the template snapshot made
+	// for p) in the same transaction; ErrExists if its id is taken (nothing is
+	// written then).
+	SetPool(ctx context.Context, p Pool, snap *Snapshot) error
+	// GetPool returns the pool of kind and name; ErrNotFound.
+	GetPool(ctx context.Context, kind PoolKind, name string) (Pool, error)
+	// ListPools returns every pool, by kind and then name.
+	ListPools(ctx context.Context) ([]Pool, error)
+	// DeletePool removes the pool of kind and name; ErrNotFound.
+	DeletePool(ctx context.Context, kind PoolKind, name string) error
+}
+
+// PoolKind is what a pool's template is.
+type PoolKind string
+
+// Pool kinds.
+const (
+	PoolImage    PoolKind = "image"    // Name is an image's name
+	PoolSnapshot PoolKind = "snapshot" // Name is a snapshot's id
+)
+
+// Pool is one template's warm pool setting.
+type Pool struct {
+	Kind PoolKind
+	Name string
+	// Size is how many clones to keep ready (0: none).
+	Size int
+	// SnapshotID is the snapshot the clones are restored from ("" for an
+	// image pool whose snapshot is not made yet); ImageDigest is the image's
+	// digest it was made of (image pools only: a replaced image makes a new one).
+	SnapshotID  string
+	ImageDigest string
+	UpdatedAt   time.Time
 }
 
 // Sandboxes are the sandbox records.
@@ -141,7 +184,8 @@ type Snapshots interface {
 	// they were kept. ErrNotFound if there is no such record.
 	SetSnapshotSizes(ctx context.Context, id string, logical, stored, newBytes int64) error
 	// UnreferencedSnapshots returns the ids of the records that no sandbox
-	// resumes from (SnapshotID) or is writing (PendingSnapshot), sorted.
+	// resumes from (SnapshotID) or is writing (PendingSnapshot) and no pool
+	// restores from (Pool.SnapshotID), sorted.
 	UnreferencedSnapshots(ctx context.Context) ([]string, error)
 	// DeleteSnapshot removes the record of id. ErrNotFound if there is none.
 	DeleteSnapshot(ctx context.Context, id string) error

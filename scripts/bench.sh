@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs a benchmark against a fresh server on a scratch data directory and stops
-# that server (by its pid) afterwards: `scripts/bench.sh [resume|standby] ARGS…`
+# that server (by its pid) afterwards: `scripts/bench.sh [resume|standby|pool] ARGS…`
 # (resume when the first argument names no benchmark). ARGS go to
-# `torpor bench resume` or `torpor bench standby`; TORPOR_SERVE_FLAGS are added to
-# the server's command line (e.g. TORPOR_SERVE_FLAGS="--prepared-containers 1").
+# `torpor bench resume`, `torpor bench standby` or `torpor bench pool`;
+# TORPOR_SERVE_FLAGS are added to the server's command line (e.g.
+# TORPOR_SERVE_FLAGS="--prepared-containers 1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d /tmp/torpor-bench-XXXXXX)
@@ -32,6 +33,7 @@ for _ in $(seq 100); do
 done
 case "${1:-}" in
 standby) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench standby "$@" ;;
+pool) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench pool "$@" ;;
 resume) shift; TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
 *) TORPOR_URL="http://127.0.0.1:$port" bin/torpor bench resume --data-dir "$dir" "$@" ;;
 esac

@@ -9,19 +9,24 @@ import (
 	"github.com/torpor/torpor/manager"
 )
 
-// startLifecycle runs the manager's idle and timeout loop (unless disabled) and
-// returns a function that stops it and waits for it to end.
+// startLifecycle runs the manager's idle and timeout loop (unless disabled)
+// and its warm pools' refill loop, and returns a function that stops them
+// and waits for them to end (the pools' ready clones stopped).
 func startLifecycle(m *manager.Manager, disabled bool) func() {
-	if disabled {
-		return func() {}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m.RunLifecycle(ctx)
+		m.RunPools(ctx)
 	}()
+	if !disabled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.RunLifecycle(ctx)
+		}()
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {

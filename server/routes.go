@@ -57,6 +57,7 @@ func (s *Server) routes() http.Handler {
 	}))
 	s.lifecycleRoutes(mux)
 	s.snapshotRoutes(mux)
+	s.poolRoutes(mux)
 	s.nodeRoutes(mux)
 	mux.HandleFunc("GET /v1/images", s.listImages)
 	mux.HandleFunc("POST /v1/images/build", s.buildImage)

@@ -8,7 +8,9 @@
 // CommitHibernate, which must then write nothing), the generation counter,
 // concurrent updates of different records, and that records survive a
 // reopen (a schema set up once is set up again without change); node
-// records: register again, heartbeat, draining kept over a restart.
+// records: register again, heartbeat, draining kept over a restart; warm
+// pool settings (set, replace, list order, delete, a template snapshot
+// recorded with its pool and kept from collection while a pool names it).
 package storetest
 
 import (
@@ -55,6 +57,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"Nodes", testNodes},
 		{"Leases", testLeases},
 		{"ConcurrentClaims", testConcurrentClaims},
+		{"Pools", testPools},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.f(t, openStore(t, newStore(t)))
@@ -1085,5 +1088,56 @@ func testConcurrentClaims(t *testing.T, st metadata.Store) {
 	}
 	if got := get(t, st, "sbx-c"); got.LeaseToken != 1 || got.Owner == "" {
 		t.Errorf("after concurrent claims: owner %q token %d", got.Owner, got.LeaseToken)
+	}
+}
+
+func testPools(t *testing.T, st metadata.Store) {
+	if _, err := st.GetPool(ctx, metadata.PoolImage, "base"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("get of no pool: %v, want ErrNotFound", err)
+	}
+	snapPool := metadata.Pool{Kind: metadata.PoolSnapshot, Name: "snap-t", Size: 3, SnapshotID: "snap-t", UpdatedAt: at(1)}
+	imgPool := metadata.Pool{Kind: metadata.PoolImage, Name: "base", Size: 2, UpdatedAt: at(2)}
+	for _, p := range []metadata.Pool{snapPool, imgPool} {
+		if err := st.SetPool(ctx, p, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := st.GetPool(ctx, metadata.PoolSnapshot, "snap-t"); err != nil || !equal(got, snapPool) {
+		t.Errorf("get: %+v %v, want %+v", got, err, snapPool)
+	}
+	// The image's template snapshot is recorded with its pool, no sandbox
+	// resumes from it, and it is not collected while the pool names it.
+	tmpl := &metadata.Snapshot{ID: "snap-img", Bytes: 10, Engine: "gvisor 1", CreatedAt: at(3), LogicalBytes: 10, StoredBytes: 10, NewBytes: 10}
+	imgPool.SnapshotID, imgPool.ImageDigest, imgPool.Size, imgPool.UpdatedAt = "snap-img", "sha256:ab", 4, at(4)
+	if err := st.SetPool(ctx, imgPool, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.GetSnapshot(ctx, "snap-img"); err != nil || !equal(got, tmpl) {
+		t.Errorf("template snapshot: %+v %v, want %+v", got, err, tmpl)
+	}
+	if err := st.SetPool(ctx, metadata.Pool{Kind: metadata.PoolImage, Name: "other", Size: 1, UpdatedAt: at(5)}, tmpl); !errors.Is(err, metadata.ErrExists) {
+		t.Errorf("a second record of snapshot snap-img: %v, want ErrExists", err)
+	}
+	if _, err := st.GetPool(ctx, metadata.PoolImage, "other"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("a refused SetPool wrote its pool: %v", err)
+	}
+	all, err := st.ListPools(ctx)
+	if err != nil || len(all) != 2 || !equal(all[0], imgPool) || !equal(all[1], snapPool) {
+		t.Errorf("list: %+v %v, want %+v then %+v", all, err, imgPool, snapPool)
+	}
+	if got, err := st.UnreferencedSnapshots(ctx); err != nil || len(got) != 0 {
+		t.Errorf("unreferenced with a pool naming snap-img: %v %v, want none", got, err)
+	}
+	if err := st.DeletePool(ctx, metadata.PoolImage, "base"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeletePool(ctx, metadata.PoolImage, "base"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("second delete: %v, want ErrNotFound", err)
+	}
+	if got, err := st.UnreferencedSnapshots(ctx); err != nil || !reflect.DeepEqual(got, []string{"snap-img"}) {
+		t.Errorf("unreferenced after the pool's deletion: %v %v, want [snap-img]", got, err)
+	}
+	if all, _ := st.ListPools(ctx); len(all) != 1 || all[0].Name != "snap-t" {
+		t.Errorf("list after delete: %+v", all)
 	}
 }

@@ -283,7 +283,8 @@ func (st *Store) SetSnapshotSizes(ctx context.Context, id string, logical, store
 // UnreferencedSnapshots implements metadata.Snapshots.
 func (st *Store) UnreferencedSnapshots(ctx context.Context) ([]string, error) {
 	return queryList(ctx, st, "unreferenced snapshots", `SELECT id FROM snapshots WHERE id NOT IN
-		(SELECT snapshot_id FROM sandboxes UNION SELECT pending_snapshot FROM sandboxes) AND NOT kept ORDER BY id`, scanString)
+		(SELECT snapshot_id FROM sandboxes UNION SELECT pending_snapshot FROM sandboxes UNION SELECT snapshot_id FROM pools)
+		AND NOT kept ORDER BY id`, scanString)
 }
 
 // snapName is the name a snapshot record is stored with: only a kept one has one.
