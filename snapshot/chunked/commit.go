@@ -202,6 +202,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		target, set = s.outbox, s.idx.outKnown
 	}
 	pw := s.newPackWriter(target, set)
+	pw.direct = par == nil
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var firstErr error
