@@ -202,6 +202,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		target, set = s.outbox, s.idx.outKnown
 	}
 	pw := s.newPackWriter(target, set)
+	pw.direct = par == nil
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var firstErr error
@@ -371,9 +372,15 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 	// Compressed into a pooled buffer that pw.add copies into the pack: a
 	// fresh buffer per chunk was a third of a first commit's CPU (allocation,
 	// clearing, and the pack's growth by append).
+	// A chunk that looks random is framed raw, not compressed (rawframe.go).
 	buf := compBufs.Get().(*[]byte)
 	defer compBufs.Put(buf)
-	comp := s.enc.EncodeAll(data, (*buf)[:0])
+	var comp []byte
+	if incompressible(data) {
+		comp = appendRawFrame((*buf)[:0], data)
+	} else {
+		comp = s.enc.EncodeAll(data, (*buf)[:0])
+	}
 	*buf = comp[:0]
 	if s.key != nil {
 		comp = s.key.sealChunk(ref.ID, comp)

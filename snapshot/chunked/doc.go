@@ -1,6 +1,7 @@
 // Package chunked is the deduplicating snapshot store: every snapshot file is cut
 // into content-defined chunks (see chunker.go), each chunk is stored once under
-// the sha256 of its content, zstd-compressed, in packs (pack.go) in a durable
+// the sha256 of its content as a zstd frame (compressed, or raw blocks for a
+// chunk that looks random: rawframe.go), in packs (pack.go) in a durable
 // Backend (the local filesystem, or an S3-compatible object store), and a
 // manifest lists every file's chunks in order. A second hibernate of the same sandbox writes only the
 // chunks that changed (a diff snapshot); forks of one template share chunks.
@@ -29,7 +30,9 @@
 //
 // Commit hashes and stores every chunk the backend does not hold yet (into
 // packs), makes them durable (fsync for the filesystem backend; an S3 PUT is
-// durable when it returns), then writes the manifest. A snapshot exists once its manifest exists;
+// durable when it returns), then writes the manifest. A commit without a
+// parent writes its packs to the filesystem backend with O_DIRECT
+// (FS.PutDirect), so that its final fsync has little left to write. A snapshot exists once its manifest exists;
 // a failed Commit leaves the staging directory untouched, so it can be retried.
 //
 // CommitAsync does the same work against the local outbox instead (chunks the

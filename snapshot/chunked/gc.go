@@ -334,7 +334,7 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		moved = append(moved, indexEntry{ID: e.ID, Off: int64(len(data)), Len: e.Len})
 		data = append(data, comp...)
 	}
-	if err := s.writePack(ctx, s.b, s.idx.known, newPackID(), data, moved); err != nil {
+	if err := s.writePack(ctx, s.b, s.idx.known, newPackID(), data, moved, false); err != nil {
 		release(true)
 		return 0, err
 	}

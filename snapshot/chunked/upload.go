@@ -292,7 +292,7 @@ func (s *Store) uploadPack(ctx context.Context, pid string) error {
 	}
 	// A new pack id in the backend: an earlier attempt may have left a pack
 	// there under pid (without its index) that Collect is deleting as garbage.
-	return s.writePack(ctx, s.b, s.idx.known, newPackID(), data, entries)
+	return s.writePack(ctx, s.b, s.idx.known, newPackID(), data, entries, false)
 }
 
 // uploadChunk copies one loose chunk (an outbox written before packs) from the
