@@ -22,14 +22,14 @@ import (
 // clusterStores returns n stores (nodes) on one new bucket of srv, each
 // with its own S3 client, directory and database connection, sharing the
 // collection lock of one store id in a private PostgreSQL database.
-func clusterStores(t *testing.T, srv *s3test.Server, n int, put func(key string)) []*Store {
+func clusterStores(t *testing.T, srv *s3test.Server, n int, put func(key string) error) []*Store {
 	t.Helper()
 	stores, _ := clusterStoresURL(t, srv, n, put)
 	return stores
 }
 
 // clusterStoresURL is clusterStores, also returning the database's URL.
-func clusterStoresURL(t *testing.T, srv *s3test.Server, n int, put func(key string)) ([]*Store, string) {
+func clusterStoresURL(t *testing.T, srv *s3test.Server, n int, put func(key string) error) ([]*Store, string) {
 	t.Helper()
 	pg := pgtest.Start(t)
 	url := pg.NewDatabase(t)
@@ -65,14 +65,17 @@ func clusterStoresURL(t *testing.T, srv *s3test.Server, n int, put func(key stri
 	return out, url
 }
 
-// watchPuts calls put before every Put to the backend.
+// watchPuts calls put before every Put to the backend; an error it returns
+// fails the Put.
 type watchPuts struct {
 	Backend
-	put func(key string)
+	put func(key string) error
 }
 
 func (w *watchPuts) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	w.put(key)
+	if err := w.put(key); err != nil {
+		return err
+	}
 	return w.Backend.Put(ctx, key, r, size)
 }
 
@@ -266,13 +269,14 @@ func TestClusterCollectSkipsDuringCommit(t *testing.T) {
 	var once sync.Once
 	var blocking sync.Mutex
 	block := false
-	nodes := clusterStores(t, srv, 2, func(key string) {
+	nodes := clusterStores(t, srv, 2, func(key string) error {
 		blocking.Lock()
 		on := block
 		blocking.Unlock()
 		if on && strings.HasPrefix(key, "packs/") {
 			once.Do(func() { close(inPack); <-resume })
 		}
+		return nil
 	})
 	a, b := nodes[0], nodes[1]
 	commit(t, a, "old", map[string][]byte{"pages.img": memImage(256)})
@@ -345,10 +349,11 @@ func TestClusterCommitLockLost(t *testing.T) {
 	var url string
 	var once sync.Once
 	var killErr error
-	nodes, u := clusterStoresURL(t, srv, 1, func(key string) {
+	nodes, u := clusterStoresURL(t, srv, 1, func(key string) error {
 		if strings.HasPrefix(key, "manifests/") {
 			once.Do(func() { killErr = endLockSessions(url) })
 		}
+		return nil
 	})
 	url = u
 	a := nodes[0]
@@ -402,4 +407,80 @@ func endLockSessions(url string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// An asynchronous snapshot waiting for its upload names chunks of its
+// parent already in the bucket; its manifest is only in its node's outbox.
+// Another node's collection after the parent is deleted must not remove
+// them: it skips while the snapshot is pending, and collects once it is
+// uploaded. The snapshot then opens on a store that never saw it.
+func TestClusterCollectSparesPendingUploads(t *testing.T) {
+	srv := s3test.Start(t)
+	var down sync.Mutex
+	failing := false
+	nodes := clusterStores(t, srv, 2, func(key string) error {
+		down.Lock()
+		defer down.Unlock()
+		if failing {
+			return errors.New("test: node A cannot reach the bucket")
+		}
+		return nil
+	})
+	a, b := nodes[0], nodes[1]
+	img := memImage(512)
+	commit(t, a, "parent", map[string][]byte{"pages.img": img})
+	// A's uploads fail until the gate opens; between two attempts A holds
+	// no lock for an upload, only the one of its pending snapshots.
+	setFailing := func(v bool) {
+		down.Lock()
+		failing = v
+		down.Unlock()
+	}
+	setFailing(true)
+	child := map[string][]byte{"pages.img": mutate(img, 0.02, 4, 7)}
+	stageAndCommit(t, a, "child", child, func(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+		m.Parent = "parent"
+		return a.CommitAsync(ctx, id, m)
+	})
+	if a.lastReused.Load() == 0 {
+		t.Fatal("the child reused none of its parent's chunks")
+	}
+	if err := a.Delete(ctx, "parent"); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, b, "junk", map[string][]byte{"pages.img": memImage(256)})
+	jd, _ := b.readDoc(ctx, "junk")
+	if err := b.Delete(ctx, "junk"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if n, err := b.Collect(ctx, nil); !errors.Is(err, ErrCollectBusy) {
+			t.Fatalf("collect while another node has a pending upload: %d, %v; want ErrCollectBusy", n, err)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	setFailing(false)
+	a.UploadNow()
+	waitDurable(t, a, "child")
+	var n int
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// The hold goes when the upload loop finds the outbox empty.
+		if n, err = b.Collect(ctx, nil); !errors.Is(err, ErrCollectBusy) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("collect after the upload: %v", err)
+	}
+	if n == 0 || bucketChunks(t, b.b)[firstChunk(jd)] {
+		t.Fatalf("the collection after the upload deleted %d chunks; a deleted snapshot's are still there", n)
+	}
+	c, err := New(ctx, Config{Dir: t.TempDir(), Backend: b.b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mustOpen(t, c, "child", child)
+	t.Logf("%d chunks collected after the upload", n)
 }

@@ -127,14 +127,18 @@ func readGCGen(ctx context.Context, b Backend) (string, error) {
 // CollectLock (Store.gc.cluster); nil fields without Config.CollectLock.
 type clusterState struct {
 	lock CollectLock
-	mu   sync.Mutex // guards gen and the pending hold; a leaf lock
+	// mu guards gen and the pending hold. Held across holdForPending's
+	// Shared (which waits only while another store collects); no store
+	// lock is taken under it, and lockCommit takes it only briefly.
+	mu sync.Mutex
 	// gen is the collection generation at which idx.known was last
 	// refreshed (or written by this store's own collection).
 	gen string
-	// pendingRelease/pendingHeld hold the lock shared while asynchronous
-	// snapshots wait in the outbox (their manifests are invisible to other
-	// stores' collections); nil while none does.
+	// pendingRelease and pendingHeld hold the lock shared while
+	// asynchronous snapshots wait in the outbox (their manifests are
+	// invisible to other stores' collections); nil while none does.
 	pendingRelease func()
+	pendingHeld    func(context.Context) error
 }
 
 // lockCommit takes the collection lock shared for a commit or an upload and,
@@ -182,7 +186,9 @@ func (s *Store) lockCommit(ctx context.Context, async bool) (release func(), hel
 }
 
 // holdForPending takes the lock shared for as long as asynchronous snapshots
-// wait in the outbox (released by releasePending), if not held yet.
+// wait in the outbox (released by releasePending), if not held yet or if the
+// hold was lost (its session ended: the next upload's lockCommit then sees
+// any collection that ran meanwhile, and an upload missing a chunk fails).
 func (s *Store) holdForPending(ctx context.Context) error {
 	c := s.gc.cluster
 	if c == nil {
@@ -191,27 +197,44 @@ func (s *Store) holdForPending(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pendingRelease != nil {
-		return nil
+		if c.pendingHeld(ctx) == nil {
+			return nil
+		}
+		s.log.Warn("snapshot store: the pending uploads' collection lock was lost; taking it again")
+		c.pendingRelease()
+		c.pendingRelease, c.pendingHeld = nil, nil
 	}
-	release, _, err := c.lock.Shared(ctx)
+	release, held, err := c.lock.Shared(ctx)
 	if err != nil {
 		return fmt.Errorf("collection lock: %w", err)
 	}
-	c.pendingRelease = release
+	c.pendingRelease, c.pendingHeld = release, held
 	return nil
 }
 
-// releasePending releases the pending uploads' hold (the outbox is empty).
-func (s *Store) releasePending() {
+// releasePending releases the pending uploads' hold once the outbox has no
+// pending snapshot (ctx nil: at once, Close). The outbox is listed under
+// c.mu: an asynchronous commit writes its outbox manifest before it takes
+// the hold (holdForPending, under c.mu) and holds its own lock until then,
+// so a snapshot listed too late for this check takes the hold again.
+func (s *Store) releasePending(ctx context.Context) {
 	c := s.gc.cluster
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.pendingRelease != nil {
+	if c.pendingRelease == nil {
+		return
+	}
+	if ctx != nil {
+		if ids, err := s.Pending(ctx); err != nil || len(ids) > 0 {
+			return
+		}
+	}
+	{
 		c.pendingRelease()
-		c.pendingRelease = nil
+		c.pendingRelease, c.pendingHeld = nil, nil
 	}
 }
 

@@ -227,7 +227,7 @@ func (s *Store) Close() error {
 		<-s.gc.done
 	}
 	<-s.up.done
-	s.releasePending()
+	s.releasePending(nil)
 	if s.fill != nil {
 		s.fill.close()
 	}

@@ -125,7 +125,7 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if len(ids) == 0 {
-		s.releasePending() // nothing left that other stores' collections cannot see
+		s.releasePending(ctx) // nothing left that other stores' collections cannot see
 		s.sweepOutbox(ctx)
 		return 0, nil
 	}
@@ -180,6 +180,7 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 		}
 		n++
 	}
+	s.releasePending(ctx)
 	s.sweepOutbox(ctx)
 	return n, nil
 }
