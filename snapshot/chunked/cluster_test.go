@@ -484,3 +484,49 @@ func TestClusterCollectSparesPendingUploads(t *testing.T) {
 	mustOpen(t, c, "child", child)
 	t.Logf("%d chunks collected after the upload", n)
 }
+
+// LocalCollectLock: shared holds coexist, the exclusive try-lock fails at
+// once while one exists, and a shared hold waits for an exclusive one (or
+// gives up with its context).
+func TestLocalCollectLock(t *testing.T) {
+	var l LocalCollectLock
+	r1, _, err := l.Shared(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, _, err := l.Shared(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, _ := l.TryExclusive(ctx); ok {
+		t.Fatal("exclusive granted while held shared")
+	}
+	r1()
+	r2()
+	rx, held, ok, _ := l.TryExclusive(ctx)
+	if !ok || held(ctx) != nil {
+		t.Fatal("exclusive refused with nothing held")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, _, err = l.Shared(wctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shared during exclusive: %v, want the deadline", err)
+	}
+	rx()
+	r, _, err := l.Shared(ctx) // the abandoned wait released what it got
+	if err != nil {
+		t.Fatal(err)
+	}
+	r()
+	// The abandoned wait's read lock goes on its own goroutine, at once.
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		if rx, _, ok, _ := l.TryExclusive(ctx); ok {
+			rx()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("exclusive refused after every hold was released")
+		}
+	}
+}

@@ -6,7 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"path"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -155,7 +159,12 @@ func (s *Store) lockCommit(ctx context.Context, async bool) (release func(), hel
 	if err != nil {
 		return nil, nil, fmt.Errorf("collection lock: %w", err)
 	}
-	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// An asynchronous commit does not wait for a hung S3 (as Stage: 3 s).
+	wait := 10 * time.Second
+	if async {
+		wait = 3 * time.Second
+	}
+	gctx, cancel := context.WithTimeout(ctx, wait)
 	gen, err := readGCGen(gctx, s.b)
 	cancel()
 	if err != nil {
@@ -248,45 +257,90 @@ func (s *Store) unlockedCommit(ctx context.Context, target Backend, id string, l
 	return fmt.Errorf("snapshot %s: commit: collection lock lost before the manifest was known safe: %w", id, lost)
 }
 
-// refreshKnown re-lists the backend's pack indexes and drops from idx.known
-// the packs that are gone (another store's collection deleted them) and adds
-// those it lacks. Packs this store added while the listing ran stay.
+// refreshKnown re-lists the backend's pack indexes and loose chunks: it
+// drops from idx.known the packs and loose chunks that are gone (another
+// store's collection deleted them) and reads the indexes of the packs it
+// lacks (other stores' commits). A listing and one read per new pack, not a
+// read of every index. Packs this store added while it ran stay.
 func (s *Store) refreshKnown(ctx context.Context) error {
 	s.idx.loadMu.Lock()
 	defer s.idx.loadMu.Unlock()
 	s.idx.mu.Lock()
-	before := make([]string, 0, len(s.idx.known.packs))
+	before := make(map[string]bool, len(s.idx.known.packs))
 	for pid := range s.idx.known.packs {
-		before = append(before, pid)
+		before[pid] = true
 	}
 	s.idx.mu.Unlock()
-	set, err := loadPacks(ctx, s.b, s.workers, s.log)
+	loose, err := s.b.List(ctx, "chunks/")
 	if err != nil {
-		return fmt.Errorf("snapshot store: refresh the pack index: %w", err)
+		return fmt.Errorf("snapshot store: refresh the pack index: list chunks: %w", err)
+	}
+	objs, err := s.b.List(ctx, "index/")
+	if err != nil {
+		return fmt.Errorf("snapshot store: refresh the pack index: list pack indexes: %w", err)
+	}
+	listed := map[string]bool{}
+	var missing []string
+	for _, o := range objs {
+		pid, ok := strings.CutSuffix(path.Base(o.Key), ".json")
+		if !ok || !validPackID(pid) {
+			continue
+		}
+		listed[pid] = true
+		if !before[pid] {
+			missing = append(missing, pid)
+		}
+	}
+	read := make([][]indexEntry, len(missing))
+	errs := make([]error, len(missing))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < min(s.workers, len(missing)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(missing); i = int(next.Add(1)) - 1 {
+				read[i], errs[i] = readIndex(ctx, s.b, missing[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case err == nil, errors.Is(err, fs.ErrNotExist): // or deleted since the listing
+		case errors.Is(err, errUnreachable):
+			return fmt.Errorf("snapshot store: refresh the pack index: %w", err)
+		default:
+			s.log.Warn("snapshot store: unreadable pack index skipped; its pack is garbage", "pack", missing[i], "err", err)
+		}
 	}
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
 	var dropped []string
-	for _, pid := range before {
-		if _, ok := set.packs[pid]; !ok {
+	for pid := range before {
+		if _, ok := s.idx.known.packs[pid]; ok && !listed[pid] {
 			dropped = append(dropped, s.idx.known.dropPack(pid)...)
 		}
 	}
-	for pid, entries := range set.packs {
-		if _, ok := s.idx.known.packs[pid]; !ok {
-			s.idx.known.addPack(pid, entries)
+	for i, pid := range missing {
+		if _, ok := s.idx.known.packs[pid]; !ok && errs[i] == nil {
+			s.idx.known.addPack(pid, read[i])
 		}
 	}
-	// Loose chunks (stores written before packs) another collection removed.
+	// Loose chunks (stores written before packs): only collections remove them.
+	still := make(map[string]int64, len(loose))
+	for _, o := range loose {
+		still[path.Base(o.Key)] = o.Size
+	}
 	for id, l := range s.idx.known.locs {
-		if _, ok := set.locs[id]; l.Pack == "" && !ok {
+		if _, ok := still[id]; l.Pack == "" && !ok {
 			delete(s.idx.known.locs, id)
 			dropped = append(dropped, id)
 		}
 	}
-	for id, l := range set.locs {
-		if _, ok := s.idx.known.locs[id]; !ok && l.Pack == "" {
-			s.idx.known.locs[id] = l
+	for id, n := range still {
+		if _, ok := s.idx.known.locs[id]; !ok {
+			s.idx.known.locs[id] = chunkLoc{Len: n}
 		}
 	}
 	s.idx.loaded = true
