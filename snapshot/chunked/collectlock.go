@@ -31,7 +31,9 @@ import (
 //     chunk B could delete is already written and listed — except those of
 //     A's pending asynchronous snapshots, whose manifests are in A's outbox:
 //     A holds the lock shared from such a commit until its outbox is empty
-//     (pendingHold), so B does not get it meanwhile.
+//     (holdForPending), so B does not get it meanwhile; and an upload, under
+//     the lock and after step 5, refuses to write a manifest naming a chunk
+//     the backend no longer has (upload.go: "not in the outbox").
 //  3. Before its first deletion B writes a new collection generation
 //     (gcGenKey); before every deletion it checks that its lock is still
 //     held (a lost database session has released it: B stops).
@@ -46,7 +48,11 @@ import (
 //     session advisory lock is lost only with its session, which never comes
 //     back, so held now means held since step 5: no collection ran in
 //     between. If it was lost, A deletes the manifest it wrote and the commit
-//     fails (the staged files stay; a retry works).
+//     fails (the staged files stay; a retry works). The window left: the
+//     database may release a session's locks (it noticed the client gone)
+//     a moment before the client's check fails; a collection that starts in
+//     that moment and deletes before A's manifest is removed is what this
+//     check cannot rule out (docs/snapshot-store.md says so).
 //  7. A releases the lock.
 //
 // Steps 1 and 5 exclude each other, so a collection either ends before a
