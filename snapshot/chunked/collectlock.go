@@ -36,7 +36,13 @@ import (
 //     the backend no longer has (upload.go: "not in the outbox").
 //  3. Before its first deletion B writes a new collection generation
 //     (gcGenKey); before every deletion it checks that its lock is still
-//     held (a lost database session has released it: B stops).
+//     held (a lost database session has released it: B stops). The window
+//     left is one deletion long: if B's session ends after that check and a
+//     commit starts, refreshes and names a chunk of the pack B is deleting
+//     before the deletion lands, that commit's snapshot misses the chunk.
+//     It needs B's database connection to fail in the middle of a
+//     collection, the database to notice at once, and a commit to reuse an
+//     unreferenced chunk within one S3 request's time.
 //  4. B releases the lock.
 //  5. A takes the lock shared for a commit, then reads the generation. If it
 //     differs from the one its index was last refreshed at, some collection
@@ -48,11 +54,10 @@ import (
 //     session advisory lock is lost only with its session, which never comes
 //     back, so held now means held since step 5: no collection ran in
 //     between. If it was lost, A deletes the manifest it wrote and the commit
-//     fails (the staged files stay; a retry works). The window left: the
-//     database may release a session's locks (it noticed the client gone)
-//     a moment before the client's check fails; a collection that starts in
-//     that moment and deletes before A's manifest is removed is what this
-//     check cannot rule out (docs/snapshot-store.md says so).
+//     fails (the staged files stay; a retry works): a collection that ran
+//     meanwhile may have deleted what it names, but nothing opens a
+//     snapshot whose commit failed. (Only a failure to delete that manifest
+//     leaves it; it is logged as an error.)
 //  7. A releases the lock.
 //
 // Steps 1 and 5 exclude each other, so a collection either ends before a
