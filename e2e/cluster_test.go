@@ -263,6 +263,36 @@ func TestCluster(t *testing.T) {
 	if now := get(t, other.c, id); now.Node == other.name || now.Node == "" {
 		t.Errorf("after the drain of %s the sandbox is on %q", other.name, now.Node)
 	}
+
+	// Deleted, its snapshots' packs are collected from the bucket: by one
+	// node at a time, under the store id's advisory lock.
+	if err := b.c.DeleteSandbox(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	bk, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
+		SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	for {
+		snaps, err := a.c.ListSnapshots(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		packs, err := bk.List(ctx, "packs/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snaps) == 0 && len(packs) == 0 {
+			break
+		}
+		if time.Since(deleted) > 2*time.Minute {
+			t.Fatalf("2 min after the sandbox's deletion: %d snapshots listed, %d packs in the bucket", len(snaps), len(packs))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("the deleted sandbox's packs were collected within %v", time.Since(deleted).Round(100*time.Millisecond))
 }
 
 // runTorpor runs the torpor binary with args and returns its output.

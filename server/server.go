@@ -48,8 +48,10 @@ import (
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/postgres"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandboxnet"
+	"github.com/torpor/torpor/snapshot/chunked"
 )
 
 // Config configures a server.
@@ -221,10 +223,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	// On a shared database (several nodes, one bucket) the chunk collection
-	// is off: a node's collection cannot see another node's commits in
-	// flight, which may reuse a chunk it would delete (docs/multi-host.md).
-	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, cfg.Database == "")
+	// On a shared database (several nodes, one bucket prefix) the nodes'
+	// stores collect chunks one at a time and never during another's
+	// commit, under an advisory lock of the store id (chunked.CollectLock).
+	if pg, ok := db.(*postgres.DB); ok {
+		cfg.Store.collectLock = func(id string) chunked.CollectLock { return pg.CollectLock(id) }
+	}
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
 	if err != nil {
 		return fail(err)
 	}

@@ -68,6 +68,10 @@ type StoreConfig struct {
 	OldKeyFiles []string
 
 	readOnly bool // OpenStore: no background upload
+	// collectLock, set by New on a shared database, gives the lock by which
+	// every node's store on the bucket prefix of store id keeps its garbage
+	// collection away from the others' commits (chunked.CollectLock).
+	collectLock func(storeID string) chunked.CollectLock
 }
 
 // storeKindFile, in a data directory, records the snapshot store the
@@ -277,6 +281,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		return s, s.Close, nil
 	case "s3":
 		var owner *chunked.Owner
+		var lock chunked.CollectLock
 		if !cfg.readOnly {
 			id, err := storeID(dataDir)
 			if err != nil {
@@ -285,6 +290,9 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 			host, _ := os.Hostname()
 			abs, _ := filepath.Abs(dataDir)
 			owner = &chunked.Owner{StoreID: id, Host: host, DataDir: abs}
+			if cfg.collectLock != nil {
+				lock = cfg.collectLock(id)
+			}
 		}
 		b, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket,
 			AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Region: cfg.S3Region, Prefix: cfg.S3Prefix,
@@ -301,7 +309,7 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		}
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), Backend: b,
 			CacheBytes: cache, OpenBytes: cfg.openBytes(), AutoGC: autoGC, Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry,
-			Key: key, OldKeys: oldKeys})
+			Key: key, OldKeys: oldKeys, CollectLock: lock})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}

@@ -33,6 +33,7 @@ func TestPostgres(t *testing.T) {
 		{"StaleAcrossStores", testStaleAcrossStores},
 		{"APIKeysVerify", testAPIKeysVerify},
 		{"TimesInAnyZone", testTimesInAnyZone},
+		{"CollectLock", testCollectLock},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, c) })
 	}

@@ -185,6 +185,13 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		return m, fmt.Errorf("snapshot %s: commit: no files staged", id)
 	}
 	sort.Strings(names)
+	// Other stores sharing the backend collect only while no commit holds
+	// this (collectlock.go); taken before any chunk is found to exist.
+	unlock, held, err := s.lockCommit(ctx, async)
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	defer unlock()
 
 	st := &commitState{}
 	kick := false
@@ -311,6 +318,9 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	}
 	if err := target.Put(ctx, manifestKey(id), bytes.NewReader(b), int64(len(b))); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: manifest: %w", id, err)
+	}
+	if err := s.afterManifest(ctx, target, id, async, held); err != nil {
+		return m, err
 	}
 	if async {
 		// Before the unpin: an outbox clean-up that listed the pending

@@ -69,8 +69,9 @@
 // chunk a Commit uses is pinned in memory from before the Commit checks whether
 // the chunk exists until its manifest is written, pins released while a
 // collection runs stay protected until it ends, and a Commit that needs a chunk
-// Collect is deleting waits for the deletion and uploads it again. Several hosts
-// sharing one bucket would need a lease on top of this (not built).
+// Collect is deleting waits for the deletion and uploads it again. Stores of
+// several hosts sharing one backend also share a CollectLock (Config.CollectLock,
+// collectlock.go): commits hold it shared, Collect exclusively or not at all.
 //
 // # Backends
 //
@@ -96,6 +97,7 @@
 //	opened.go    the bound on the opened copies
 //	cache.go     the chunk cache
 //	gc.go        Delete, Collect, repack, the automatic collection
+//	collectlock.go  the CollectLock of stores sharing a backend: commits against other hosts' collections
 //	upload.go    the outbox: Durable, Pending, the background upload
 //	seal.go      encryption at rest (Config.Key): keyed chunk addresses, sealed chunks and manifests
 //	backend.go   Backend and its optional interfaces; the filesystem backend
@@ -106,6 +108,12 @@
 // A Store's locks, in the order they may be taken: a goroutine holding one
 // takes only locks further down the list (any lock may be taken alone).
 //
+//  0. the CollectLock (Config.CollectLock, collectlock.go): a commit or an
+//     upload round takes it shared (which may wait) holding no store lock;
+//     Collect takes it exclusively just after gc.mu, by a try-lock that never
+//     waits. gc.cluster.mu guards its bookkeeping; it is held across a
+//     pending uploads' Shared and the outbox listing, never with another
+//     store lock.
 //  1. gc.mu (collector, gc.go): one Collect at a time; held for the whole
 //     collection, across requests to the backend.
 //  2. a snapshot's lock in opening (snapshotLocks, open.go): held by Open

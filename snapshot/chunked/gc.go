@@ -60,9 +60,29 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 // Collect deletes every chunk that no manifest of live references (live == nil:
 // every committed snapshot). A snapshot committed while Collect runs keeps its
 // chunks (see the package comment). It returns the number of chunks deleted.
+//
+// With Config.CollectLock (a backend shared with other stores) it first takes
+// that lock exclusively, or returns ErrCollectBusy at once when a commit holds
+// it; then it re-lists the backend's packs, and collects within
+// clusterRoundBudget (the rest is left for the next round). live must then be
+// nil: every store's snapshots are live (collectlock.go).
 func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 	s.gc.mu.Lock()
 	defer s.gc.mu.Unlock()
+	round, release, err := s.beginRound(ctx, live)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	n, err := s.collect(ctx, live, round)
+	if errors.Is(err, errRoundOver) {
+		s.gc.more = true
+		return n, nil
+	}
+	return n, err
+}
+
+func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRound) (int, error) {
 	s.idx.mu.Lock()
 	s.idx.gcActive, s.idx.protected = true, map[string]bool{}
 	s.idx.mu.Unlock()
@@ -124,7 +144,10 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 			delete(s.idx.known.locs, id)
 		}
 		s.idx.mu.Unlock()
-		err := s.b.Delete(ctx, o.Key)
+		err := round.beforeDelete(ctx)
+		if err == nil {
+			err = s.b.Delete(ctx, o.Key)
+		}
 		s.idx.mu.Lock()
 		delete(s.idx.deleting, id)
 		close(ch)
@@ -132,6 +155,9 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 			s.idx.known.locs[id] = l // unsure: still there
 		}
 		s.idx.mu.Unlock()
+		if errors.Is(err, errRoundOver) {
+			return n, err
+		}
 		if err != nil {
 			return n, fmt.Errorf("collect: %w", err)
 		}
@@ -153,14 +179,16 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		entries, ok := s.idx.known.packs[pid]
 		dead := ok
 		for _, e := range entries {
-			if s.idx.usedIn(e.ID, pid, ref) {
+			// On a shared backend every copy of a referenced chunk stays:
+			// another store may locate it in this one.
+			if s.idx.usedIn(e.ID, pid, ref) || (round != nil && ref[e.ID]) {
 				dead = false
 				break
 			}
 		}
 		if !dead {
 			s.idx.mu.Unlock()
-			if ok {
+			if ok && round == nil { // no repack on a shared backend (collectlock.go)
 				k, err := s.repack(ctx, pid, ref)
 				if err != nil {
 					s.log.Warn("snapshot store: repack", "pack", pid, "err", err)
@@ -177,7 +205,11 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		}
 		dropped := s.idx.known.dropPack(pid)
 		s.idx.mu.Unlock()
-		indexGone, err := deletePack(ctx, s.b, pid)
+		indexGone := false
+		err := round.beforeDelete(ctx)
+		if err == nil {
+			indexGone, err = deletePack(ctx, s.b, pid)
+		}
 		s.idx.mu.Lock()
 		for _, e := range entries {
 			if s.idx.deleting[e.ID] == ch {
@@ -194,6 +226,9 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 			}
 		}
 		s.idx.mu.Unlock()
+		if errors.Is(err, errRoundOver) {
+			return n, err
+		}
 		if err != nil {
 			return n, fmt.Errorf("collect: pack %s: %w", pid, err)
 		}
@@ -229,6 +264,11 @@ func (s *Store) Collect(ctx context.Context, live []string) (int, error) {
 		return n, fmt.Errorf("collect: %w", err)
 	}
 	for _, pid := range orphans {
+		if err := round.beforeDelete(ctx); errors.Is(err, errRoundOver) {
+			return n, err
+		} else if err != nil {
+			return n, fmt.Errorf("collect: %w", err)
+		}
 		if _, err := deletePack(ctx, s.b, pid); err != nil {
 			return n, fmt.Errorf("collect: pack %s: %w", pid, err)
 		}
@@ -376,6 +416,12 @@ type collector struct {
 	quiet time.Duration
 	kick  chan struct{}
 	done  chan struct{}
+	// cluster: with Config.CollectLock, the lock and what goes with it
+	// (collectlock.go); nil without.
+	cluster *clusterState
+	// more: the last Collect stopped at its round's budget or was skipped
+	// (ErrCollectBusy); gcLoop runs another round. Guarded by mu.
+	more bool
 }
 
 // gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).
@@ -409,7 +455,19 @@ func (s *Store) gcLoop() {
 		t := time.Now()
 		n, err := s.Collect(ctx, nil)
 		cancel()
-		if err != nil {
+		s.gc.mu.Lock()
+		more := s.gc.more || errors.Is(err, ErrCollectBusy)
+		s.gc.more = false
+		s.gc.mu.Unlock()
+		if more { // skipped or cut short: again after the next quiet period
+			select {
+			case s.gc.kick <- struct{}{}:
+			default:
+			}
+		}
+		if errors.Is(err, ErrCollectBusy) {
+			s.log.Debug("snapshot chunk collection skipped: a commit holds the collection lock")
+		} else if err != nil {
 			s.log.Warn("snapshot chunk collection", "err", err)
 		} else if n > 0 {
 			s.log.Info("snapshot chunks collected", "deleted", n, "ms", time.Since(t).Milliseconds())

@@ -35,6 +35,11 @@ type Config struct {
 	// with the resume or hibernate that usually follows a delete. Close stops it.
 	AutoGC  bool
 	GCQuiet time.Duration
+	// CollectLock, when set, says other stores (other nodes) commit to and
+	// collect in the same backend, and is the lock they all share: commits
+	// hold it shared, Collect exclusively (collectlock.go). nil: this store
+	// is the backend's only user.
+	CollectLock CollectLock
 	// UploadRetry is the first delay before a failed asynchronous upload is
 	// retried; it doubles up to 15 s (maxUploadRetry). Default 1 s.
 	UploadRetry time.Duration
@@ -188,6 +193,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	} else {
 		close(s.up.done)
 	}
+	if cfg.CollectLock != nil {
+		s.gc.cluster = &clusterState{lock: cfg.CollectLock}
+	}
 	if cfg.AutoGC {
 		s.gc.kick = make(chan struct{}, 1)
 		s.gc.quiet = cfg.GCQuiet
@@ -219,6 +227,7 @@ func (s *Store) Close() error {
 		<-s.gc.done
 	}
 	<-s.up.done
+	s.releasePending(nil)
 	if s.fill != nil {
 		s.fill.close()
 	}

@@ -125,12 +125,23 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if len(ids) == 0 {
+		s.releasePending(ctx) // nothing left that other stores' collections cannot see
 		s.sweepOutbox(ctx)
 		return 0, nil
 	}
 	if err := s.ensureKnown(ctx); err != nil {
 		return 0, err
 	}
+	// On a shared backend: held until the outbox is empty (also after a
+	// restart), and shared for the uploads themselves (collectlock.go).
+	if err := s.holdForPending(ctx); err != nil {
+		return 0, err
+	}
+	unlock, held, err := s.lockCommit(ctx, false)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	type item struct {
 		id string
 		d  doc
@@ -154,6 +165,9 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 		if testBeforeUpload != nil {
 			testBeforeUpload(it.id)
 		}
+		if err := held(ctx); err != nil {
+			return n, fmt.Errorf("snapshot %s: upload: %w", it.id, err)
+		}
 		if err := s.upload(ctx, it.id, it.d); err != nil {
 			// A snapshot deleted while it uploaded loses its outbox chunks
 			// under the upload ("chunk …: not in the outbox"): not a failure,
@@ -166,6 +180,7 @@ func (s *Store) uploadPending(ctx context.Context) (int, error) {
 		}
 		n++
 	}
+	s.releasePending(ctx)
 	s.sweepOutbox(ctx)
 	return n, nil
 }
