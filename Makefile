@@ -12,8 +12,12 @@
 # runsc has no tagged versions on the Go module proxy; this pseudo-version is pinned
 # and measured (docs/decisions/gvisor-engine.md).
 RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
+# RUNSC_READERS replaces runsc's 128 parallel page readers and checkpoint writers
+# (pagesFileFDDefaultMaxParallel, not a flag at this version): with 128 they starve
+# a restore's own work on a small host (docs/decisions/patched-runsc.md).
+RUNSC_READERS ?= 4
 TOOLS         := $(CURDIR)/.tools
-RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)
+RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
 # versitygw (Apache-2.0) is the S3-compatible server the snapshot store's S3 tests
 # start; pinned, built once into .tools (snapshot/chunked/s3test.Version).
 VERSITYGW_VERSION ?= v1.8.0
@@ -61,12 +65,26 @@ proto:
 		--connect-go_out=$(ENVD_GEN) --connect-go_opt=paths=source_relative \
 		process/process.proto filesystem/filesystem.proto
 
+# $(RUNSC): the pinned module's source (go mod download), copied to .tools/build,
+# with the one constant RUNSC_READERS names changed; the build fails if the line it
+# replaces is not there (another version), rather than build an unpatched runsc.
+RUNSC_SRC      = $(TOOLS)/build/gvisor-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
+RUNSC_PATCHED  = pkg/sentry/state/stateio/pagesfile.go
+RUNSC_CONSTANT = pagesFileFDDefaultMaxParallel = 128
 $(RUNSC):
 	@mkdir -p $(TOOLS)/build
-	@echo "building runsc $(RUNSC_VERSION) (once; about 90 s)"
-	cd $(TOOLS)/build && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$(TOOLS)/build \
-		$(GO) install -ldflags='-s -w' gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
-	mv $(TOOLS)/build/runsc $(RUNSC)
+	@echo "building runsc $(RUNSC_VERSION) with $(RUNSC_READERS) page readers (once; about 2 min)"
+	rm -rf $(RUNSC_SRC)
+	cd $(TOOLS)/build && cp -r "$$(GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(RUNSC_VERSION) \
+		| sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')" $(RUNSC_SRC)
+	chmod -R u+w $(RUNSC_SRC)
+	grep -q '^[[:space:]]*$(RUNSC_CONSTANT)$$' $(RUNSC_SRC)/$(RUNSC_PATCHED) || \
+		{ echo "runsc: '$(RUNSC_CONSTANT)' not in $(RUNSC_PATCHED)" >&2; exit 1; }
+	sed -i 's/^[[:space:]]*$(RUNSC_CONSTANT)$$/	pagesFileFDDefaultMaxParallel = $(RUNSC_READERS)/' $(RUNSC_SRC)/$(RUNSC_PATCHED)
+	grep -q '^[[:space:]]*pagesFileFDDefaultMaxParallel = $(RUNSC_READERS)$$' $(RUNSC_SRC)/$(RUNSC_PATCHED)
+	cd $(RUNSC_SRC) && CGO_ENABLED=0 GOFLAGS=-mod=mod $(GO) build -ldflags='-s -w' -o $(RUNSC_SRC).bin ./runsc
+	mv $(RUNSC_SRC).bin $(RUNSC)
+	rm -rf $(RUNSC_SRC)
 
 $(VERSITYGW):
 	@mkdir -p $(TOOLS)/build
