@@ -73,7 +73,7 @@ RUNSC_PATCHED  = pkg/sentry/state/stateio/pagesfile.go
 RUNSC_CONSTANT = pagesFileFDDefaultMaxParallel = 128
 $(RUNSC):
 	@mkdir -p $(TOOLS)/build
-	@echo "building runsc $(RUNSC_VERSION) with $(RUNSC_READERS) page readers (once; about 2 min)"
+	@echo "building runsc $(RUNSC_VERSION) with $(RUNSC_READERS) page readers (once; 2–9 min)"
 	rm -rf $(RUNSC_SRC)
 	cd $(TOOLS)/build && cp -r "$$(GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(RUNSC_VERSION) \
 		| sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')" $(RUNSC_SRC)
@@ -88,7 +88,7 @@ $(RUNSC):
 
 $(VERSITYGW):
 	@mkdir -p $(TOOLS)/build
-	@echo "building versitygw $(VERSITYGW_VERSION) (once; about 2 min)"
+	@echo "building versitygw $(VERSITYGW_VERSION) (once; 2–9 min)"
 	cd $(TOOLS)/build && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$(TOOLS)/build \
 		$(GO) install -ldflags='-s -w' github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	mv $(TOOLS)/build/versitygw $(VERSITYGW)

@@ -327,9 +327,11 @@ func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*en
 }
 
 // defaultEngines is DefaultEngines whose gVisor engine keeps prepared
-// containers for resumes (gvisor.Config.PreparedContainers).
+// containers for resumes (gvisor.Config.PreparedContainers). Every restore
+// loads its memory pages in the background (gvisor.Config.BackgroundRestore).
 func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, prepared int) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress, PreparedContainers: prepared})
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress,
+		PreparedContainers: prepared, BackgroundRestore: true})
 	if err != nil {
 		return nil, err
 	}

@@ -66,7 +66,17 @@ type Config struct {
 	PreparedContainers int
 	// BackgroundRestore passes --background to runsc restore: the restored
 	// instance runs once its kernel state is loaded and its memory pages
-	// load behind it, a page it touches first loaded first.
+	// load behind it, a page it touches first loaded first. Safe with any
+	// snapshot.Store: `runsc restore` opens checkpoint.img, pages_meta.img
+	// and pages.img by path and hands the descriptors to the sandbox before
+	// it exits (runsc/sandbox/sandbox.go, setRestoreOptsForLocalCheckpointFiles),
+	// so a store that removes the directory afterwards does not disturb the
+	// loading, and no store writes into an opened snapshot's files
+	// (snapshot.Store.Open); a checkpoint taken while pages still load waits
+	// for them (pgalloc's SaveTo, AwaitLoadAll). It pays only with a runsc
+	// whose page readers do not starve the restore (the Makefile's patched
+	// build, docs/decisions/patched-runsc.md): with the stock 128 it is
+	// slower than without.
 	BackgroundRestore bool
 }
 
