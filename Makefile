@@ -12,9 +12,9 @@
 # runsc has no tagged versions on the Go module proxy; this pseudo-version is pinned
 # and measured (docs/decisions/gvisor-engine.md).
 RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
-# RUNSC_READERS replaces runsc's 128 parallel page readers and checkpoint writers
-# (pagesFileFDDefaultMaxParallel, not a flag at this version): with 128 they starve
-# a restore's own work on a small host (docs/decisions/patched-runsc.md).
+# RUNSC_READERS replaces the 128 parallel page readers of runsc's restore (not a
+# flag at this version): 128 starve a restore's own work on a small host
+# (docs/decisions/patched-runsc.md).
 RUNSC_READERS ?= 4
 TOOLS         := $(CURDIR)/.tools
 RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
@@ -66,11 +66,14 @@ proto:
 		process/process.proto filesystem/filesystem.proto
 
 # $(RUNSC): the pinned module's source (go mod download), copied to .tools/build,
-# with the one constant RUNSC_READERS names changed; the build fails if the line it
-# replaces is not there (another version), rather than build an unpatched runsc.
-RUNSC_SRC      = $(TOOLS)/build/gvisor-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
-RUNSC_PATCHED  = pkg/sentry/state/stateio/pagesfile.go
-RUNSC_CONSTANT = pagesFileFDDefaultMaxParallel = 128
+# with one line changed: the restore's pages-file reader gets RUNSC_READERS parallel
+# reads instead of pagesFileFDDefaultMaxParallel (128, which the checkpoint's writer
+# keeps). The build fails if that line is not there exactly once (another version),
+# rather than build an unpatched runsc.
+RUNSC_SRC     = $(TOOLS)/build/gvisor-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
+RUNSC_PATCHED = pkg/sentry/state/stateio/pagesfile.go
+RUNSC_LINE    = return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)
+RUNSC_NEWLINE = return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, $(RUNSC_READERS))
 $(RUNSC):
 	@mkdir -p $(TOOLS)/build
 	@echo "building runsc $(RUNSC_VERSION) with $(RUNSC_READERS) page readers (once; 2–9 min)"
@@ -78,10 +81,10 @@ $(RUNSC):
 	cd $(TOOLS)/build && cp -r "$$(GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(RUNSC_VERSION) \
 		| sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')" $(RUNSC_SRC)
 	chmod -R u+w $(RUNSC_SRC)
-	grep -q '^[[:space:]]*$(RUNSC_CONSTANT)$$' $(RUNSC_SRC)/$(RUNSC_PATCHED) || \
-		{ echo "runsc: '$(RUNSC_CONSTANT)' not in $(RUNSC_PATCHED)" >&2; exit 1; }
-	sed -i 's/^[[:space:]]*$(RUNSC_CONSTANT)$$/	pagesFileFDDefaultMaxParallel = $(RUNSC_READERS)/' $(RUNSC_SRC)/$(RUNSC_PATCHED)
-	grep -q '^[[:space:]]*pagesFileFDDefaultMaxParallel = $(RUNSC_READERS)$$' $(RUNSC_SRC)/$(RUNSC_PATCHED)
+	test "$$(grep -cxF '	$(RUNSC_LINE)' $(RUNSC_SRC)/$(RUNSC_PATCHED))" = 1 || \
+		{ echo "runsc: '$(RUNSC_LINE)' not once in $(RUNSC_PATCHED)" >&2; exit 1; }
+	sed -i 's/^	$(RUNSC_LINE)$$/	$(RUNSC_NEWLINE)/' $(RUNSC_SRC)/$(RUNSC_PATCHED)
+	test "$$(grep -cxF '	$(RUNSC_NEWLINE)' $(RUNSC_SRC)/$(RUNSC_PATCHED))" = 1
 	cd $(RUNSC_SRC) && CGO_ENABLED=0 GOFLAGS=-mod=mod $(GO) build -ldflags='-s -w' -o $(RUNSC_SRC).bin ./runsc
 	mv $(RUNSC_SRC).bin $(RUNSC)
 	rm -rf $(RUNSC_SRC)

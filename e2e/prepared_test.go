@@ -340,6 +340,8 @@ func TestResumeOpenedCopyRemoved(t *testing.T) {
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
+		// The sandbox holds pages.img open until its pages are loaded.
+		t.Logf("%s: opened copy removed; pages.img still open in %d processes (loading under way)", what, openedDeleted(filepath.Join(dir, "pages.img")))
 		checksumFirst(t, ctx, c, id, first, &count, what+", its opened copy removed")
 		hibernate(t, c, id)
 		checksumFirst(t, ctx, c, id, first, &count, what+", then a hibernate and a resume")
@@ -347,4 +349,17 @@ func TestResumeOpenedCopyRemoved(t *testing.T) {
 	if n := srv.Engine.(*gvisor.Engine).PreparedRestores(); n == 0 {
 		t.Errorf("no restore went into a prepared container")
 	}
+}
+
+// openedDeleted counts the open descriptors, in all processes, of file path
+// after its removal.
+func openedDeleted(path string) int {
+	n := 0
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && l == path+" (deleted)" {
+			n++
+		}
+	}
+	return n
 }
