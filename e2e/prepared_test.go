@@ -311,11 +311,10 @@ func TestPreparedCrash(t *testing.T) {
 	}
 }
 
-// TestResumeOpenedCopyRemoved: restores load their pages in the background
-// (gvisor.Config.BackgroundRestore) from the snapshot's opened copy
+// TestResumeOpenedCopyRemoved: a restore reads the snapshot's opened copy
 // (chunks/open/<snapshot>), which the store may remove at any time (over its
-// bound). Removed right after the resume's answer, while the pages may still
-// be loading, the workload's checksum of its whole 64 MiB buffer is right; a
+// bound), and with gvisor.Config.BackgroundRestore reads it after the restore
+// returned. Removed right after the resume's answer, the workload's checksum of its whole 64 MiB buffer is right; a
 // hibernate then (its parent's copy gone) and a resume (the copy rebuilt
 // from the chunks) keep it right. Both a plain restore and one into a
 // prepared container.
@@ -341,7 +340,7 @@ func TestResumeOpenedCopyRemoved(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The sandbox holds pages.img open until its pages are loaded.
-		t.Logf("%s: opened copy removed; pages.img still open in %d processes (loading under way)", what, openedDeleted(filepath.Join(dir, "pages.img")))
+		t.Logf("%s: opened copy removed; its pages.img still open in %d descriptors", what, openedDeleted(sb.Snapshot.ID))
 		checksumFirst(t, ctx, c, id, first, &count, what+", its opened copy removed")
 		hibernate(t, c, id)
 		checksumFirst(t, ctx, c, id, first, &count, what+", then a hibernate and a resume")
@@ -351,13 +350,14 @@ func TestResumeOpenedCopyRemoved(t *testing.T) {
 	}
 }
 
-// openedDeleted counts the open descriptors, in all processes, of file path
-// after its removal.
-func openedDeleted(path string) int {
+// openedDeleted counts the open descriptors, in all processes, of a removed
+// pages.img of snapshot id (the sandbox's mount namespace may show it under
+// another prefix).
+func openedDeleted(id string) int {
 	n := 0
 	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
 	for _, fd := range fds {
-		if l, err := os.Readlink(fd); err == nil && l == path+" (deleted)" {
+		if l, err := os.Readlink(fd); err == nil && strings.Contains(l, id) && strings.HasSuffix(l, "/pages.img (deleted)") {
 			n++
 		}
 	}

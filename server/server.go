@@ -327,11 +327,9 @@ func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*en
 }
 
 // defaultEngines is DefaultEngines whose gVisor engine keeps prepared
-// containers for resumes (gvisor.Config.PreparedContainers). Every restore
-// loads its memory pages in the background (gvisor.Config.BackgroundRestore).
+// containers for resumes (gvisor.Config.PreparedContainers).
 func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, prepared int) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress,
-		PreparedContainers: prepared, BackgroundRestore: true})
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress, PreparedContainers: prepared})
 	if err != nil {
 		return nil, err
 	}

@@ -73,10 +73,10 @@ type Config struct {
 	// so a store that removes the directory afterwards does not disturb the
 	// loading, and no store writes into an opened snapshot's files
 	// (snapshot.Store.Open); a checkpoint taken while pages still load waits
-	// for them (pgalloc's SaveTo, AwaitLoadAll). It pays only with a runsc
-	// whose page readers do not starve the restore (the Makefile's patched
-	// build, docs/decisions/patched-runsc.md): with the stock 128 it is
-	// slower than without.
+	// for them (pgalloc's SaveTo, AwaitLoadAll). Off in the server: with the
+	// stock runsc's 128 page readers it is slower than without, and with 4
+	// (`make runsc-readers`) the resume benchmark did not gain
+	// (docs/decisions/patched-runsc.md).
 	BackgroundRestore bool
 }
 
