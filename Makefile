@@ -14,6 +14,11 @@
 RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
 TOOLS         := $(CURDIR)/.tools
 RUNSC         := $(TOOLS)/runsc-$(RUNSC_VERSION)
+# `make runsc-readers` (not part of setup) builds a runsc whose restore has
+# RUNSC_READERS parallel page readers instead of 128 (not a flag at this version;
+# measured, not adopted: docs/decisions/patched-runsc.md). Use it with TORPOR_RUNSC.
+RUNSC_READERS ?= 4
+RUNSC_FEW_READERS := $(TOOLS)/build/runsc-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
 # versitygw (Apache-2.0) is the S3-compatible server the snapshot store's S3 tests
 # start; pinned, built once into .tools (snapshot/chunked/s3test.Version).
 VERSITYGW_VERSION ?= v1.8.0
@@ -23,7 +28,7 @@ export PATH   := $(CURDIR)/bin:$(TOOLS)/bin:/usr/local/go/bin:$(PATH)
 export TORPOR_RUNSC := $(RUNSC)
 export TORPOR_VERSITYGW := $(VERSITYGW)
 
-.PHONY: setup build test run bench soak fuzz clean packages node-packages proto
+.PHONY: setup build test run bench soak fuzz clean packages node-packages proto runsc-readers
 
 # setup: Debian packages, the pinned runsc (built once, cached in .tools), the
 # torpor binaries, and the built-in images in the host's build cache
@@ -68,9 +73,35 @@ $(RUNSC):
 		$(GO) install -ldflags='-s -w' gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
 	mv $(TOOLS)/build/runsc $(RUNSC)
 
+runsc-readers: $(RUNSC_FEW_READERS)
+
+# $(RUNSC_FEW_READERS): the pinned module's source (go mod download), copied to .tools/build,
+# with one line changed: the restore's pages-file reader gets RUNSC_READERS parallel
+# reads instead of pagesFileFDDefaultMaxParallel (128, which the checkpoint's writer
+# keeps). The build fails if that line is not there exactly once (another version),
+# rather than build an unpatched runsc.
+RUNSC_SRC     = $(TOOLS)/build/gvisor-$(RUNSC_VERSION)-readers$(RUNSC_READERS)
+RUNSC_PATCHED = pkg/sentry/state/stateio/pagesfile.go
+RUNSC_LINE    = return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)
+RUNSC_NEWLINE = return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, $(RUNSC_READERS))
+$(RUNSC_FEW_READERS):
+	@mkdir -p $(TOOLS)/build
+	@echo "building runsc $(RUNSC_VERSION) with $(RUNSC_READERS) page readers (once; 2–9 min)"
+	rm -rf $(RUNSC_SRC)
+	cd $(TOOLS)/build && cp -r "$$(GOFLAGS=-mod=mod $(GO) mod download -json gvisor.dev/gvisor@$(RUNSC_VERSION) \
+		| sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')" $(RUNSC_SRC)
+	chmod -R u+w $(RUNSC_SRC)
+	test "$$(grep -cxF '	$(RUNSC_LINE)' $(RUNSC_SRC)/$(RUNSC_PATCHED))" = 1 || \
+		{ echo "runsc: '$(RUNSC_LINE)' not once in $(RUNSC_PATCHED)" >&2; exit 1; }
+	sed -i 's/^	$(RUNSC_LINE)$$/	$(RUNSC_NEWLINE)/' $(RUNSC_SRC)/$(RUNSC_PATCHED)
+	test "$$(grep -cxF '	$(RUNSC_NEWLINE)' $(RUNSC_SRC)/$(RUNSC_PATCHED))" = 1
+	cd $(RUNSC_SRC) && CGO_ENABLED=0 GOFLAGS=-mod=mod $(GO) build -ldflags='-s -w' -o $(RUNSC_SRC).bin ./runsc
+	mv $(RUNSC_SRC).bin $(RUNSC_FEW_READERS)
+	rm -rf $(RUNSC_SRC)
+
 $(VERSITYGW):
 	@mkdir -p $(TOOLS)/build
-	@echo "building versitygw $(VERSITYGW_VERSION) (once; about 2 min)"
+	@echo "building versitygw $(VERSITYGW_VERSION) (once; 2–9 min)"
 	cd $(TOOLS)/build && CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN=$(TOOLS)/build \
 		$(GO) install -ldflags='-s -w' github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 	mv $(TOOLS)/build/versitygw $(VERSITYGW)

@@ -310,3 +310,56 @@ func TestPreparedCrash(t *testing.T) {
 		t.Errorf("after the delete and a clean shutdown:\n%s", strings.Join(left, "\n"))
 	}
 }
+
+// TestResumeOpenedCopyRemoved: a restore reads the snapshot's opened copy
+// (chunks/open/<snapshot>), which the store may remove at any time (over its
+// bound), and with gvisor.Config.BackgroundRestore reads it after the restore
+// returned. Removed right after the resume's answer, the workload's checksum of its whole 64 MiB buffer is right; a
+// hibernate then (its parent's copy gone) and a resume (the copy rebuilt
+// from the chunks) keep it right. Both a plain restore and one into a
+// prepared container.
+func TestResumeOpenedCopyRemoved(t *testing.T) {
+	srv := start(t, servertest.Options{PreparedContainers: 1})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	id, first := checksummed(t, ctx, c)
+	count := first.Count
+	for _, what := range []string{"plain restore", "restore into a prepared container"} {
+		if what != "plain restore" {
+			readyPrepared(t)
+		}
+		sb := hibernate(t, c, id)
+		dir := filepath.Join(srv.DataDir, "chunks", "open", sb.Snapshot.ID)
+		if _, err := c.Resume(ctx, id); err != nil {
+			t.Fatalf("%s: resume: %v", what, err)
+		}
+		if !fileExists(filepath.Join(dir, "pages.img")) {
+			t.Fatalf("%s: no opened copy %s to remove", what, dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		// The sandbox holds pages.img open until its pages are loaded.
+		t.Logf("%s: opened copy removed; its pages.img still open in %d descriptors", what, openedDeleted(sb.Snapshot.ID))
+		checksumFirst(t, ctx, c, id, first, &count, what+", its opened copy removed")
+		hibernate(t, c, id)
+		checksumFirst(t, ctx, c, id, first, &count, what+", then a hibernate and a resume")
+	}
+	if n := srv.Engine.(*gvisor.Engine).PreparedRestores(); n == 0 {
+		t.Errorf("no restore went into a prepared container")
+	}
+}
+
+// openedDeleted counts the open descriptors, in all processes, of a removed
+// pages.img of snapshot id (the sandbox's mount namespace may show it under
+// another prefix).
+func openedDeleted(id string) int {
+	n := 0
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && strings.Contains(l, id) && strings.HasSuffix(l, "/pages.img (deleted)") {
+			n++
+		}
+	}
+	return n
+}

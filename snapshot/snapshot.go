@@ -101,6 +101,9 @@ type Store interface {
 	// Open verifies every file of a committed snapshot and returns the directory
 	// that holds them. Errors: ErrNotFound (wrapped) when id is not committed;
 	// *CorruptError when a file is missing, has the wrong size or the wrong sha256.
+	// The files in dir are never written or truncated in place afterwards: a
+	// store may remove them (an engine that opened them before reads on), so
+	// an engine may keep reading them after its restore returned.
 	Open(ctx context.Context, id string) (dir string, m Manifest, err error)
 	// Manifest returns a committed snapshot's manifest without verifying its files.
 	Manifest(ctx context.Context, id string) (Manifest, error)

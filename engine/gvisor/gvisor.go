@@ -66,7 +66,17 @@ type Config struct {
 	PreparedContainers int
 	// BackgroundRestore passes --background to runsc restore: the restored
 	// instance runs once its kernel state is loaded and its memory pages
-	// load behind it, a page it touches first loaded first.
+	// load behind it, a page it touches first loaded first. Safe with any
+	// snapshot.Store: `runsc restore` opens checkpoint.img, pages_meta.img
+	// and pages.img by path and hands the descriptors to the sandbox before
+	// it exits (runsc/sandbox/sandbox.go, setRestoreOptsForLocalCheckpointFiles),
+	// so a store that removes the directory afterwards does not disturb the
+	// loading, and no store writes into an opened snapshot's files
+	// (snapshot.Store.Open); a checkpoint taken while pages still load waits
+	// for them (pgalloc's SaveTo, AwaitLoadAll). Off in the server: with the
+	// stock runsc's 128 page readers it is slower than without, and with 4
+	// (`make runsc-readers`) the resume benchmark did not gain
+	// (docs/decisions/patched-runsc.md).
 	BackgroundRestore bool
 }
 
