@@ -3,6 +3,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
 )
@@ -330,4 +334,80 @@ func TestPausedUsesNoCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertGone(t, srv, sb.ID)
+}
+
+// TestPauseWaitsForRequests: a pause waits for a proxied request in flight
+// (which would otherwise hang in the paused sandbox until the next request)
+// and pauses once it has been answered; a request that outlasts the drain
+// makes the pause refuse (409) and leaves the sandbox running.
+func TestPauseWaitsForRequests(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256, IdleTimeoutS: lcInt(0)})
+	server := `import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(self.path.strip("/")))
+        self.send_response(200); self.end_headers(); self.wfile.write(b"slept")
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+`
+	writeFile(t, c, sb.ID, "/root/slow.py", []byte(server))
+	if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"python3", "/root/slow.py"}}); err != nil {
+		t.Fatal(err)
+	}
+	slow := func(seconds string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.PortURL(sb.ID, 8000, "/"+seconds), nil)
+			c.Authorize(req)
+			resp, err := c.HTTP.Do(req)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || string(b) != "slept" {
+					err = fmt.Errorf("HTTP %d %q", resp.StatusCode, b)
+				}
+			}
+			done <- err
+		}()
+		return done
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for <-slow("0") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow server did not answer")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// A request of 2 s in flight: the pause answers after it.
+	inFlight := slow("2")
+	time.Sleep(300 * time.Millisecond)
+	t0 := time.Now()
+	p := pause(t, c, sb.ID)
+	select {
+	case err := <-inFlight:
+		if err != nil {
+			t.Fatalf("the request in flight during the pause: %v", err)
+		}
+	default:
+		t.Fatalf("the pause answered (state %s) after %v with the request still in flight", p.State, time.Since(t0))
+	}
+	t.Logf("pause answered %v after it was called, once the request in flight was answered", time.Since(t0))
+	sh(t, c, sb.ID, "true") // unpauses it
+
+	// A request longer than the drain: the pause is refused, the sandbox runs.
+	long := slow(fmt.Sprint(manager.PauseDrain.Seconds() + 5))
+	time.Sleep(300 * time.Millisecond)
+	if _, err := c.Pause(ctx, sb.ID); !client.IsConflict(err) {
+		t.Fatalf("pause with a request open past the drain: %v, want 409", err)
+	}
+	wantState(t, c, sb.ID, apiv1.StateRunning)
+	if err := <-long; err != nil {
+		t.Fatalf("the long request: %v", err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
 }

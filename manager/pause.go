@@ -72,11 +72,16 @@ func pauseWindow(p sandbox.Policy) time.Duration {
 	return time.Duration(p.PauseAfterS) * time.Second
 }
 
+// PauseDrain is how long a pause waits for requests in flight to end: as long
+// as a hibernate's drain (HibernateDrain).
+const PauseDrain = HibernateDrain
+
 // Pause pauses a running sandbox (POST /v1/sandboxes/{id}/pause): it returns
 // once the instance is paused and a committed snapshot of the paused state is
 // recorded. A paused sandbox is returned as it is (unchanged true). Errors:
 // sandbox.ErrNotFound; sandbox.ErrConflict for a sandbox that is not running,
-// not of mode memory, or on an engine that cannot pause.
+// not of mode memory, on an engine that cannot pause, or with requests still
+// in flight after PauseDrain.
 func (m *Manager) Pause(ctx context.Context, id string) (sb sandbox.Sandbox, unchanged bool, err error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
@@ -105,10 +110,22 @@ func (m *Manager) Pause(ctx context.Context, id string) (sb sandbox.Sandbox, unc
 // paused state. The state paused is persisted before the engine acts (a crash
 // then finds the record paused and Reconcile settles it); on failure the
 // instance is unpaused and s is running again. The caller holds s's lock.
+//
+// A pause first waits up to PauseDrain for proxied connections and exec
+// streams in flight; if some are still open it is refused
+// (sandbox.ErrConflict) and s keeps running.
 func (m *Manager) pauseLocked(ctx context.Context, s *metadata.Sandbox) error {
 	p, err := m.pausable(s)
 	if err != nil {
 		return err
+	}
+	// Requests in flight would hang in the paused sandbox until something
+	// unpaused it (gVisor's netstack keeps their connections but no task
+	// answers): wait for them as a hibernate does (the lock keeps new ones
+	// out), and refuse the pause if some are still open at the end.
+	if conns, execs := m.drain(s.ID, PauseDrain); conns+execs > 0 {
+		return sandboxConflict(s.ID, "sandbox %s still has %d proxied connections and %d exec streams open after %s; not paused (they would hang until the next request): pause it when they are done, or hibernate it",
+			s.ID, conns, execs, PauseDrain)
 	}
 	start := time.Now()
 	if err := m.setState(ctx, s, sandbox.StatePaused); err != nil {
