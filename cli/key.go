@@ -157,14 +157,22 @@ func (a *app) keyCommand() *cobra.Command {
 				return err
 			}
 			defer db.Close()
+			// Every id is tried: a typo in one must not leave the keys after it
+			// valid.
+			failed := 0
 			for _, id := range distinct(args) {
 				if err := db.DeleteAPIKey(cmd.Context(), id); err != nil {
+					failed++
 					if errors.Is(err, metadata.ErrNotFound) {
-						return fmt.Errorf("no key %s (torpor key ls lists them)", id)
+						err = fmt.Errorf("no key %s (torpor key ls lists them)", id)
 					}
-					return err
+					a.reportFor(id, err)
+					continue
 				}
 				fmt.Fprintf(a.stdout, "removed %s\n", id)
+			}
+			if failed > 0 {
+				return silentError{}
 			}
 			return nil
 		},

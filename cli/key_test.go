@@ -114,6 +114,14 @@ func TestKeyCommands(t *testing.T) {
 	if r := runTorpor("key", "ls"); r.code != 0 || !strings.Contains(r.stdout, made.ID) {
 		t.Errorf("ls with TORPOR_DATA_DIR: %+v", r)
 	}
+	// An unknown id first does not stop the removal of the ones after it.
+	if r := runTorpor("key", "rm", "--data-dir", dir, "key_000000000000", made.ID); r.code != 1 ||
+		r.stdout != "removed "+made.ID+"\n" || !strings.Contains(r.stderr, "no key key_000000000000") {
+		t.Errorf("rm of an unknown id, then a real one: %+v", r)
+	}
+	if ls := runTorpor("key", "ls", "--data-dir", dir); strings.Contains(ls.stdout, made.ID) {
+		t.Errorf("a key listed after an unknown id in rm is still there: %q", ls.stdout)
+	}
 }
 
 // TestClientSendsAPIKey: client commands send TORPOR_API_KEY, and a 401 says
