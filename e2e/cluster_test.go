@@ -45,44 +45,8 @@ func TestCluster(t *testing.T) {
 		t.Skip("needs root (runsc, network namespaces)")
 	}
 	ctx := ctxFor(t, 10*time.Minute)
-	pg := pgtest.Start(t)
-	dbURL := pg.NewDatabase(t)
-	s3 := s3test.Start(t)
-	const bucket = "torpor-e2e-cluster"
-	if _, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
-		SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
-		t.Fatal(err)
-	}
-	bin := buildTorpor(t)
-	// The nodes are one store under the bucket's prefix: one store id.
-	storeID := fmt.Sprintf("%032x", time.Now().UnixNano())
-	nodes := map[string]*clusterNode{}
-	var order []*clusterNode
-	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
-		dir, err := os.MkdirTemp("", "torpor-e2e-cluster-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "store-id"), []byte(storeID+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		n := &clusterNode{name: name, dir: dir, log: filepath.Join(t.TempDir(), name+".log")}
-		nodes[name] = n
-		order = append(order, n)
-	}
-	start := func(n *clusterNode) {
-		n.proc = serve(t, bin, n.log, "--node", n.name, "--database", dbURL, "--data-dir", n.dir,
-			"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t),
-			"--store", "s3", "--s3-endpoint", s3.Endpoint, "--s3-bucket", bucket,
-			"--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-region", s3.Region)
-		n.c = client.New(n.proc.url)
-	}
-	var wg sync.WaitGroup
-	for _, n := range order {
-		wg.Add(1)
-		go func() { defer wg.Done(); start(n) }()
-	}
-	wg.Wait()
+	cl := startCluster(t, ctx)
+	nodes, order, start, bin, s3, bucket := cl.nodes, cl.order, cl.start, cl.bin, cl.s3, cl.bucket
 	var id string
 	t.Cleanup(func() {
 		for _, n := range order {
@@ -93,29 +57,8 @@ func TestCluster(t *testing.T) {
 				id = ""
 			}
 		}
-		for _, n := range order {
-			if n.proc != nil {
-				n.proc.stop(t)
-			}
-		}
-		for _, n := range order {
-			removeDataDir(n.dir)
-			if t.Failed() {
-				log, _ := os.ReadFile(n.log)
-				t.Logf("%s's log:\n%s", n.name, log)
-			}
-		}
 	})
 	a, b, c := nodes["cl-a"], nodes["cl-b"], nodes["cl-c"]
-	waitNodes(t, a.c, func(ns []apiv1.Node) bool {
-		active := 0
-		for _, n := range ns {
-			if n.State == "active" {
-				active++
-			}
-		}
-		return active == 3
-	})
 
 	// Made through A, reached through B and C.
 	sb := create(t, a.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
@@ -305,18 +248,28 @@ func runTorpor(bin string, args ...string) (string, error) {
 // data directory dir has on the host (its engine's state directory).
 func runscSandboxesOf(t *testing.T, dir, id string) int {
 	t.Helper()
-	out, err := exec.Command(servertest.Runsc(t), "--root", filepath.Join(dir, "gvisor", "root"), "list", "-quiet").CombinedOutput()
+	all, err := runscList(t, dir)
 	if err != nil {
-		t.Logf("runsc list: %v: %s", err, out)
+		t.Log(err)
 		return -1
 	}
 	n := 0
-	for _, l := range strings.Fields(string(out)) {
+	for _, l := range all {
 		if strings.HasPrefix(l, id+"-") {
 			n++
 		}
 	}
 	return n
+}
+
+// runscList lists the ids of the runsc sandboxes the server of data
+// directory dir has on the host.
+func runscList(t *testing.T, dir string) ([]string, error) {
+	out, err := exec.Command(servertest.Runsc(t), "--root", filepath.Join(dir, "gvisor", "root"), "list", "-quiet").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("runsc list: %v: %s", err, out)
+	}
+	return strings.Fields(string(out)), nil
 }
 
 // execP50 runs `true` in sandbox id n times through each of two clients,
@@ -337,4 +290,84 @@ func execP50(t *testing.T, first, second *client.Client, id string, n int) (time
 		slices.Sort(s)
 	}
 	return d[0][n/2], d[1][n/2]
+}
+
+// cluster is three `torpor serve` nodes (cl-a, cl-b, cl-c) on one private
+// PostgreSQL database and one versitygw bucket, started by startCluster.
+type cluster struct {
+	nodes  map[string]*clusterNode
+	order  []*clusterNode
+	start  func(n *clusterNode) // (re)starts n's server
+	bin    string
+	s3     *s3test.Server
+	bucket string
+}
+
+// startCluster starts the three nodes of a cluster, each with serve's
+// flags plus extra, and waits until all three are active. The nodes are
+// stopped and their data directories removed when the test ends (their
+// logs shown if it failed).
+func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
+	t.Helper()
+	pg := pgtest.Start(t)
+	dbURL := pg.NewDatabase(t)
+	s3 := s3test.Start(t)
+	const bucket = "torpor-e2e-cluster"
+	if _, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
+		SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true, CreateBucket: true}); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildTorpor(t)
+	// The nodes are one store under the bucket's prefix: one store id.
+	storeID := fmt.Sprintf("%032x", time.Now().UnixNano())
+	cl := &cluster{nodes: map[string]*clusterNode{}, bin: bin, s3: s3, bucket: bucket}
+	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
+		dir, err := os.MkdirTemp("", "torpor-e2e-cluster-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "store-id"), []byte(storeID+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n := &clusterNode{name: name, dir: dir, log: filepath.Join(t.TempDir(), name+".log")}
+		cl.nodes[name] = n
+		cl.order = append(cl.order, n)
+	}
+	cl.start = func(n *clusterNode) {
+		n.proc = serve(t, bin, n.log, append([]string{"--node", n.name, "--database", dbURL, "--data-dir", n.dir,
+			"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t),
+			"--store", "s3", "--s3-endpoint", s3.Endpoint, "--s3-bucket", bucket,
+			"--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-region", s3.Region}, extra...)...)
+		n.c = client.New(n.proc.url)
+	}
+	var wg sync.WaitGroup
+	for _, n := range cl.order {
+		wg.Add(1)
+		go func() { defer wg.Done(); cl.start(n) }()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, n := range cl.order {
+			if n.proc != nil {
+				n.proc.stop(t)
+			}
+		}
+		for _, n := range cl.order {
+			removeDataDir(n.dir)
+			if t.Failed() {
+				log, _ := os.ReadFile(n.log)
+				t.Logf("%s's log:\n%s", n.name, log)
+			}
+		}
+	})
+	waitNodes(t, cl.order[0].c, func(ns []apiv1.Node) bool {
+		active := 0
+		for _, n := range ns {
+			if n.State == "active" {
+				active++
+			}
+		}
+		return active == 3
+	})
+	return cl
 }
