@@ -27,6 +27,8 @@ func BenchmarkResume(b *testing.B) {
 		Cycles:         cycles,
 		WorkingSetsMiB: []int{64},
 		ExecSamples:    20,
+		Wakes:          DefaultWakes,
+		ForkCycles:     DefaultForkCycles,
 		Out:            os.Stderr,
 		Progress:       testLog{b},
 		DataDir:        srv.DataDir,

@@ -93,15 +93,13 @@ type Options struct {
 	// SkipRaw leaves the raw runsc measurement out.
 	SkipRaw bool
 	// Wakes is how many hibernated sandboxes are woken at once, at the first
-	// working set only (default DefaultWakes), in DefaultWakeRounds rounds;
-	// SkipWakes leaves the case out.
-	Wakes     int
-	SkipWakes bool
+	// working set only, in DefaultWakeRounds rounds; 0 leaves the case out
+	// (the CLI's default is DefaultWakes).
+	Wakes int
 	// ForkCycles is how many forks of count 1 and of count 4 of the running
-	// sandbox are measured per working set (default DefaultForkCycles);
-	// SkipFork leaves the case out.
+	// sandbox are measured per working set; 0 leaves the case out (the CLI's
+	// default is DefaultForkCycles).
 	ForkCycles int
-	SkipFork   bool
 	// Plot, when set, is a PNG file that Resume draws the latency distributions
 	// into (WritePlot: one panel per working set, each tier beside raw runsc).
 	Plot string
@@ -178,12 +176,6 @@ func (o *Options) defaults() {
 	o.Out, o.Progress = outputs(o.Out, o.Progress, o.JSON)
 	if o.ExecSamples <= 0 {
 		o.ExecSamples = DefaultExecSamples
-	}
-	if o.Wakes <= 0 {
-		o.Wakes = DefaultWakes
-	}
-	if o.ForkCycles <= 0 {
-		o.ForkCycles = DefaultForkCycles
 	}
 	if o.DataDir == "" {
 		o.DataDir = os.Getenv("TORPOR_DATA_DIR")
@@ -264,7 +256,7 @@ func Measure(ctx context.Context, opts Options) ([]Result, error) {
 		if err != nil {
 			return results, err
 		}
-		if i == 0 && !opts.SkipWakes {
+		if i == 0 && opts.Wakes > 0 {
 			fmt.Fprintf(opts.Progress, "%d MiB: %d hibernated sandboxes woken at once, %d rounds…\n", ws, opts.Wakes, DefaultWakeRounds)
 			w, err := measureWakes(ctx, c, ws, r.MemoryMiB, opts.Wakes, DefaultWakeRounds)
 			if err != nil {
@@ -393,7 +385,7 @@ func measureTorpor(ctx context.Context, c *client.Client, opts Options, ws int) 
 		return r, nil, "", err
 	}
 
-	if !opts.SkipFork {
+	if opts.ForkCycles > 0 {
 		fmt.Fprintf(opts.Progress, "%d MiB: %d forks of 1 and of 4 clones of %s…\n", ws, opts.ForkCycles, id)
 		one, first, all, err := measureFork(ctx, c, id, opts.ForkCycles)
 		if err != nil {
@@ -457,6 +449,16 @@ func measurePaused(ctx context.Context, c *client.Client, id string, count int64
 	return count, nil
 }
 
+// summaryTable writes the header of a table of Summaries (first column
+// label, width characters wide) to b and returns the function that writes one
+// row, its figures with prec decimals.
+func summaryTable(b *strings.Builder, label string, width, prec int) func(name string, s Summary) {
+	fmt.Fprintf(b, "  %-*s %9s %9s %9s %9s %4s\n", width, label, "p50", "p90", "p99", "max", "n")
+	return func(name string, s Summary) {
+		fmt.Fprintf(b, "  %-*s %9.*f %9.*f %9.*f %9.*f %4d\n", width, name, prec, s.P50, prec, s.P90, prec, s.P99, prec, s.Max, s.N)
+	}
+}
+
 // WriteTables prints one table per result.
 func WriteTables(w io.Writer, results []Result) error {
 	var b strings.Builder
@@ -466,10 +468,7 @@ func WriteTables(w io.Writer, results []Result) error {
 		}
 		fmt.Fprintf(&b, "working set %d MiB (sandbox memory %d MiB, %d cycles, snapshot %.1f MiB)\n",
 			r.WorkingSetMiB, r.MemoryMiB, r.Cycles, float64(r.SnapshotBytes)/(1<<20))
-		fmt.Fprintf(&b, "  %-34s %9s %9s %9s %9s %4s\n", "metric (ms)", "p50", "p90", "p99", "max", "n")
-		row := func(name string, s Summary) {
-			fmt.Fprintf(&b, "  %-34s %9.1f %9.1f %9.1f %9.1f %4d\n", name, s.P50, s.P90, s.P99, s.Max, s.N)
-		}
+		row := summaryTable(&b, "metric (ms)", 34, 1)
 		row("time to first request (resume)", r.Resume)
 		row("resume contract window", r.Window)
 		row("hibernate", r.Hibernate)

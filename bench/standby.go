@@ -269,10 +269,7 @@ func WriteStandby(w io.Writer, r StandbyResult) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "standby tiers: %d paused, %d hibernated sandboxes (memory %d MiB, workload holding %d MiB), resting %.0f s\n",
 		r.Paused, r.Hibernated, r.MemoryMiB, standbyWorkingSetMiB, r.WindowS)
-	fmt.Fprintf(&b, "  %-44s %9s %9s %9s %9s %4s\n", "per sandbox", "p50", "p90", "p99", "max", "n")
-	row := func(name string, s Summary) {
-		fmt.Fprintf(&b, "  %-44s %9.2f %9.2f %9.2f %9.2f %4d\n", name, s.P50, s.P90, s.P99, s.Max, s.N)
-	}
+	row := summaryTable(&b, "per sandbox", 44, 2)
 	row("paused: CPU over the window (ms)", r.PausedCPUMS)
 	row("paused: memory held (MiB)", r.PausedMemoryMiB)
 	row("hibernated: snapshot (MiB; no memory)", r.HibernatedSnapshotMiB)

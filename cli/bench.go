@@ -23,9 +23,7 @@ func runBenchResume(ctx context.Context, o benchResumeOptions, out io.Writer) er
 		AgentPath:      o.AgentPath,
 		Plot:           o.Plot,
 		Wakes:          o.Wakes,
-		SkipWakes:      o.Wakes == 0,
 		ForkCycles:     o.ForkCycles,
-		SkipFork:       o.ForkCycles == 0,
 		// Progress lines go to stderr so that --json output stays clean.
 		Progress: os.Stderr,
 	})

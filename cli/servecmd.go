@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/torpor/torpor/bench"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/node"
@@ -285,8 +286,8 @@ func (a *app) benchCommand() *cobra.Command {
 	resume.Flags().IntVar(&o.Cycles, "cycles", 20, "hibernate/resume cycles, and as many pause/unpause cycles, per working-set size")
 	resume.Flags().StringVar(&workingSet, "working-set", "64MiB,512MiB", "comma-separated working-set sizes (MiB, GiB; a bare number is MiB)")
 	resume.Flags().BoolVar(&o.JSON, "json", false, "print the results as JSON")
-	resume.Flags().IntVar(&o.Wakes, "wakes", 10, "hibernated sandboxes woken at once, at the first working set (0 = leave the case out)")
-	resume.Flags().IntVar(&o.ForkCycles, "fork-cycles", 5, "forks of 1 and of 4 clones of the running sandbox per working set (0 = leave the case out)")
+	resume.Flags().IntVar(&o.Wakes, "wakes", bench.DefaultWakes, "hibernated sandboxes woken at once, at the first working set (0 = leave the case out)")
+	resume.Flags().IntVar(&o.ForkCycles, "fork-cycles", bench.DefaultForkCycles, "forks of 1 and of 4 clones of the running sandbox per working set (0 = leave the case out)")
 	resume.Flags().StringVar(&o.Plot, "plot", "", "also draw the latency distribution of each tier beside raw runsc as a PNG at this path")
 	resume.Flags().StringVar(&o.DataDir, "data-dir", envOr("TORPOR_DATA_DIR", "/var/lib/torpor"), "the server's data directory (for the raw runsc baseline's image file)")
 	resume.Flags().StringVar(&o.RunscPath, "runsc", "", "runsc for the raw baseline (default $TORPOR_RUNSC, else runsc in PATH)")
