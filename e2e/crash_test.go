@@ -146,29 +146,14 @@ func TestCrashHarness(t *testing.T) {
 	h.epoch, h.cancel = context.WithCancel(context.Background())
 	defer h.cleanup()
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range crashWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), uint64(w)))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				h.phase.RLock()
-				if !h.step(rng) {
-					h.phase.RUnlock()
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				h.phase.RUnlock()
-			}
-		}()
-	}
+	stop := startWorkers(crashWorkers, func(rng *mrand.Rand) {
+		h.phase.RLock()
+		stepped := h.step(rng)
+		h.phase.RUnlock()
+		if !stepped {
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	for k := 1; k <= kills && !t.Failed(); k++ {
 		time.Sleep(200*time.Millisecond + time.Duration(mrand.Int64N(int64(2800*time.Millisecond))))
 		h.killing.Store(true)
@@ -195,9 +180,8 @@ func TestCrashHarness(t *testing.T) {
 		t.Logf("kill %d: restart and checks of %d sandboxes took %v", k, h.listed, time.Since(tr).Round(time.Millisecond))
 		h.phase.Unlock()
 	}
-	close(stop)
 	tw := time.Now()
-	wg.Wait()
+	stop()
 	t.Logf("the last operations ended in %v", time.Since(tw).Round(time.Millisecond))
 	h.phase.Lock()
 	h.check("at the end")

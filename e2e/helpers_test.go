@@ -9,11 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -366,4 +368,31 @@ func resumeByRequest(t *testing.T, ctx context.Context, c *client.Client, id str
 	}
 	*gen = r.Generation
 	return firstAnswer, r
+}
+
+// startWorkers runs step over and over in n goroutines, each with its own
+// random source, until the returned stop is called; stop returns once every
+// goroutine's step in progress has ended.
+func startWorkers(n int, step func(rng *mrand.Rand)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), uint64(w)))
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				step(rng)
+			}
+		}()
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }

@@ -137,24 +137,10 @@ func TestLoadSoak(t *testing.T) {
 	start := time.Now()
 	samples = append(samples, s.sample(ctx, pid, scope, 0, p.url()))
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), uint64(w)))
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				s.step(ctx, rng)
-				time.Sleep(soakThink)
-			}
-		}()
-	}
+	stop := startWorkers(4, func(rng *mrand.Rand) {
+		s.step(ctx, rng)
+		time.Sleep(soakThink)
+	})
 	for next := start.Add(interval); ; next = next.Add(interval) {
 		last := !next.Before(start.Add(duration))
 		if last {
@@ -168,8 +154,7 @@ func TestLoadSoak(t *testing.T) {
 			break
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 
 	s.report(samples, p99s, counts)
 	soakTrend(t, samples)
