@@ -43,6 +43,11 @@ type Setup struct {
 	// real engine, whose checkpoint is the whole sandbox; false for
 	// engine/fake, whose agent runs commands on the host.
 	KeepsProcesses bool
+	// KillProcesses, if set, kills instance id's processes from outside the
+	// engine, as the host's OOM killer or an operator's kill does; the suite
+	// then checks that Unpause of such a paused instance says
+	// engine.ErrNotRunning (the manager falls back to the pause's snapshot).
+	KillProcesses func(t *testing.T, id string)
 }
 
 func agent(e engine.Engine, id string) *agentclient.Client {
@@ -520,5 +525,21 @@ func runPause(t *testing.T, s Setup, e engine.Engine, pe engine.Pauser, start fu
 	}
 	if err := pe.Unpause(ctx, id); !errors.Is(err, engine.ErrNotRunning) {
 		t.Fatalf("Unpause of a stopped instance: %v, want ErrNotRunning", err)
+	}
+	if s.KillProcesses == nil {
+		return
+	}
+	// A paused instance killed from outside the engine.
+	killed := prefix + "p2"
+	start(t, "p2", "")
+	if err := pe.Pause(ctx, killed); err != nil {
+		t.Fatal(err)
+	}
+	s.KillProcesses(t, killed)
+	if err := pe.Unpause(ctx, killed); !errors.Is(err, engine.ErrNotRunning) {
+		t.Fatalf("Unpause of a paused instance whose processes were killed: %v, want ErrNotRunning", err)
+	}
+	if err := e.Stop(ctx, killed); err != nil {
+		t.Fatalf("Stop of a killed paused instance: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"context"
 	"os"
 	"strings"
 
@@ -24,3 +25,10 @@ func FreezerState(e *Engine, id string) (string, error) {
 
 // ShapeKey returns the prepared-container shape of spec (prepared.go).
 func ShapeKey(e *Engine, spec engine.Spec) string { return e.shapeKey(spec) }
+
+// SandboxPid returns the host pid of instance id's sandbox process, as runsc
+// recorded it.
+func SandboxPid(e *Engine, id string) (int, error) {
+	st, err := e.state(context.Background(), e.rid(id))
+	return st.Pid, err
+}

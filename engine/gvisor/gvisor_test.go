@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,7 +56,15 @@ func TestConformance(t *testing.T) {
 	enginetest.Run(t, enginetest.Setup{Engine: e, Spec: engine.Spec{
 		RootFS: images.Path(img.Digest), GuestDir: guest, MemoryMiB: 256, CPUs: 1,
 		PidsLimit: 512, WritableMiB: 128, TmpMiB: 64, // restores must reproduce them (limits.go)
-	}, KeepsProcesses: true, AfterCheckpointExit: func(t *testing.T, id string) {
+	}, KeepsProcesses: true, KillProcesses: func(t *testing.T, id string) {
+		pid, err := gvisor.SandboxPid(e, id)
+		if err != nil || pid <= 0 {
+			t.Fatalf("sandbox pid of %s: %d, %v", id, pid, err)
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}, AfterCheckpointExit: func(t *testing.T, id string) {
 		// The exited sandbox waits frozen for Stop, its teardown off the
 		// commit's CPU (CheckpointExit).
 		st, err := gvisor.FreezerState(e, id)

@@ -82,13 +82,38 @@ func (e *Engine) setPaused(ctx context.Context, id string, pause bool) error {
 	}
 	unlock()
 	if !errors.Is(err, errNoControlSocket) {
-		return fmt.Errorf("gvisor: %s %s: %w", what, id, err)
+		return e.controlFailed(ctx, what, id, err)
 	}
 	e.runscPauses.Add(1)
 	if _, err := e.run(ctx, cli, id); err != nil {
-		return fmt.Errorf("gvisor: %s %s: %w", what, id, err)
+		return e.controlFailed(ctx, what, id, err)
 	}
 	return nil
+}
+
+// sandboxExitWait bounds how long a failed pause or unpause waits for the
+// sandbox process to be seen exiting: a process that is being killed resets
+// its control socket a moment before it is gone.
+const sandboxExitWait = time.Second
+
+// controlFailed is the error of a pause or unpause (what) of container id
+// whose control call failed with err: it wraps engine.ErrNotRunning when the
+// sandbox process runsc recorded has exited, or exits within
+// sandboxExitWait (the host's OOM killer or a kill took it: the caller can
+// then fall back to the pause's snapshot), and is err otherwise.
+func (e *Engine) controlFailed(ctx context.Context, what, id string, err error) error {
+	sctx, cancel := context.WithTimeout(ctx, listTimeout)
+	st, serr := e.state(sctx, id)
+	cancel()
+	if serr == nil && st.Pid > 0 {
+		wctx, cancel := context.WithTimeout(ctx, sandboxExitWait)
+		gone := waitExit(wctx, st.Pid) == nil
+		cancel()
+		if gone {
+			return fmt.Errorf("gvisor: %s %s: sandbox process %d exited (%v): %w", what, id, st.Pid, err, engine.ErrNotRunning)
+		}
+	}
+	return fmt.Errorf("gvisor: %s %s: %w", what, id, err)
 }
 
 func (e *Engine) statePath(id string) string {
