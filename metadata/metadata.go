@@ -87,8 +87,21 @@ type Store interface {
 	Counters
 	Nodes
 	Pools
+	Secrets
 	// Close releases the store. Calls after Close fail.
 	Close() error
+}
+
+// Secrets are server-wide secrets that every server sharing this store must
+// agree on: the key the E2B surface derives its envdAccessTokens from
+// (api/e2b), so that a token one node handed out is good on every node. A
+// secret is written once; nothing here changes or deletes it.
+type Secrets interface {
+	// EnsureSecret returns the secret stored under name. When there is none it
+	// first stores value (which must not be empty, nor name: an error) under it; of
+	// servers racing to store one, the first wins and every caller gets the
+	// value that won.
+	EnsureSecret(ctx context.Context, name string, value []byte) ([]byte, error)
 }
 
 // Pools are the warm pools' settings: how many restored-and-paused clones

@@ -292,9 +292,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, dataDir: cfg.DataDir,
 		heartbeat: heartbeat, node: heartbeat.Name(),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
-	secret, err := e2b.LoadSecret(filepath.Join(dir, "e2b-secret"))
+	secretPath := filepath.Join(dir, "e2b-secret")
+	secret, err := e2b.LoadSecret(secretPath)
 	if err != nil {
 		return fail(err)
+	}
+	if cfg.Database != "" {
+		if secret, err = e2b.ShareSecret(ctx, db, secretPath, secret); err != nil {
+			return fail(err)
+		}
 	}
 	s.ingress = ingress.New()
 	var e2bKeys *apikey.Verifier

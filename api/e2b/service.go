@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -22,6 +23,7 @@ import (
 	"github.com/torpor/torpor/internal/atomicfile"
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -101,6 +103,27 @@ func LoadSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("e2b secret %s: want 64 hex digits", path)
 	}
 	return raw, nil
+}
+
+// SecretName is the name of the E2B surface's secret in metadata.Secrets.
+const SecretName = "e2b-token-key"
+
+// ShareSecret returns the secret of every server that shares db: the first
+// server to start on the database stores its own (local, LoadSecret's), and
+// every other one takes that one instead and writes it to path (mode 0600), so
+// that an envdAccessToken made by any node is good on all. Errors: the
+// database's, or path cannot be written.
+func ShareSecret(ctx context.Context, db metadata.Secrets, path string, local []byte) ([]byte, error) {
+	shared, err := db.EnsureSecret(ctx, SecretName, local)
+	if err != nil {
+		return nil, fmt.Errorf("e2b secret: %w", err)
+	}
+	if !bytes.Equal(shared, local) {
+		if err := atomicfile.WriteFile(path, []byte(hex.EncodeToString(shared)+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("e2b secret %s: %w", path, err)
+		}
+	}
+	return shared, nil
 }
 
 func trimSpace(b []byte) []byte {

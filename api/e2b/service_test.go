@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -96,6 +97,40 @@ func TestLoadSecret(t *testing.T) {
 	os.WriteFile(p, []byte("short\n"), 0o600)
 	if _, err := LoadSecret(p); err == nil {
 		t.Error("a malformed secret file was accepted")
+	}
+}
+
+// TestShareSecret: two servers with their own secret files on one database
+// end with the first one's secret, in memory and in both files, and so make
+// the same envdAccessTokens.
+func TestShareSecret(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := sqlite.Open(filepath.Join(dir, "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var secrets [2][]byte
+	for i := range secrets {
+		p := filepath.Join(dir, fmt.Sprintf("node%d-e2b-secret", i))
+		local, err := LoadSecret(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if secrets[i], err = ShareSecret(ctx, db, p, local); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && !reflect.DeepEqual(secrets[0], local) {
+			t.Fatal("the first server on the database did not keep its own secret")
+		}
+		if again, err := LoadSecret(p); err != nil || !reflect.DeepEqual(again, secrets[0]) {
+			t.Fatalf("node %d's file holds %x (%v), want the shared %x", i, again, err, secrets[0])
+		}
+	}
+	a, b := &Service{cfg: Config{Secret: secrets[0]}}, &Service{cfg: Config{Secret: secrets[1]}}
+	if a.AccessToken("sbx-a") != b.AccessToken("sbx-a") {
+		t.Error("two nodes on one database make different envdAccessTokens")
 	}
 }
 

@@ -58,6 +58,7 @@ func Run(t *testing.T, newStore Opener) {
 		{"Leases", testLeases},
 		{"ConcurrentClaims", testConcurrentClaims},
 		{"Pools", testPools},
+		{"Secrets", testSecrets},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.f(t, openStore(t, newStore(t)))
@@ -1139,5 +1140,52 @@ func testPools(t *testing.T, st metadata.Store) {
 	}
 	if all, _ := st.ListPools(ctx); len(all) != 1 || all[0].Name != "snap-t" {
 		t.Errorf("list after delete: %+v", all)
+	}
+}
+
+// testSecrets: the first value stored under a name is the one every later and
+// every concurrent EnsureSecret returns; an empty name or value is refused and
+// stores nothing; names are independent.
+func testSecrets(t *testing.T, st metadata.Store) {
+	ctx := context.Background()
+	if _, err := st.EnsureSecret(ctx, "s", nil); err == nil {
+		t.Fatal("EnsureSecret of an empty value: no error")
+	}
+	if _, err := st.EnsureSecret(ctx, "", []byte("x")); err == nil {
+		t.Fatal("EnsureSecret of an empty name: no error")
+	}
+	if v, err := st.EnsureSecret(ctx, "s", []byte("first")); err != nil || string(v) != "first" {
+		t.Fatalf("EnsureSecret after the refused calls: %q, %v", v, err)
+	}
+	const racers = 8
+	got := make([][]byte, racers)
+	errs := make([]error, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = st.EnsureSecret(ctx, "e2b", []byte{byte(i + 1), 0xff, 0})
+		}()
+	}
+	wg.Wait()
+	for i := range racers {
+		if errs[i] != nil {
+			t.Fatalf("racer %d: %v", i, errs[i])
+		}
+		if !bytes.Equal(got[i], got[0]) {
+			t.Fatalf("racers got different secrets: %x and %x", got[0], got[i])
+		}
+	}
+	if len(got[0]) != 3 || got[0][1] != 0xff || got[0][2] != 0 {
+		t.Fatalf("secret %x: not one of the values stored", got[0])
+	}
+	again, err := st.EnsureSecret(ctx, "e2b", []byte("other"))
+	if err != nil || !bytes.Equal(again, got[0]) {
+		t.Fatalf("a later EnsureSecret: %x, %v; want the first value %x", again, err, got[0])
+	}
+	other, err := st.EnsureSecret(ctx, "other", []byte("v2"))
+	if err != nil || string(other) != "v2" {
+		t.Fatalf("a second name: %q, %v", other, err)
 	}
 }
