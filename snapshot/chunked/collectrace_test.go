@@ -101,3 +101,44 @@ func TestCollectNotUndoneByConcurrentListing(t *testing.T) {
 		})
 	}
 }
+
+// A resume's refresh of the index can overlap another node's collection:
+// node B refreshes for an open while node A's collection has written its
+// generation and not yet deleted S1's pack, so B keeps the pack and takes the
+// generation as seen. A then commits S2 with S1's bytes (stored again, in
+// a new pack) and B resumes S2 without re-listing (the generation
+// is unchanged): it meets a chunk missing where its index placed it, and
+// re-lists and reads again instead of failing the resume.
+func TestClusterResumeRefreshOverlappingCollection(t *testing.T) {
+	srv := s3test.Start(t)
+	nodes := clusterStores(t, srv, 2, nil)
+	a, b := nodes[0], nodes[1]
+	shared := memImage(256)
+	s1 := map[string][]byte{"shared.img": shared}
+	commit(t, a, "s1", s1)
+	mustOpen(t, b, "s1", s1)
+	if err := a.Delete(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	overlapped := 0
+	testBeforePackDelete = func(st *Store, pid string) {
+		if st == a {
+			overlapped++
+			b.freshForOpen(ctx)
+		}
+	}
+	n, err := a.Collect(ctx, nil)
+	testBeforePackDelete = nil
+	if err != nil || n == 0 || overlapped == 0 {
+		t.Fatalf("collect on A: %d chunks, %v (%d refreshes on B during it)", n, err, overlapped)
+	}
+	// Only S1's bytes: B's index places every chunk (in the deleted pack), so
+	// nothing it lacks makes it re-list before it reads.
+	s2 := map[string][]byte{"shared.img": shared}
+	commit(t, a, "s2", s2)
+	dropLocal(t, b)
+	mustOpen(t, b, "s2", s2)
+	if _, err := b.Verify(ctx, "s2"); err != nil {
+		t.Fatal(err)
+	}
+}

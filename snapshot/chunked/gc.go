@@ -208,11 +208,11 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 		dropped := s.idx.known.dropPack(pid)
 		s.idx.removing(pid)
 		s.idx.mu.Unlock()
-		if testBeforePackDelete != nil {
-			testBeforePackDelete(s, pid)
-		}
 		indexGone := false
 		err := round.beforeDelete(ctx)
+		if err == nil && testBeforePackDelete != nil {
+			testBeforePackDelete(s, pid)
+		}
 		if err == nil {
 			indexGone, err = deletePack(ctx, s.b, pid)
 		}
@@ -439,7 +439,8 @@ type collector struct {
 }
 
 // testBeforePackDelete, when set (tests only), runs in Collect after a dead
-// pack has left the index and before it is deleted from the backend.
+// pack has left the index (and, on a shared backend, the generation is
+// written) and before it is deleted from the backend.
 var testBeforePackDelete func(s *Store, pid string)
 
 // gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).
