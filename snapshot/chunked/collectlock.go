@@ -72,6 +72,19 @@ import (
 // (another node may read from any of them) and does not rewrite packs
 // (repack): another node's index would still locate the moved chunks in the
 // old pack.
+//
+// Opens (resumes) take no lock, but their index must follow other stores'
+// collections too: a collection deletes pack P with chunk c (unreferenced
+// then), a later commit elsewhere stores c again in P', and an index filled
+// before the collection still places c in P; an open reading c there finds
+// it missing although the bucket has it (the cluster benchmark's failure).
+// So a cold open re-lists the pack indexes when the generation changed since
+// its last look (freshForOpen), its reload for a chunk it cannot place drops
+// the packs that are gone (refreshKnown, not the merging loadKnown), and a
+// chunk still missing where the index placed it (a collection overlapped
+// that refresh) makes it refresh and read once more (refreshAfterMissing).
+// An open needs no more: every chunk a committed snapshot names stays, in
+// every copy, as long as the snapshot is listed.
 
 // CollectLock is the lock by which stores sharing one backend keep garbage
 // collection away from commits (see above). Every store on the backend must
