@@ -161,6 +161,20 @@ func TestClusterBench(t *testing.T) {
 		direct, forwarded, float64(forwarded)/float64(direct))
 	del(sb.ID)
 	t.Logf("load average at end: %s", loadAvg())
+
+	// What the nodes' stores did beside: chunk collections that deleted
+	// chunks (on a shared database, under the store id's lock), opens that
+	// met a chunk missing where their index placed it and tried again,
+	// chunks found damaged or missing.
+	for _, n := range []*clusterNode{a, b, c} {
+		log, err := os.ReadFile(n.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		count := func(msg string) int { return strings.Count(string(log), msg) }
+		t.Logf("BENCH %s's store: %d collections deleted chunks, %d opens tried again after a refresh, %d chunks reported damaged or missing",
+			n.name, count("snapshot chunks collected"), count("trying again with the index refreshed"), count("damaged or missing chunk"))
+	}
 }
 
 // loadAvg is the host's 1, 5 and 15 minute load averages (/proc/loadavg).

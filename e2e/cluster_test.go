@@ -46,7 +46,7 @@ func TestCluster(t *testing.T) {
 	}
 	ctx := ctxFor(t, 10*time.Minute)
 	cl := startCluster(t, ctx)
-	nodes, order, start, bin := cl.nodes, cl.order, cl.start, cl.bin
+	nodes, order, start, bin, s3, bucket := cl.nodes, cl.order, cl.start, cl.bin, cl.s3, cl.bucket
 	var id string
 	t.Cleanup(func() {
 		for _, n := range order {
@@ -207,10 +207,9 @@ func TestCluster(t *testing.T) {
 		t.Errorf("after the drain of %s the sandbox is on %q", other.name, now.Node)
 	}
 
-	// Deleted, its snapshots' records go on every node. Their packs stay in
-	// the bucket: chunk collection is off on a shared database until a
-	// missing-chunk failure seen in the cluster benchmark is understood
-	// (docs/multi-host.md).
+	// Deleted, its snapshots' records go on every node, and their packs are
+	// collected from the bucket: by one node at a time, under the store id's
+	// advisory lock.
 	if err := b.c.DeleteSandbox(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -225,6 +224,30 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	}
+	bk, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
+		SecretKey: s3.SecretKey, Region: s3.Region, PathStyle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	for {
+		snaps, err := a.c.ListSnapshots(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		packs, err := bk.List(ctx, "packs/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snaps) == 0 && len(packs) == 0 {
+			break
+		}
+		if time.Since(deleted) > 3*time.Minute {
+			t.Fatalf("3 min after the sandbox's deletion: %d snapshots listed, %d packs in the bucket", len(snaps), len(packs))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("the deleted sandbox's packs were collected within %v", time.Since(deleted).Round(100*time.Millisecond))
 }
 
 // runTorpor runs the torpor binary with args and returns its output.

@@ -223,15 +223,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Store.Kind, err = ResolveStoreKind(dir, cfg.Store); err != nil {
 		return fail(err)
 	}
-	// On a shared database (several nodes, one bucket prefix) commits and
-	// collections take an advisory lock of the store id (chunked.CollectLock),
-	// but the automatic chunk collection stays off: a three-node benchmark
-	// resumed a snapshot with a missing chunk once collection had run
-	// (docs/multi-host.md), and losing a chunk loses a sandbox.
+	// On a shared database (several nodes, one bucket prefix) the nodes'
+	// stores collect chunks one at a time and never during another's
+	// commit, under an advisory lock of the store id (chunked.CollectLock);
+	// each node's index follows the others' collections before it commits or
+	// opens a snapshot from the bucket (docs/snapshot-store.md).
 	if pg, ok := db.(*postgres.DB); ok {
 		cfg.Store.collectLock = func(id string) chunked.CollectLock { return pg.CollectLock(id) }
 	}
-	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, cfg.Database == "")
+	store, cs, err := openStore(ctx, dir, cfg.Store, cfg.Logger, true)
 	if err != nil {
 		return fail(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/torpor/torpor/snapshot"
 )
 
 // Several stores on one backend (nodes of a cluster sharing an S3 prefix)
@@ -70,6 +72,19 @@ import (
 // (another node may read from any of them) and does not rewrite packs
 // (repack): another node's index would still locate the moved chunks in the
 // old pack.
+//
+// Opens (resumes) take no lock, but their index must follow other stores'
+// collections too: a collection deletes pack P with chunk c (unreferenced
+// then), a later commit elsewhere stores c again in P', and an index filled
+// before the collection still places c in P; an open reading c there finds
+// it missing although the bucket has it (the cluster benchmark's failure).
+// So a cold open re-lists the pack indexes when the generation changed since
+// its last look (freshForOpen), its reload for a chunk it cannot place drops
+// the packs that are gone (refreshKnown, not the merging loadKnown), and a
+// chunk still missing where the index placed it (a collection overlapped
+// that refresh) makes it refresh and read once more (refreshAfterMissing).
+// An open needs no more: every chunk a committed snapshot names stays, in
+// every copy, as long as the snapshot is listed.
 
 // CollectLock is the lock by which stores sharing one backend keep garbage
 // collection away from commits (see above). Every store on the backend must
@@ -154,6 +169,77 @@ type clusterState struct {
 	// invisible to other stores' collections); nil while none does.
 	pendingRelease func()
 	pendingHeld    func(context.Context) error
+	// openGen is the collection generation at which the index was last
+	// refreshed for a cold open (freshForOpen); its own lock, never held
+	// with another.
+	openMu  sync.Mutex
+	openGen string
+}
+
+// freshForOpen brings the index up to date with other stores' collections
+// before a cold open reads chunks from a shared backend: where a collection
+// elsewhere deleted a pack this store's index still names, and a later commit
+// stored the same chunk again in another pack, the open would read the
+// deleted pack and find the chunk missing (the cluster benchmark's failure,
+// TestClusterResumeAfterAnotherNodeCollected). One read of the generation per
+// cold open; a listing of the pack indexes when it changed. Without
+// Config.CollectLock it does nothing: no other store deletes. An unreachable
+// backend is logged, not returned: the open may still be served by the cache.
+//
+// A refresh here may overlap a collection (no lock is taken), so it can keep a
+// pack being deleted; that pack holds only unreferenced chunks, and an open
+// that later meets one of its chunks in a newer snapshot refreshes again
+// (Open's retry on a missing chunk). It never sets gen: commits refresh under
+// the lock.
+func (s *Store) freshForOpen(ctx context.Context) {
+	c := s.gc.cluster
+	if c == nil {
+		return
+	}
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	gen, err := readGCGen(gctx, s.b)
+	cancel()
+	if err != nil {
+		s.log.Warn("snapshot open: collection generation unreadable; using the index as it is", "err", err)
+		return
+	}
+	c.openMu.Lock()
+	stale := gen != c.openGen
+	c.openMu.Unlock()
+	if !stale {
+		return
+	}
+	if err := s.refreshKnown(ctx); err != nil {
+		s.log.Warn("snapshot open: refreshing the pack index", "err", err)
+		return
+	}
+	c.openMu.Lock()
+	c.openGen = gen
+	c.openMu.Unlock()
+}
+
+// chunkMissing is the *snapshot.CorruptError of a chunk that is in none of
+// the places the index knows for it (errors.As finds the CorruptError).
+type chunkMissing struct{ *snapshot.CorruptError }
+
+func (e chunkMissing) Unwrap() error { return e.CorruptError }
+
+// refreshAfterMissing says whether an open that failed with err should be
+// tried once more: on a shared backend a chunk found missing may have been
+// deleted where this store's index placed it and stored again elsewhere by
+// another store (a collection overlapping freshForOpen's refresh); the index
+// is refreshed first. Elsewhere a missing chunk is missing.
+func (s *Store) refreshAfterMissing(ctx context.Context, err error) bool {
+	var m chunkMissing
+	if s.gc.cluster == nil || !errors.As(err, &m) || ctx.Err() != nil {
+		return false
+	}
+	if rerr := s.refreshKnown(ctx); rerr != nil {
+		s.log.Warn("snapshot open: refreshing the pack index after a missing chunk", "err", rerr)
+		return false
+	}
+	s.log.Info("snapshot open: a chunk was missing where the index placed it; trying again with the index refreshed", "err", err)
+	return true
 }
 
 // lockCommit takes the collection lock shared for a commit or an upload and,
@@ -276,6 +362,8 @@ func (s *Store) unlockedCommit(ctx context.Context, target Backend, id string, l
 func (s *Store) refreshKnown(ctx context.Context) error {
 	s.idx.loadMu.Lock()
 	defer s.idx.loadMu.Unlock()
+	s.idx.beginLoad()
+	defer s.idx.endLoad()
 	s.idx.mu.Lock()
 	before := make(map[string]bool, len(s.idx.known.packs))
 	for pid := range s.idx.known.packs {
@@ -334,7 +422,7 @@ func (s *Store) refreshKnown(ctx context.Context) error {
 		}
 	}
 	for i, pid := range missing {
-		if _, ok := s.idx.known.packs[pid]; !ok && errs[i] == nil {
+		if _, ok := s.idx.known.packs[pid]; !ok && errs[i] == nil && !s.idx.gone[pid] {
 			s.idx.known.addPack(pid, read[i])
 		}
 	}
@@ -350,7 +438,7 @@ func (s *Store) refreshKnown(ctx context.Context) error {
 		}
 	}
 	for id, n := range still {
-		if _, ok := s.idx.known.locs[id]; !ok {
+		if _, ok := s.idx.known.locs[id]; !ok && !s.idx.gone[looseGone(id)] {
 			s.idx.known.locs[id] = chunkLoc{Len: n}
 		}
 	}

@@ -127,13 +127,15 @@
 //     listing of the backend, then idx.mu is taken to merge the listing in.
 //  5. idx.mu (index.go): the index (known and outKnown with their packSets,
 //     loaded, outGen, suspects) and the commit–Collect coordination (pins,
-//     deleting, gcActive, protected). Never held across a request to the
+//     deleting, gcActive, protected, and gone/loading against listings). Never held across a request to the
 //     durable backend nor while waiting (pin waits for a deletion with it
 //     released); the outbox's clean-up removes local files under it.
 //
 // Leaf locks, taken with any of the above held or alone, and never held
 // while taking another:
 //
+//   - gc.cluster.openMu (collectlock.go): the generation a cold open last
+//     refreshed the index at; held only to read or set it.
 //   - opening.mu: the map of snapshot locks and their user counts; held only
 //     to update it, never while waiting for a snapshot's lock.
 //   - docs.mu (docCache, manifest.go): the parsed manifests.

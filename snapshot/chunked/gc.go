@@ -143,12 +143,14 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 		if had && l.Pack == "" {
 			delete(s.idx.known.locs, id)
 		}
+		s.idx.removing(looseGone(id))
 		s.idx.mu.Unlock()
 		err := round.beforeDelete(ctx)
 		if err == nil {
 			err = s.b.Delete(ctx, o.Key)
 		}
 		s.idx.mu.Lock()
+		s.idx.removed(looseGone(id))
 		delete(s.idx.deleting, id)
 		close(ch)
 		if err != nil && had && l.Pack == "" {
@@ -204,13 +206,18 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 			}
 		}
 		dropped := s.idx.known.dropPack(pid)
+		s.idx.removing(pid)
 		s.idx.mu.Unlock()
 		indexGone := false
 		err := round.beforeDelete(ctx)
+		if err == nil && testBeforePackDelete != nil {
+			testBeforePackDelete(s, pid)
+		}
 		if err == nil {
 			indexGone, err = deletePack(ctx, s.b, pid)
 		}
 		s.idx.mu.Lock()
+		s.idx.removed(pid)
 		for _, e := range entries {
 			if s.idx.deleting[e.ID] == ch {
 				delete(s.idx.deleting, e.ID)
@@ -382,13 +389,20 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		release(true)
 		return 0, err
 	}
+	s.idx.mu.Lock()
+	s.idx.removing(pid) // a listing meanwhile must not put the old pack back
+	s.idx.mu.Unlock()
 	indexGone, err := deletePack(ctx, s.b, pid)
 	if err != nil && !indexGone {
+		s.idx.mu.Lock()
+		s.idx.removed(pid)
+		s.idx.mu.Unlock()
 		release(true)
 		return 0, err
 	}
 	s.idx.mu.Lock()
 	s.idx.known.dropPack(pid)
+	s.idx.removed(pid)
 	s.idx.mu.Unlock()
 	release(false)
 	if s.cache != nil {
@@ -423,6 +437,11 @@ type collector struct {
 	// (ErrCollectBusy); gcLoop runs another round. Guarded by mu.
 	more bool
 }
+
+// testBeforePackDelete, when set (tests only), runs in Collect after a dead
+// pack has left the index (and, on a shared backend, the generation is
+// written) and before it is deleted from the backend.
+var testBeforePackDelete func(s *Store, pid string)
 
 // gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).
 var gcMaxWait = time.Minute

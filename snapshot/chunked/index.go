@@ -41,10 +41,54 @@ type index struct {
 	// since it started, which it must not delete either.
 	gcActive  bool
 	protected map[string]bool
+
+	// gone holds what Collect takes out of known (pack ids, and loose
+	// chunks as looseGone(id)) from then until no listing of the backend
+	// can have seen it: true while it is being deleted, false once deleted
+	// but a listing that started before is still running (loading). A
+	// listing merges none of it back: the next commit would deduplicate
+	// against chunks that are gone (TestCollectNotUndoneByConcurrentListing).
+	gone    map[string]bool
+	loading bool
+}
+
+// looseGone is the key of loose chunk id in index.gone.
+func looseGone(id string) string { return "chunk:" + id }
+
+// beginLoad and endLoad bracket a listing of the backend (loadKnown,
+// refreshKnown; the caller holds loadMu, not mu).
+func (x *index) beginLoad() {
+	x.mu.Lock()
+	x.loading = true
+	x.mu.Unlock()
+}
+
+func (x *index) endLoad() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.loading = false
+	for k, deleting := range x.gone {
+		if !deleting {
+			delete(x.gone, k)
+		}
+	}
+}
+
+// removing records that Collect took key (a pack id or looseGone(id)) out of
+// known and is deleting it; removed, that the deletion is over (done or
+// failed). The caller holds mu.
+func (x *index) removing(key string) { x.gone[key] = true }
+
+func (x *index) removed(key string) {
+	if x.loading {
+		x.gone[key] = false
+	} else {
+		delete(x.gone, key)
+	}
 }
 
 func newIndex() index {
-	return index{known: newPackSet(), outKnown: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}}
+	return index{known: newPackSet(), outKnown: newPackSet(), pins: map[string]int{}, deleting: map[string]chan struct{}{}, gone: map[string]bool{}}
 }
 
 // loadKnown reads the backend's pack indexes (and lists its loose chunks) into
@@ -52,29 +96,54 @@ func newIndex() index {
 func (s *Store) loadKnown(ctx context.Context) error {
 	s.idx.loadMu.Lock()
 	defer s.idx.loadMu.Unlock()
+	s.idx.beginLoad()
+	defer s.idx.endLoad()
 	set, err := loadPacks(ctx, s.b, s.workers, s.log)
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
 	s.idx.mu.Lock()
 	defer s.idx.mu.Unlock()
+	gone := s.idx.gone
 	for id, entries := range set.packs {
-		if _, ok := s.idx.known.packs[id]; !ok {
+		if _, ok := s.idx.known.packs[id]; !ok && !gone[id] {
 			s.idx.known.packs[id] = entries
 		}
 	}
 	for id, l := range set.locs {
+		if l.Pack != "" && gone[l.Pack] || l.Pack == "" && gone[looseGone(id)] {
+			continue
+		}
 		if _, ok := s.idx.known.locs[id]; !ok {
 			s.idx.known.locs[id] = l
 		}
 	}
 	for id, alts := range set.alt {
 		if _, ok := s.idx.known.alt[id]; !ok {
-			s.idx.known.alt[id] = alts
+			kept := alts[:0:0]
+			for _, a := range alts {
+				if !gone[a.Pack] {
+					kept = append(kept, a)
+				}
+			}
+			if len(kept) > 0 {
+				s.idx.known.alt[id] = kept
+			}
 		}
 	}
 	s.idx.loaded = true
 	return nil
+}
+
+// reloadKnown lists the backend again for an open that met a chunk its index
+// does not place: on a shared backend as refreshKnown (packs other stores
+// deleted leave the index, so a chunk stored again elsewhere takes its new
+// place), else as loadKnown.
+func (s *Store) reloadKnown(ctx context.Context) error {
+	if s.gc.cluster != nil {
+		return s.refreshKnown(ctx)
+	}
+	return s.loadKnown(ctx)
 }
 
 // ensureKnown lists the backend once if New could not.

@@ -92,8 +92,13 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 			_ = os.RemoveAll(trash)
 		}
 	}
+	s.freshForOpen(ctx)
 	build := filepath.Join(s.dir, "open", ".build-"+id+"-"+rnd())
 	keys, err := s.assemble(ctx, id, build, d, true)
+	if err != nil && s.refreshAfterMissing(ctx, err) {
+		_ = os.RemoveAll(build)
+		keys, err = s.assemble(ctx, id, build, d, true)
+	}
 	if err != nil {
 		_ = os.RemoveAll(build)
 		return "", d.Manifest, err
@@ -120,7 +125,11 @@ func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error
 	if err != nil {
 		return d.Manifest, err
 	}
+	s.freshForOpen(ctx)
 	_, err = s.assemble(ctx, id, "", d, false)
+	if err != nil && s.refreshAfterMissing(ctx, err) {
+		_, err = s.assemble(ctx, id, "", d, false)
+	}
 	return d.Manifest, err
 }
 
@@ -222,7 +231,7 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 					// writer of the bucket (another node of a cluster) added
 					// packs since: list it now.
 					reloaded = true
-					if err := s.loadKnown(ctx); err != nil {
+					if err := s.reloadKnown(ctx); err != nil {
 						fail(fmt.Errorf("snapshot %s: %w", id, err))
 						return
 					}
@@ -275,7 +284,7 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 		if ok, _ := s.outbox.Exists(ctx, manifestKey(snap)); ok {
 			return corrupt(i, "missing: the snapshot is not durable yet (its upload is pending) and neither its local copy nor the backend has this chunk")
 		}
-		return corrupt(i, "missing")
+		return chunkMissing{corrupt(i, "missing").(*snapshot.CorruptError)}
 	}
 	// Each chunk decodes into its own slot of one buffer, side by side, so
 	// neighbours in the file are written with one write (writeRuns).
