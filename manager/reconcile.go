@@ -149,7 +149,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				for _, s := range all {
 					pending = pending || s.PendingSnapshot == id
 				}
-				if !pending {
+				if !pending && !m.mayBeAnotherNodes(ctx, id) {
 					m.log.Warn("reconcile: deleting a committed snapshot no record of this server knows", "snapshot", id)
 					_ = m.cfg.Store.Delete(ctx, id)
 				}
@@ -158,6 +158,28 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	}
 	m.collectSnapshots(ctx)
 	return nil
+}
+
+// unrecordedSnapshotAge is how old a committed snapshot that no record knows
+// must be before Reconcile deletes it on a shared database: younger, it may be
+// another node's commit whose record (a sandbox's, or a pool template's) is
+// being written that moment.
+const unrecordedSnapshotAge = time.Hour
+
+// mayBeAnotherNodes says whether committed snapshot id, which no record
+// knows, may be a commit another node is recording now: on a shared database,
+// one created less than unrecordedSnapshotAge ago (or whose manifest cannot
+// be read) is left for a later start-up to delete.
+func (m *Manager) mayBeAnotherNodes(ctx context.Context, id string) bool {
+	if m.cfg.SingleNode {
+		return false
+	}
+	man, err := m.cfg.Store.Manifest(ctx, id)
+	if err != nil || time.Since(man.CreatedAt) < unrecordedSnapshotAge {
+		m.log.Info("reconcile: keeping a recent committed snapshot no record knows yet (another node may be recording it)", "snapshot", id)
+		return true
+	}
+	return false
 }
 
 // reconcileOwner says whether Reconcile handles s: a sandbox this node owns,

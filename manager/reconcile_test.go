@@ -2,12 +2,17 @@ package manager_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/snapshot"
+	"github.com/torpor/torpor/snapshot/local"
 )
 
 // TestReconcile: what a server start makes of each record a crash can leave —
@@ -111,5 +116,38 @@ func (h *host) put(rec *metadata.Sandbox) {
 	h.t.Helper()
 	if err := h.db.UpdateSandbox(context.Background(), rec); err != nil {
 		h.t.Fatal(err)
+	}
+}
+
+// TestReconcileKeepsRecentUnrecordedSnapshots: on a shared database a start-up
+// deletes a committed snapshot that no record knows only once it is older
+// than an hour; a younger one may be another node's commit whose record is
+// being written.
+func TestReconcileKeepsRecentUnrecordedSnapshots(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	store, err := local.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, at := range map[string]time.Time{"snap-recent00000": time.Now(), "snap-old00000000": time.Now().Add(-2 * time.Hour)} {
+		d, err := store.Stage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "pages.img"), []byte("pages"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Commit(ctx, id, snapshot.Manifest{ID: id, SandboxID: "sbx-elsewhere0", Engine: "fake", CreatedAt: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newHost(t, hostOpts{dir: dir, node: "a"})
+	ids, err := store.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != "snap-recent00000" {
+		t.Fatalf("after reconcile the store holds %v, want only the recent snapshot", ids)
 	}
 }
