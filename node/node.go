@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"regexp"
 	"runtime"
@@ -103,13 +104,35 @@ func HostCapacity() (metadata.NodeResources, error) {
 	return metadata.NodeResources{MemoryMiB: mib, CPUs: float64(runtime.NumCPU()), Sandboxes: int(mib / SandboxMiB)}, nil
 }
 
+// AdmittedMiB is the memory a host of memoryMiB MiB admits for sandboxes at
+// the overcommit ratio overcommit (a ratio of 0 or less counts as 1):
+// floor(memoryMiB × overcommit), in MiB.
+func AdmittedMiB(memoryMiB int64, overcommit float64) int64 {
+	if overcommit <= 0 {
+		overcommit = 1
+	}
+	return int64(math.Floor(float64(memoryMiB) * overcommit))
+}
+
+// HasRoom is admission control's rule, the one a host's manager applies to
+// each create, resume and fork and placement applies to each node's record:
+// a host of memoryMiB MiB at ratio overcommit whose sandboxes have
+// committedMiB MiB of memory limits has room for needMiB more iff
+// committedMiB + needMiB ≤ AdmittedMiB(memoryMiB, overcommit). All in MiB.
+func HasRoom(committedMiB, needMiB, memoryMiB int64, overcommit float64) bool {
+	return committedMiB+needMiB <= AdmittedMiB(memoryMiB, overcommit)
+}
+
 // Config configures a node's registration.
 type Config struct {
 	// Name is the node's name (CheckName); Advertise the base URL of its API.
 	Name      string
 	Advertise string
-	// Capacity is what the node registers (HostCapacity for a server).
-	Capacity metadata.NodeResources
+	// Capacity is what the node registers (HostCapacity for a server), and
+	// MemoryOvercommit the ratio its admission control admits of the
+	// capacity's memory (HasRoom; 0 or less: 1).
+	Capacity         metadata.NodeResources
+	MemoryOvercommit float64
 	// Load returns the node's load now; a failure is logged and the last
 	// load is written again.
 	Load func(ctx context.Context) (metadata.NodeResources, error)
@@ -143,6 +166,9 @@ func Start(ctx context.Context, nodes metadata.Nodes, cfg Config) (*Heartbeat, e
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.MemoryOvercommit <= 0 {
+		cfg.MemoryOvercommit = 1
+	}
 	h := &Heartbeat{nodes: nodes, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 	load, err := cfg.Load(ctx)
 	if err != nil {
@@ -159,7 +185,7 @@ func Start(ctx context.Context, nodes metadata.Nodes, cfg Config) (*Heartbeat, e
 // register writes the node's whole record, heartbeat at now.
 func (h *Heartbeat) register(ctx context.Context, now time.Time) error {
 	err := h.nodes.PutNode(ctx, metadata.Node{Name: h.cfg.Name, Advertise: h.cfg.Advertise, Capacity: h.cfg.Capacity,
-		Load: h.load, StartedAt: h.start, HeartbeatAt: now})
+		MemoryOvercommit: h.cfg.MemoryOvercommit, Load: h.load, StartedAt: h.start, HeartbeatAt: now})
 	if err != nil {
 		return fmt.Errorf("node %s: register: %w", h.cfg.Name, err)
 	}

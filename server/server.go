@@ -280,7 +280,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	heartbeat, err := startNode(ctx, db, cfg)
+	heartbeat, err := startNode(ctx, db, mgr, cfg)
 	if err != nil {
 		return fail(err)
 	}
