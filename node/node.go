@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/torpor/torpor/metadata"
@@ -42,6 +43,15 @@ const (
 	// LeaseTime is how long after its last heartbeat a node counts as lost
 	// (four missed heartbeats).
 	LeaseTime = 4 * HeartbeatInterval
+	// SelfFenceMargin is how long before the others may declare a node
+	// lost that a node which could not renew its lease fences itself: after
+	// SelfFenceAfter without a heartbeat written it stops serving its
+	// sandboxes and stops their instances. The margin covers the fence
+	// check's period (a second), stopping the instances (a kill each) and
+	// the hosts' clock skew (others judge the heartbeat by their clocks);
+	// it leaves one failed heartbeat (the next one, 5 s later) unfenced.
+	SelfFenceMargin = 3 * HeartbeatInterval / 2
+	SelfFenceAfter  = LeaseTime - SelfFenceMargin
 	// SandboxMiB is the memory of a default sandbox, by which the host's
 	// memory is divided for its capacity in sandboxes.
 	SandboxMiB = 512
@@ -150,6 +160,8 @@ type Heartbeat struct {
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
+	// renewed is the heartbeat time (Unix ns) of the last heartbeat written.
+	renewed atomic.Int64
 }
 
 // Start registers the node (its record made or replaced, Draining kept, the
@@ -189,6 +201,7 @@ func (h *Heartbeat) register(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("node %s: register: %w", h.cfg.Name, err)
 	}
+	h.renewed.Store(now.UnixNano())
 	return nil
 }
 
@@ -223,8 +236,20 @@ func (h *Heartbeat) beat() {
 	}
 	if err != nil {
 		h.cfg.Logger.Warn("node heartbeat", "node", h.cfg.Name, "err", err)
+		return
 	}
+	h.renewed.Store(now.UnixNano())
 }
+
+// Renewed is the heartbeat time of the last heartbeat the node wrote (its
+// registration's at first): what the other nodes judge its lease by. A node
+// whose Renewed is older than SelfFenceAfter fences itself (MustFence).
+func (h *Heartbeat) Renewed() time.Time { return time.Unix(0, h.renewed.Load()) }
+
+// MustFence says whether a node whose last heartbeat written is renewed
+// must fence itself at now: it is older than SelfFenceAfter, and the other
+// nodes may declare the node lost SelfFenceMargin later.
+func MustFence(renewed, now time.Time) bool { return now.Sub(renewed) > SelfFenceAfter }
 
 // Name is the node's name.
 func (h *Heartbeat) Name() string { return h.cfg.Name }

@@ -97,12 +97,11 @@ func classifyCall(r *http.Request, domain string) call {
 }
 
 func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if r.Header.Get(HeaderForwarded) != "" {
-		next.ServeHTTP(w, r)
-		return
-	}
 	c := classifyCall(r, f.domain)
-	if c.id == "" && !c.create {
+	if (c.id != "" || c.create) && f.s.refuseFenced(w, r) {
+		return // self-fenced (selffence.go): forwarded calls too
+	}
+	if r.Header.Get(HeaderForwarded) != "" || (c.id == "" && !c.create) {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -380,7 +379,16 @@ func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, err erro
 //   - while this node is draining, its sandboxes are hibernated, and resume
 //     on another node on their next request.
 func (s *Server) clusterLoop(stop <-chan struct{}) {
-	tick := time.NewTicker(node.HeartbeatInterval)
+	every(node.HeartbeatInterval, stop, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		s.clusterTick(ctx)
+		cancel()
+	})
+}
+
+// every calls f every period until stop is closed.
+func every(period time.Duration, stop <-chan struct{}, f func()) {
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -388,9 +396,7 @@ func (s *Server) clusterLoop(stop <-chan struct{}) {
 			return
 		case <-tick.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		s.clusterTick(ctx)
-		cancel()
+		f()
 	}
 }
 

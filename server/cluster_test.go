@@ -147,7 +147,7 @@ func TestClassifyCall(t *testing.T) {
 // node it reached, whatever it is about (no second forward, no loop); the
 // front reads nothing for it.
 func TestForwardedServedHere(t *testing.T) {
-	f := &clusterFront{} // no server: any lookup would panic
+	f := &clusterFront{s: &Server{}} // no database: any lookup would panic
 	served := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
 	for _, path := range []string{"/v1/sandboxes/sbx-1/exec", "/v1/sandboxes", "/sandboxes/sbx-1/connect"} {
