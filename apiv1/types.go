@@ -185,11 +185,15 @@ type Node struct {
 	Advertise string `json:"advertise"`
 	// State is active, draining (takes no new sandboxes) or lost (no
 	// heartbeat for the lease time).
-	State       string        `json:"state"`
-	Capacity    NodeResources `json:"capacity"`
-	Load        NodeResources `json:"load"`
-	StartedAt   time.Time     `json:"started_at"`
-	HeartbeatAt time.Time     `json:"heartbeat_at"`
+	State    string        `json:"state"`
+	Capacity NodeResources `json:"capacity"`
+	Load     NodeResources `json:"load"`
+	// MemoryOvercommit is the ratio of its memory the node's admission
+	// control admits; the load's memory is what it has committed (a node
+	// has room for M MiB while load + M ≤ capacity × this ratio).
+	MemoryOvercommit float64   `json:"memory_overcommit"`
+	StartedAt        time.Time `json:"started_at"`
+	HeartbeatAt      time.Time `json:"heartbeat_at"`
 	// Self: the node that answers.
 	Self bool `json:"self"`
 }

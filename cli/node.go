@@ -32,14 +32,14 @@ func (a *app) nodeCommand() *cobra.Command {
 				return printJSON(a.stdout, apiv1.ListNodesResponse{Nodes: nonNil(ns)})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tSANDBOXES\tMEMORY MiB\tCPUS\tHEARTBEAT\tADVERTISE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tSANDBOXES\tMEMORY MiB\tOVERCOMMIT\tCPUS\tHEARTBEAT\tADVERTISE")
 			for _, n := range ns {
 				name := n.Name
 				if n.Self {
 					name += " *"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%g/%g\t%s ago\t%s\n", name, n.State,
-					n.Load.Sandboxes, n.Capacity.Sandboxes, n.Load.MemoryMiB, n.Capacity.MemoryMiB, n.Load.CPUs, n.Capacity.CPUs,
+				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%gx\t%g/%g\t%s ago\t%s\n", name, n.State,
+					n.Load.Sandboxes, n.Capacity.Sandboxes, n.Load.MemoryMiB, n.Capacity.MemoryMiB, n.MemoryOvercommit, n.Load.CPUs, n.Capacity.CPUs,
 					humanAge(time.Since(n.HeartbeatAt)), n.Advertise)
 			}
 			return tw.Flush()

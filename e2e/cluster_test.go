@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -25,8 +26,10 @@ import (
 // clusterNode is one `torpor serve` of TestCluster.
 type clusterNode struct {
 	name, dir, log string
-	proc           *serveProcess
-	c              *client.Client
+	// database is the URL the node's server is given ("": the cluster's).
+	database string
+	proc     *serveProcess
+	c        *client.Client
 }
 
 // TestCluster: three `torpor serve` processes (own data directories and
@@ -311,6 +314,8 @@ type cluster struct {
 	order  []*clusterNode
 	start  func(n *clusterNode) // (re)starts n's server
 	bin    string
+	pg     *pgtest.Cluster
+	dbURL  string
 	s3     *s3test.Server
 	bucket string
 }
@@ -332,7 +337,7 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 	bin := buildTorpor(t)
 	// The nodes are one store under the bucket's prefix: one store id.
 	storeID := fmt.Sprintf("%032x", time.Now().UnixNano())
-	cl := &cluster{nodes: map[string]*clusterNode{}, bin: bin, s3: s3, bucket: bucket}
+	cl := &cluster{nodes: map[string]*clusterNode{}, bin: bin, pg: pg, dbURL: dbURL, s3: s3, bucket: bucket}
 	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
 		dir, err := os.MkdirTemp("", "torpor-e2e-cluster-")
 		if err != nil {
@@ -346,7 +351,8 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 		cl.order = append(cl.order, n)
 	}
 	cl.start = func(n *clusterNode) {
-		n.proc = serve(t, bin, n.log, append([]string{"--node", n.name, "--database", dbURL, "--data-dir", n.dir,
+		db := cmp.Or(n.database, dbURL)
+		n.proc = serve(t, bin, n.log, append([]string{"--node", n.name, "--database", db, "--data-dir", n.dir,
 			"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t),
 			"--store", "s3", "--s3-endpoint", s3.Endpoint, "--s3-bucket", bucket,
 			"--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-region", s3.Region}, extra...)...)

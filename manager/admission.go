@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -134,9 +135,19 @@ type AdmissionError struct {
 	NeedMiB, UsedMiB, CapMiB int64
 	Overcommit               float64
 	Retry                    time.Duration
+	// Placement says that placement refused the call on a shared database:
+	// none of the Nodes active nodes (heartbeating, not draining) has room
+	// for NeedMiB (node.HasRoom on their records); UsedMiB and CapMiB are
+	// then those of the node with the most room (0 without nodes).
+	Placement bool
+	Nodes     int
 }
 
 func (e *AdmissionError) Error() string {
+	if e.Placement {
+		return fmt.Sprintf("host memory full on every node: %d MiB more fit none of the %d active nodes (each admits its memory × its overcommit ratio; the one with the most room has %d of %d MiB committed)",
+			e.NeedMiB, e.Nodes, e.UsedMiB, e.CapMiB)
+	}
 	return fmt.Sprintf("host memory full: %d MiB more would exceed the %d MiB admitted (host memory × overcommit %.3g); sandboxes holding memory have %d MiB of limits",
 		e.NeedMiB, e.CapMiB, e.Overcommit, e.UsedMiB)
 }
@@ -183,13 +194,40 @@ func (m *Manager) reserve(ctx context.Context, op, id string, mib int, ids ...st
 	a := &m.adm
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	all, err := m.cfg.DB.ListSandboxes(ctx)
+	used, err := m.committedLocked(ctx)
 	if err != nil {
 		return nil, err
 	}
+	lim := m.cfg.Limits
+	memMiB := lim.HostMemoryBytes >> 20
+	if !node.HasRoom(used, int64(mib), memMiB, lim.MemoryOvercommit) {
+		m.cfg.Metrics.refused.Inc()
+		ae := &AdmissionError{NeedMiB: int64(mib), UsedMiB: used, CapMiB: node.AdmittedMiB(memMiB, lim.MemoryOvercommit),
+			Overcommit: lim.MemoryOvercommit, Retry: lim.RetryAfter}
+		return nil, (&sandbox.Error{Kind: sandbox.Unavailable, Op: op, SandboxID: id, Err: ae}).
+			WithHint("retry later, or hibernate or delete sandboxes to free memory; the operator can raise the memory overcommit ratio")
+	}
+	r := &reservation{mib: mib, ids: ids}
+	if a.reserved == nil {
+		a.reserved = map[*reservation]struct{}{}
+	}
+	a.reserved[r] = struct{}{}
+	return r, nil
+}
+
+// committedLocked is the memory this host has committed, in MiB: the memory
+// limits of the sandboxes this node holds memory for (records in every state
+// but hibernated and error, not another node's), the reservations of calls
+// admitted and not yet recorded, and the prepared instances' memory. The
+// caller holds m.adm.mu. Errors: the database's.
+func (m *Manager) committedLocked(ctx context.Context) (int64, error) {
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		return 0, err
+	}
 	var used int64
 	covered := map[string]bool{}
-	for r := range a.reserved {
+	for r := range m.adm.reserved {
 		used += int64(r.mib)
 		for _, c := range r.ids {
 			covered[c] = true
@@ -201,22 +239,23 @@ func (m *Manager) reserve(ctx context.Context, op, id string, mib int, ids ...st
 		}
 	}
 	// Prepared instances hold their processes' memory (prepared.go).
-	used += m.preparedMiB()
-	lim := m.cfg.Limits
-	capMiB := int64(math.Floor(float64(lim.HostMemoryBytes) * lim.MemoryOvercommit / (1 << 20)))
-	if used+int64(mib) > capMiB {
-		m.cfg.Metrics.refused.Inc()
-		ae := &AdmissionError{NeedMiB: int64(mib), UsedMiB: used, CapMiB: capMiB, Overcommit: lim.MemoryOvercommit, Retry: lim.RetryAfter}
-		return nil, (&sandbox.Error{Kind: sandbox.Unavailable, Op: op, SandboxID: id, Err: ae}).
-			WithHint("retry later, or hibernate or delete sandboxes to free memory; the operator can raise the memory overcommit ratio")
-	}
-	r := &reservation{mib: mib, ids: ids}
-	if a.reserved == nil {
-		a.reserved = map[*reservation]struct{}{}
-	}
-	a.reserved[r] = struct{}{}
-	return r, nil
+	return used + m.preparedMiB(), nil
 }
+
+// CommittedMiB is the memory this host has committed as admission control
+// counts it (MiB; node.HasRoom's committed), what the node heartbeats as its
+// load's memory so that placement applies the same rule. Errors: the
+// database's.
+func (m *Manager) CommittedMiB(ctx context.Context) (int64, error) {
+	m.adm.mu.Lock()
+	defer m.adm.mu.Unlock()
+	return m.committedLocked(ctx)
+}
+
+// Limits is the manager's LimitsConfig with its defaults filled: admission
+// control admits HostMemoryBytes>>20 MiB × MemoryOvercommit, what the node
+// registers for placement (node.HasRoom).
+func (m *Manager) Limits() LimitsConfig { return m.cfg.Limits }
 
 // drop ends reservation r (nil: nothing).
 func (a *admission) drop(r *reservation) {

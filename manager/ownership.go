@@ -85,8 +85,16 @@ func (m *Manager) claim(ctx context.Context, s *metadata.Sandbox) error {
 // whether it fenced the sandbox (false: it was not lost's, or another node
 // fenced it first).
 func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error) {
+	if lost == m.cfg.Node {
+		return false, nil
+	}
+	return m.fence(ctx, id, lost, why)
+}
+
+// fence is Fence, also of this node's own sandboxes (ReleaseOwned).
+func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error) {
 	s, err := m.cfg.DB.GetSandbox(ctx, id)
-	if err != nil || s.Owner != lost || lost == m.cfg.Node {
+	if err != nil || s.Owner != lost {
 		return false, err
 	}
 	if s.State == sandbox.StateHibernated {
@@ -139,6 +147,68 @@ func (m *Manager) fenceHibernated(ctx context.Context, s *metadata.Sandbox, lost
 	return true, nil
 }
 
+// StopInstances stops every engine instance of a sandbox on this host
+// without reading the database: the node fenced itself (it could not renew
+// its lease, docs/multi-host.md) and no longer owns what it runs, which the
+// other nodes will resume from their snapshots. It does not wait for the
+// sandboxes' locks (a call holding one may be stuck on the database: it
+// fails once its instance is gone). It returns the sandbox ids whose
+// instance it stopped; a stop that fails is logged (StopForeign and
+// Reconcile stop what is left once the database answers).
+func (m *Manager) StopInstances(ctx context.Context) []string {
+	var stopped []string
+	m.eachInstance(ctx, "stop instances", func(engName, id, inst string) {
+		m.dropLive(id)
+		if err := m.engOf(inst).Stop(ctx, inst); err != nil {
+			m.log.Warn("stop instances: stop", "instance", inst, "engine", engName, "err", err)
+			return
+		}
+		stopped = append(stopped, id)
+	})
+	return stopped
+}
+
+// eachInstance calls f with every engine instance of a sandbox on this host
+// (its engine's name, the sandbox's id, the instance's id); an engine whose
+// list fails is logged under what and skipped.
+func (m *Manager) eachInstance(ctx context.Context, what string, f func(engName, id, inst string)) {
+	for _, e := range m.cfg.Engines.All() {
+		infos, err := engineCalls{Engine: e, m: m}.List(ctx)
+		if err != nil {
+			m.log.Warn(what+": list", "engine", e.Name(), "err", err)
+			continue
+		}
+		for _, i := range infos {
+			if id, ok := sandboxOfInstance(i.ID); ok {
+				f(e.Name(), id, i.ID)
+			}
+		}
+	}
+}
+
+// ReleaseOwned gives up this node's sandboxes that are not hibernated, after
+// StopInstances stopped them (the node fenced itself; one whose stop was
+// seen as an unexpected exit is in state error already): each is recorded as
+// Fence records a lost node's (state error with why and what a resume gives
+// back, no owner, a new lease token; a hibernate whose snapshot committed is
+// finished instead), so that any node resumes it from its last committed
+// snapshot. Errors: the database's (the caller tries again).
+func (m *Manager) ReleaseOwned(ctx context.Context, why string) error {
+	all, err := m.cfg.DB.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range all {
+		if s.Owner != m.cfg.Node || s.Deleting || s.State == sandbox.StateHibernated {
+			continue
+		}
+		if _, err := m.fence(ctx, s.ID, m.cfg.Node, why); err != nil {
+			return fmt.Errorf("release sandbox %s: %w", s.ID, err)
+		}
+	}
+	return nil
+}
+
 // StopForeign stops the engine instances on this host of sandboxes this
 // node no longer owns: another node owns the sandbox, or it was fenced off
 // this node (state error, no owner) while this node was cut off from the
@@ -148,20 +218,7 @@ func (m *Manager) StopForeign(ctx context.Context) {
 	if m.cfg.Node == "" {
 		return
 	}
-	for _, e := range m.cfg.Engines.All() {
-		infos, err := engineCalls{Engine: e, m: m}.List(ctx)
-		if err != nil {
-			m.log.Warn("stop foreign instances: list", "engine", e.Name(), "err", err)
-			continue
-		}
-		for _, i := range infos {
-			id, ok := sandboxOfInstance(i.ID)
-			if !ok {
-				continue
-			}
-			m.stopIfForeign(ctx, e.Name(), id, i.ID)
-		}
-	}
+	m.eachInstance(ctx, "stop foreign instances", func(engName, id, inst string) { m.stopIfForeign(ctx, engName, id, inst) })
 }
 
 // stopIfForeign stops instance inst of sandbox id if the sandbox is not

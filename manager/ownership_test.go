@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -163,5 +164,52 @@ func TestFenceFinishesCommittedHibernate(t *testing.T) {
 	}
 	if res, err := a.m.Resume(ctx, sb.ID); err != nil || res.Node != "node-a" {
 		t.Fatalf("resume after the fence: %v %+v", err, res)
+	}
+}
+
+// TestStopInstancesReleaseOwned: a node that fences itself stops every
+// instance on its host without the database; back on it, ReleaseOwned puts
+// its sandboxes in state error with no owner and a new lease token (a
+// hibernated one stays as it is), and the other node resumes them from their
+// snapshots.
+func TestStopInstancesReleaseOwned(t *testing.T) {
+	ctx := context.Background()
+	a := newHost(t, hostOpts{node: "node-a"})
+	b := newHost(t, hostOpts{node: "node-b", peer: a})
+	run, hib := a.create(), a.create()
+	a.writeFile(run.ID, "/tmp/f", "snapshotted")
+	if _, err := a.m.Hibernate(ctx, run.ID, manager.HibernateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.m.Resume(ctx, run.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.m.Hibernate(ctx, hib.ID, manager.HibernateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token := a.record(run.ID).LeaseToken
+	if got := a.m.StopInstances(ctx); !slices.Contains(got, run.ID) {
+		t.Fatalf("stopped %v; want %s among them", got, run.ID)
+	}
+	if infos, _ := a.eng.List(ctx); len(infos) != 0 {
+		t.Fatalf("%d instances left after StopInstances", len(infos))
+	}
+	if err := a.m.ReleaseOwned(ctx, "node node-a fenced itself"); err != nil {
+		t.Fatal(err)
+	}
+	r := a.record(run.ID)
+	if r.State != sandbox.StateError || r.Owner != "" || r.LeaseToken != token+1 || !strings.Contains(r.Error, "node node-a fenced itself") ||
+		!strings.Contains(r.Error, r.SnapshotID) {
+		t.Fatalf("released: state %s owner %q token %d (was %d) error %q", r.State, r.Owner, r.LeaseToken, token, r.Error)
+	}
+	if h := a.record(hib.ID); h.State != sandbox.StateHibernated || h.Owner != "" {
+		t.Errorf("the hibernated sandbox after the release: %s owner %q", h.State, h.Owner)
+	}
+	back, err := b.m.Resume(ctx, run.ID)
+	if err != nil || back.Node != "node-b" {
+		t.Fatalf("resume on node-b: %v %+v", err, back)
+	}
+	if got := b.readFile(run.ID, "/tmp/f"); got != "snapshotted" {
+		t.Errorf("file after the resume elsewhere: %q", got)
 	}
 }

@@ -310,6 +310,10 @@ type Node struct {
 	// paused sandboxes hold, as of HeartbeatAt.
 	Capacity NodeResources
 	Load     NodeResources
+	// MemoryOvercommit is the ratio of Capacity.MemoryMiB the node's
+	// admission control admits (node.HasRoom; 1 for records from before it
+	// was registered). Load.MemoryMiB is then the memory it has committed.
+	MemoryOvercommit float64
 	// Draining: the node takes no new sandboxes (an operator's choice; it
 	// survives the node's restart).
 	Draining    bool

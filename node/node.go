@@ -15,12 +15,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/torpor/torpor/metadata"
@@ -41,6 +43,15 @@ const (
 	// LeaseTime is how long after its last heartbeat a node counts as lost
 	// (four missed heartbeats).
 	LeaseTime = 4 * HeartbeatInterval
+	// SelfFenceMargin is how long before the others may declare a node
+	// lost that a node which could not renew its lease fences itself: after
+	// SelfFenceAfter without a heartbeat written it stops serving its
+	// sandboxes and stops their instances. The margin covers the fence
+	// check's period (a second), stopping the instances (a kill each) and
+	// the hosts' clock skew (others judge the heartbeat by their clocks);
+	// it leaves one failed heartbeat (the next one, 5 s later) unfenced.
+	SelfFenceMargin = 3 * HeartbeatInterval / 2
+	SelfFenceAfter  = LeaseTime - SelfFenceMargin
 	// SandboxMiB is the memory of a default sandbox, by which the host's
 	// memory is divided for its capacity in sandboxes.
 	SandboxMiB = 512
@@ -103,13 +114,35 @@ func HostCapacity() (metadata.NodeResources, error) {
 	return metadata.NodeResources{MemoryMiB: mib, CPUs: float64(runtime.NumCPU()), Sandboxes: int(mib / SandboxMiB)}, nil
 }
 
+// AdmittedMiB is the memory a host of memoryMiB MiB admits for sandboxes at
+// the overcommit ratio overcommit (a ratio of 0 or less counts as 1):
+// floor(memoryMiB × overcommit), in MiB.
+func AdmittedMiB(memoryMiB int64, overcommit float64) int64 {
+	if overcommit <= 0 {
+		overcommit = 1
+	}
+	return int64(math.Floor(float64(memoryMiB) * overcommit))
+}
+
+// HasRoom is admission control's rule, the one a host's manager applies to
+// each create, resume and fork and placement applies to each node's record:
+// a host of memoryMiB MiB at ratio overcommit whose sandboxes have
+// committedMiB MiB of memory limits has room for needMiB more iff
+// committedMiB + needMiB ≤ AdmittedMiB(memoryMiB, overcommit). All in MiB.
+func HasRoom(committedMiB, needMiB, memoryMiB int64, overcommit float64) bool {
+	return committedMiB+needMiB <= AdmittedMiB(memoryMiB, overcommit)
+}
+
 // Config configures a node's registration.
 type Config struct {
 	// Name is the node's name (CheckName); Advertise the base URL of its API.
 	Name      string
 	Advertise string
-	// Capacity is what the node registers (HostCapacity for a server).
-	Capacity metadata.NodeResources
+	// Capacity is what the node registers (HostCapacity for a server), and
+	// MemoryOvercommit the ratio its admission control admits of the
+	// capacity's memory (HasRoom; 0 or less: 1).
+	Capacity         metadata.NodeResources
+	MemoryOvercommit float64
 	// Load returns the node's load now; a failure is logged and the last
 	// load is written again.
 	Load func(ctx context.Context) (metadata.NodeResources, error)
@@ -127,6 +160,8 @@ type Heartbeat struct {
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
+	// renewed is the heartbeat time (Unix ns) of the last heartbeat written.
+	renewed atomic.Int64
 }
 
 // Start registers the node (its record made or replaced, Draining kept, the
@@ -142,6 +177,9 @@ func Start(ctx context.Context, nodes metadata.Nodes, cfg Config) (*Heartbeat, e
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MemoryOvercommit <= 0 {
+		cfg.MemoryOvercommit = 1
 	}
 	h := &Heartbeat{nodes: nodes, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 	load, err := cfg.Load(ctx)
@@ -159,10 +197,11 @@ func Start(ctx context.Context, nodes metadata.Nodes, cfg Config) (*Heartbeat, e
 // register writes the node's whole record, heartbeat at now.
 func (h *Heartbeat) register(ctx context.Context, now time.Time) error {
 	err := h.nodes.PutNode(ctx, metadata.Node{Name: h.cfg.Name, Advertise: h.cfg.Advertise, Capacity: h.cfg.Capacity,
-		Load: h.load, StartedAt: h.start, HeartbeatAt: now})
+		MemoryOvercommit: h.cfg.MemoryOvercommit, Load: h.load, StartedAt: h.start, HeartbeatAt: now})
 	if err != nil {
 		return fmt.Errorf("node %s: register: %w", h.cfg.Name, err)
 	}
+	h.renewed.Store(now.UnixNano())
 	return nil
 }
 
@@ -197,8 +236,20 @@ func (h *Heartbeat) beat() {
 	}
 	if err != nil {
 		h.cfg.Logger.Warn("node heartbeat", "node", h.cfg.Name, "err", err)
+		return
 	}
+	h.renewed.Store(now.UnixNano())
 }
+
+// Renewed is the heartbeat time of the last heartbeat the node wrote (its
+// registration's at first): what the other nodes judge its lease by. A node
+// whose Renewed is older than SelfFenceAfter fences itself (MustFence).
+func (h *Heartbeat) Renewed() time.Time { return time.Unix(0, h.renewed.Load()) }
+
+// MustFence says whether a node whose last heartbeat written is renewed
+// must fence itself at now: it is older than SelfFenceAfter, and the other
+// nodes may declare the node lost SelfFenceMargin later.
+func MustFence(renewed, now time.Time) bool { return now.Sub(renewed) > SelfFenceAfter }
 
 // Name is the node's name.
 func (h *Heartbeat) Name() string { return h.cfg.Name }

@@ -142,3 +142,63 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// cutNodes is a metadata.Nodes whose heartbeats fail while cut is set (a
+// node that lost the database).
+type cutNodes struct {
+	metadata.Nodes
+	cut atomic.Bool
+}
+
+func (c *cutNodes) HeartbeatNode(ctx context.Context, name string, load metadata.NodeResources, at time.Time) error {
+	if c.cut.Load() {
+		return errors.New("connection refused")
+	}
+	return c.Nodes.HeartbeatNode(ctx, name, load, at)
+}
+
+// TestRenewed: Renewed is the heartbeat time the record holds after each
+// heartbeat written, stays while heartbeats fail and moves again when they
+// are written; MustFence holds once it is older than SelfFenceAfter, which
+// is SelfFenceMargin before the others may declare the node lost.
+func TestRenewed(t *testing.T) {
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	nodes := &cutNodes{Nodes: db}
+	h, err := Start(ctx, nodes, Config{Name: "node-a", Advertise: "http://127.0.0.1:7070", Interval: 20 * time.Millisecond,
+		Load: func(context.Context) (metadata.NodeResources, error) { return metadata.NodeResources{}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop()
+	first := h.Renewed()
+	waitFor(t, func() bool { return h.Renewed().After(first) })
+	nodes.cut.Store(true)
+	time.Sleep(40 * time.Millisecond) // a heartbeat in flight lands
+	held := h.Renewed()
+	time.Sleep(100 * time.Millisecond) // five failed heartbeats
+	if got := h.Renewed(); !got.Equal(held) {
+		t.Errorf("Renewed moved while heartbeats failed: %v, then %v", held, got)
+	}
+	if n, _ := db.GetNode(ctx, "node-a"); !n.HeartbeatAt.Equal(held) {
+		t.Errorf("Renewed %v; the record's heartbeat %v", held, n.HeartbeatAt)
+	}
+	nodes.cut.Store(false)
+	waitFor(t, func() bool { return h.Renewed().After(held) })
+
+	if SelfFenceAfter+SelfFenceMargin != LeaseTime || SelfFenceMargin < HeartbeatInterval || SelfFenceAfter <= 2*HeartbeatInterval {
+		t.Errorf("self-fence after %v, margin %v, lease %v, heartbeat %v: want the margin at least a heartbeat and one failed heartbeat tolerated",
+			SelfFenceAfter, SelfFenceMargin, LeaseTime, HeartbeatInterval)
+	}
+	now := time.Now()
+	if MustFence(now.Add(-SelfFenceAfter), now) || !MustFence(now.Add(-SelfFenceAfter-time.Millisecond), now) {
+		t.Errorf("MustFence at the self-fence time's edge")
+	}
+	n := metadata.Node{HeartbeatAt: now.Add(-SelfFenceAfter - time.Millisecond)}
+	if StateOf(n, now) == StateLost {
+		t.Errorf("a node that must fence itself is already lost to the others")
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -96,21 +97,29 @@ func classifyCall(r *http.Request, domain string) call {
 }
 
 func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if r.Header.Get(HeaderForwarded) != "" {
-		next.ServeHTTP(w, r)
-		return
-	}
 	c := classifyCall(r, f.domain)
-	if c.id == "" && !c.create {
+	if (c.id != "" || c.create) && f.s.refuseFenced(w, r) {
+		return // self-fenced (selffence.go): forwarded calls too
+	}
+	if r.Header.Get(HeaderForwarded) != "" || (c.id == "" && !c.create) {
 		next.ServeHTTP(w, r)
 		return
-	}
-	target, placed, err := f.target(r.Context(), c)
-	if err != nil {
-		f.s.log.Warn("cluster: where to serve", "path", r.URL.Path, "err", err)
 	}
 	if c.keep && r.ContentLength >= 0 && r.ContentLength <= forwardBodyMax {
 		keepBody(r)
+	}
+	target, placed, err := f.target(r.Context(), c, r)
+	if manager.RetryAfterSeconds(err) > 0 {
+		// No node has room: refused as admission control refuses (503).
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			f.s.fail(w, r, err)
+		} else {
+			f.s.e2b.Fail(w, r, err)
+		}
+		return
+	}
+	if err != nil {
+		f.s.log.Warn("cluster: where to serve", "path", r.URL.Path, "err", err)
 	}
 	if target == nil {
 		next.ServeHTTP(w, r)
@@ -149,16 +158,17 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, e.err
 }
 
-// target is the node that serves call c, nil for this one; placed says
-// that placement picked it (no node owns the sandbox).
-func (f *clusterFront) target(ctx context.Context, c call) (target *url.URL, placed bool, err error) {
+// target is the node that serves call c (request r), nil for this one;
+// placed says that placement picked it (no node owns the sandbox). Errors:
+// Place's refusal when no node has room; the database's.
+func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (target *url.URL, placed bool, err error) {
 	s := f.s
 	if c.create {
 		self, err := s.db.GetNode(ctx, s.node)
 		if err != nil || !self.Draining {
 			return nil, false, err
 		}
-		u, err := f.placeURL(ctx, manager.DefaultMemoryMiB, "")
+		u, err := f.placeURL(ctx, "create", "", createMiB(r), "")
 		return u, true, err
 	}
 	rec, err := s.db.GetSandbox(ctx, c.id)
@@ -179,52 +189,112 @@ func (f *clusterFront) target(ctx context.Context, c call) (target *url.URL, pla
 	if !c.wakes || !(rec.State == sandbox.StateHibernated || (c.resume && rec.State == sandbox.StateError)) {
 		return nil, false, nil
 	}
-	u, err := f.placeURL(ctx, rec.MemoryMiB, rec.SnapshotNode)
+	u, err := f.placeURL(ctx, "resume", rec.ID, rec.MemoryMiB, rec.SnapshotNode)
 	return u, true, err
 }
 
-// placeURL is Place's node's URL, nil for this node.
-func (f *clusterFront) placeURL(ctx context.Context, mib int, prefer string) (*url.URL, error) {
-	n, err := Place(ctx, f.s.db, mib, prefer, f.s.node, time.Now())
-	if err != nil || n == nil || n.Name == f.s.node {
+// createMiB is the memory of the sandbox create request r makes: REST v1's
+// memory_mib from its kept body, else manager.DefaultMemoryMiB (E2B's
+// creates, whose memory is their template's, and bodies not kept or not
+// read: the node that serves the call checks them).
+func createMiB(r *http.Request) int {
+	var req struct {
+		MemoryMiB int `json:"memory_mib"`
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/") && r.GetBody != nil {
+		if body, err := r.GetBody(); err == nil {
+			if json.NewDecoder(body).Decode(&req) == nil && req.MemoryMiB > 0 {
+				return req.MemoryMiB
+			}
+		}
+	}
+	return manager.DefaultMemoryMiB
+}
+
+// placeURL is the URL of the node Place picks for call c of sandbox id
+// (op "create" or "resume"), nil for this node; this node's room is judged
+// by its manager's committed memory now, the others' by their records.
+func (f *clusterFront) placeURL(ctx context.Context, op, id string, mib int, prefer string) (*url.URL, error) {
+	s := f.s
+	n, err := Place(ctx, s.db, Placement{Op: op, SandboxID: id, MiB: mib, Prefer: prefer, Self: s.node,
+		SelfCommitted: s.Manager.CommittedMiB, RetryAfter: s.Manager.Limits().RetryAfter}, time.Now())
+	if err != nil || n.Name == s.node {
 		return nil, err
 	}
 	return url.Parse(n.Advertise)
 }
 
-// Place picks the node that starts or resumes a sandbox of mib MiB, asked
-// of node self: among the active nodes (heartbeating, not draining) with mib
-// MiB free (capacity less load, as of their last heartbeat), prefer if it is
-// one (the node that holds the snapshot's local copy), else self, else the
-// one with the most free memory (by name on a tie). nil when no node has
-// room (the caller serves the call itself and its admission control
-// answers). Nodes asked at once may pick differently: the sandbox's lease
-// (metadata.ClaimSandbox) lets one resume it. Errors are the database's.
-func Place(ctx context.Context, nodes metadata.Nodes, mib int, prefer, self string, now time.Time) (*metadata.Node, error) {
+// Placement is what Place places: a sandbox of MiB MiB for Op ("create",
+// "resume") on sandbox SandboxID ("" for a create), asked of node Self.
+type Placement struct {
+	Op, SandboxID string
+	MiB           int
+	// Prefer is the node that holds the snapshot's local copy ("": none).
+	Prefer, Self string
+	// SelfCommitted, if set, is Self's committed memory now (MiB), judged
+	// in place of its record's load (as of its last heartbeat).
+	SelfCommitted func(context.Context) (int64, error)
+	// RetryAfter is what a refusal tells the caller to wait.
+	RetryAfter time.Duration
+}
+
+// Place picks the node that starts or resumes the sandbox p says: among the
+// active nodes (heartbeating, not draining) that have room by admission
+// control's rule (node.HasRoom: the load's memory, what the node has
+// committed, plus p.MiB within its memory × its registered overcommit
+// ratio), p.Prefer if it is one (the node that holds the snapshot's local
+// copy), else p.Self, else the one with the most room (by name on a tie).
+// Nodes asked at once may pick differently: the sandbox's lease
+// (metadata.ClaimSandbox) lets one resume it, and the picked node's own
+// admission control decides. Errors: a *sandbox.Error of kind Unavailable
+// wrapping a *manager.AdmissionError (Placement set; HTTP 503 with
+// Retry-After) when no node has room; the database's.
+func Place(ctx context.Context, nodes metadata.Nodes, p Placement, now time.Time) (*metadata.Node, error) {
 	all, err := nodes.ListNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
+	room := func(n metadata.Node) int64 {
+		return node.AdmittedMiB(n.Capacity.MemoryMiB, n.MemoryOvercommit) - n.Load.MemoryMiB
+	}
 	var fit []metadata.Node
+	var best *metadata.Node
+	active := 0
 	for _, n := range all {
-		if node.StateOf(n, now) == node.StateActive && n.Capacity.MemoryMiB-n.Load.MemoryMiB >= int64(mib) {
+		if node.StateOf(n, now) != node.StateActive {
+			continue
+		}
+		if n.Name == p.Self && p.SelfCommitted != nil {
+			if n.Load.MemoryMiB, err = p.SelfCommitted(ctx); err != nil {
+				return nil, err
+			}
+		}
+		active++
+		if best == nil || room(n) > room(*best) {
+			best = &n
+		}
+		if node.HasRoom(n.Load.MemoryMiB, int64(p.MiB), n.Capacity.MemoryMiB, n.MemoryOvercommit) {
 			fit = append(fit, n)
 		}
 	}
-	for _, want := range []string{prefer, self} {
+	if len(fit) == 0 {
+		ae := &manager.AdmissionError{Placement: true, Nodes: active, NeedMiB: int64(p.MiB), Retry: p.RetryAfter}
+		if best != nil {
+			ae.UsedMiB, ae.CapMiB, ae.Overcommit = best.Load.MemoryMiB, node.AdmittedMiB(best.Capacity.MemoryMiB, best.MemoryOvercommit), best.MemoryOvercommit
+		}
+		return nil, (&sandbox.Error{Kind: sandbox.Unavailable, Op: p.Op, SandboxID: p.SandboxID, Err: ae}).
+			WithHint("retry later, or hibernate or delete sandboxes to free memory; the operator can add nodes or raise their memory overcommit ratio")
+	}
+	for _, want := range []string{p.Prefer, p.Self} {
 		for _, n := range fit {
 			if want != "" && n.Name == want {
 				return &n, nil
 			}
 		}
 	}
-	if len(fit) == 0 {
-		return nil, nil
-	}
 	sort.SliceStable(fit, func(i, j int) bool {
-		fi, fj := fit[i].Capacity.MemoryMiB-fit[i].Load.MemoryMiB, fit[j].Capacity.MemoryMiB-fit[j].Load.MemoryMiB
-		if fi != fj {
-			return fi > fj
+		if ri, rj := room(fit[i]), room(fit[j]); ri != rj {
+			return ri > rj
 		}
 		return fit[i].Name < fit[j].Name
 	})
@@ -309,7 +379,16 @@ func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, err erro
 //   - while this node is draining, its sandboxes are hibernated, and resume
 //     on another node on their next request.
 func (s *Server) clusterLoop(stop <-chan struct{}) {
-	tick := time.NewTicker(node.HeartbeatInterval)
+	every(node.HeartbeatInterval, stop, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		s.clusterTick(ctx)
+		cancel()
+	})
+}
+
+// every calls f every period until stop is closed.
+func every(period time.Duration, stop <-chan struct{}, f func()) {
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -317,9 +396,7 @@ func (s *Server) clusterLoop(stop <-chan struct{}) {
 			return
 		case <-tick.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		s.clusterTick(ctx)
-		cancel()
+		f()
 	}
 }
 

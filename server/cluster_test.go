@@ -2,31 +2,55 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/metadata/postgres"
+	"github.com/torpor/torpor/metadata/postgres/pgtest"
 	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/sandbox"
 )
 
-// TestPlace: placement takes active nodes with room only; the snapshot's
-// node first, then the asking node, then the most free memory, by name on
-// a tie; nil when none has room.
+// TestPlace: placement takes active nodes with room by admission control's
+// rule (committed + need ≤ memory × the node's overcommit ratio, its
+// record's load or, for the asking node, its committed memory now); the
+// snapshot's node first, then the asking node, then the most room, by name
+// on a tie; with none, a 503 refusal with Retry-After. On SQLite and on
+// PostgreSQL (a private cluster).
 func TestPlace(t *testing.T) {
+	t.Run("SQLite", func(t *testing.T) {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		testPlace(t, db)
+	})
+	t.Run("PostgreSQL", func(t *testing.T) {
+		c := pgtest.Start(t)
+		db, err := postgres.Open(context.Background(), c.NewDatabase(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		testPlace(t, db)
+	})
+}
+
+func testPlace(t *testing.T, db metadata.Nodes) {
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	now := time.Now()
-	put := func(name string, capMiB, loadMiB int64, beat time.Time, draining bool) {
+	put := func(name string, capMiB, loadMiB int64, overcommit float64, beat time.Time, draining bool) {
 		t.Helper()
 		n := metadata.Node{Name: name, Advertise: "http://" + name, Capacity: metadata.NodeResources{MemoryMiB: capMiB},
-			Load: metadata.NodeResources{MemoryMiB: loadMiB}, StartedAt: beat, HeartbeatAt: beat}
+			Load: metadata.NodeResources{MemoryMiB: loadMiB}, MemoryOvercommit: overcommit, StartedAt: beat, HeartbeatAt: beat}
 		if err := db.PutNode(ctx, n); err != nil {
 			t.Fatal(err)
 		}
@@ -34,30 +58,50 @@ func TestPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put("a", 4096, 0, now, true)                    // draining
-	put("b", 4096, 3900, now, false)                // no room for 512
-	put("c", 4096, 1024, now, false)                // room
-	put("d", 4096, 1024, now, false)                // room, same as c
-	put("e", 8192, 0, now.Add(-time.Minute), false) // lost
-	put("f", 2048, 0, now, false)                   // room, less than c
+	put("a", 4096, 0, 1, now, true)                    // draining
+	put("b", 4096, 3900, 1, now, false)                // no room for 512
+	put("c", 4096, 1024, 1, now, false)                // room: 3072
+	put("d", 2048, 1024, 2, now, false)                // room by its ratio (admits 4096): 3072, as c
+	put("e", 8192, 0, 1, now.Add(-time.Minute), false) // lost
+	put("f", 2048, 0, 1, now, false)                   // room: 2048
+	put("g", 8192, 3700, 0.5, now, false)              // no room by its ratio (admits 4096) though its memory has
+	put("h", 1024, 512, 0, now, false)                 // a record without a ratio: 1; room: exactly 512
+	committed := func(mib int64) func(context.Context) (int64, error) {
+		return func(context.Context) (int64, error) { return mib, nil }
+	}
 	for _, tc := range []struct {
 		mib          int
 		prefer, self string
+		selfNow      func(context.Context) (int64, error)
 		want         string
 	}{
-		{512, "", "", "c"},   // most free (3072 for c and d): by name
-		{512, "f", "", "f"},  // the snapshot's node
-		{512, "a", "d", "d"}, // the snapshot's node drains: the asking node
-		{512, "e", "", "c"},  // the snapshot's node is lost
-		{512, "b", "b", "c"}, // neither has room
-		{512, "", "f", "f"},  // the asking node
-		{3500, "", "f", ""},  // nobody has room
-		{2048, "", "", "c"},
+		{512, "", "", nil, "c"},              // most room (3072 for c and d): by name
+		{512, "f", "", nil, "f"},             // the snapshot's node
+		{512, "h", "", nil, "h"},             // the snapshot's node, full to the MiB
+		{513, "h", "", nil, "c"},             // one MiB more than h has
+		{512, "g", "", nil, "c"},             // the snapshot's node is over its ratio
+		{512, "a", "d", nil, "d"},            // the snapshot's node drains: the asking node
+		{512, "e", "", nil, "c"},             // the snapshot's node is lost
+		{512, "b", "b", nil, "c"},            // neither has room
+		{512, "", "f", nil, "f"},             // the asking node
+		{512, "", "f", committed(1600), "c"}, // the asking node's committed memory now: full
+		{512, "", "b", committed(0), "b"},    // the asking node's committed memory now: room
+		{3072, "", "", nil, "c"},
+		{3073, "", "f", nil, ""}, // nobody has room
 	} {
-		n, err := Place(ctx, db, tc.mib, tc.prefer, tc.self, now)
+		n, err := Place(ctx, db, Placement{Op: "resume", SandboxID: "sbx-1", MiB: tc.mib, Prefer: tc.prefer, Self: tc.self,
+			SelfCommitted: tc.selfNow, RetryAfter: 7 * time.Second}, now)
 		got := ""
 		if n != nil {
 			got = n.Name
+		}
+		if tc.want == "" {
+			var ae *manager.AdmissionError
+			if n != nil || !errors.As(err, &ae) || !ae.Placement || ae.Nodes != 6 || sandbox.KindOf(err) != sandbox.Unavailable ||
+				manager.RetryAfterSeconds(err) != 7 || !strings.Contains(err.Error(), "host memory full on every node") {
+				t.Errorf("Place(%d MiB) with no room = %q %v; want a refusal of 6 active nodes, retry after 7 s", tc.mib, got, err)
+			}
+			continue
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("Place(%d MiB, prefer %q, self %q) = %q %v, want %q", tc.mib, tc.prefer, tc.self, got, err, tc.want)
@@ -103,7 +147,7 @@ func TestClassifyCall(t *testing.T) {
 // node it reached, whatever it is about (no second forward, no loop); the
 // front reads nothing for it.
 func TestForwardedServedHere(t *testing.T) {
-	f := &clusterFront{} // no server: any lookup would panic
+	f := &clusterFront{s: &Server{}} // no database: any lookup would panic
 	served := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
 	for _, path := range []string{"/v1/sandboxes/sbx-1/exec", "/v1/sandboxes", "/sandboxes/sbx-1/connect"} {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
@@ -15,8 +16,11 @@ import (
 
 // startNode registers the server as node cfg.Node (default node.DefaultName)
 // advertising cfg.Advertise (default advertiseURL(cfg.Listen)) with the
-// host's capacity, and heartbeats the load of the sandboxes in db.
-func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartbeat, error) {
+// host's capacity, its memory as mgr's admission control counts it and the
+// overcommit ratio mgr admits at, and heartbeats the load of the sandboxes
+// in db, with the memory mgr has committed (Manager.CommittedMiB): placement
+// judges a node's room by admission control's rule (node.HasRoom).
+func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg Config) (*node.Heartbeat, error) {
 	name, adv := cfg.Node, cfg.Advertise
 	if adv == "" {
 		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
@@ -25,8 +29,18 @@ func startNode(ctx context.Context, db metadata.Store, cfg Config) (*node.Heartb
 	if err != nil {
 		return nil, err
 	}
-	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, Logger: cfg.Logger,
-		Load: func(ctx context.Context) (metadata.NodeResources, error) { return sandboxLoad(ctx, db, name) }})
+	lim := mgr.Limits()
+	capacity.MemoryMiB = lim.HostMemoryBytes >> 20
+	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, MemoryOvercommit: lim.MemoryOvercommit,
+		Logger: cfg.Logger,
+		Load: func(ctx context.Context) (metadata.NodeResources, error) {
+			load, err := sandboxLoad(ctx, db, name)
+			if err != nil {
+				return load, err
+			}
+			load.MemoryMiB, err = mgr.CommittedMiB(ctx)
+			return load, err
+		}})
 }
 
 // advertiseURL is the URL a server on listen advertises by default:
@@ -55,7 +69,8 @@ func advertiseURL(listen string, tls bool) string {
 // sandboxLoad is what the sandboxes of node recorded in db hold of the host:
 // every sandbox the node owns that has an instance (not hibernated, not in
 // error, not being deleted) counts with its memory and CPUs. It reads the
-// records alone, without the manager.
+// records alone, without the manager (startNode heartbeats the manager's
+// committed memory in place of this memory).
 func sandboxLoad(ctx context.Context, db metadata.Sandboxes, node string) (metadata.NodeResources, error) {
 	sbs, err := db.ListSandboxes(ctx)
 	if err != nil {
@@ -95,6 +110,6 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) wireNode(n metadata.Node, now time.Time) apiv1.Node {
 	return apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
-		Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load),
+		Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load), MemoryOvercommit: n.MemoryOvercommit,
 		StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node}
 }

@@ -157,6 +157,7 @@ type Server struct {
 	ingress     *ingress.Proxy // the port proxy's and E2B's forwarding to sandboxes
 	e2b         *e2b.Service
 	cluster     *clusterFront // forwarding between nodes (nil with SQLite: one node)
+	fence       selfFence     // self-fencing (with cluster; selffence.go)
 
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
@@ -280,7 +281,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	heartbeat, err := startNode(ctx, db, cfg)
+	heartbeat, err := startNode(ctx, db, mgr, cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -333,8 +334,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	if s.cluster != nil {
 		stop, done := make(chan struct{}), make(chan struct{})
+		fenceDone := make(chan struct{})
 		go func() { defer close(done); s.clusterLoop(stop) }()
-		s.stopCluster = func() { close(stop); <-done }
+		go func() { defer close(fenceDone); s.selfFenceLoop(stop) }()
+		s.stopCluster = func() { close(stop); <-done; <-fenceDone }
 	}
 	return s, nil
 }

@@ -209,6 +209,10 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	replyError(w, status, err.Error())
 }
 
+// Fail answers err in E2B's form, as the service's own handlers do (the
+// cluster front's refusals of E2B calls).
+func (s *Service) Fail(w http.ResponseWriter, r *http.Request, err error) { s.fail(w, r, err) }
+
 func invalid(format string, a ...any) error {
 	return sandbox.Errorf(sandbox.InvalidArgument, format, a...)
 }

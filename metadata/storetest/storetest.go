@@ -720,12 +720,13 @@ func testAPIKeys(t *testing.T, st metadata.Store) {
 	}
 }
 
-// testNodes: a put makes a record, a heartbeat sets its load and time, a
-// second put (the node starting again) replaces it but keeps Draining; list
-// by name; not found for heartbeat, drain and delete of a missing name.
+// testNodes: a put makes a record (its overcommit ratio with it, 1 when it
+// gives none), a heartbeat sets its load and time, a second put (the node
+// starting again) replaces it but keeps Draining; list by name; not found
+// for heartbeat, drain and delete of a missing name.
 func testNodes(t *testing.T, st metadata.Store) {
 	b := metadata.Node{Name: "node-b", Advertise: "http://10.0.0.2:7070",
-		Capacity:  metadata.NodeResources{MemoryMiB: 64000, CPUs: 16, Sandboxes: 120},
+		Capacity: metadata.NodeResources{MemoryMiB: 64000, CPUs: 16, Sandboxes: 120}, MemoryOvercommit: 1.75,
 		StartedAt: at(1), HeartbeatAt: at(1).Add(250 * time.Millisecond)}
 	a := metadata.Node{Name: "node-a", Advertise: "http://10.0.0.1:7070",
 		Capacity: metadata.NodeResources{MemoryMiB: 2048, CPUs: 2.5, Sandboxes: 4}, StartedAt: at(2), HeartbeatAt: at(2)}
@@ -742,14 +743,15 @@ func testNodes(t *testing.T, st metadata.Store) {
 		t.Fatal(err)
 	}
 	got, _ := st.GetNode(ctx, "node-a")
-	if got.Load != load || !got.HeartbeatAt.Equal(at(3).Add(time.Millisecond)) || !got.StartedAt.Equal(at(2)) || got.Capacity != a.Capacity {
-		t.Errorf("after heartbeat: %+v", got)
+	if got.Load != load || !got.HeartbeatAt.Equal(at(3).Add(time.Millisecond)) || !got.StartedAt.Equal(at(2)) || got.Capacity != a.Capacity ||
+		got.MemoryOvercommit != 1 {
+		t.Errorf("after heartbeat: %+v (overcommit want 1: none given)", got)
 	}
 	if err := st.SetNodeDraining(ctx, "node-a", true); err != nil {
 		t.Fatal(err)
 	}
 	again := a
-	again.Advertise, again.StartedAt, again.HeartbeatAt = "http://10.0.0.9:7070", at(9), at(9)
+	again.Advertise, again.StartedAt, again.HeartbeatAt, again.MemoryOvercommit = "http://10.0.0.9:7070", at(9), at(9), 0.5
 	if err := st.PutNode(ctx, again); err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"github.com/torpor/torpor/metadata"
 )
 
-const nodeCols = `name, advertise, memory_mib, cpus, sandboxes, load_memory_mib, load_cpus, load_sandboxes, draining, started_at, heartbeat_at`
+const nodeCols = `name, advertise, memory_mib, cpus, sandboxes, load_memory_mib, load_cpus, load_sandboxes, draining, started_at, heartbeat_at, memory_overcommit`
 
 func scanNode(r scanner) (metadata.Node, error) {
 	var n metadata.Node
 	var started, beat string
 	c, l := &n.Capacity, &n.Load
 	if err := r.Scan(&n.Name, &n.Advertise, &c.MemoryMiB, &c.CPUs, &c.Sandboxes, &l.MemoryMiB, &l.CPUs, &l.Sandboxes,
-		&n.Draining, &started, &beat); err != nil {
+		&n.Draining, &started, &beat, &n.MemoryOvercommit); err != nil {
 		return metadata.Node{}, err
 	}
 	n.StartedAt, n.HeartbeatAt = parseTS(started), parseTS(beat)
@@ -25,12 +25,13 @@ func scanNode(r scanner) (metadata.Node, error) {
 // PutNode implements metadata.Nodes.
 func (st *Store) PutNode(ctx context.Context, n metadata.Node) error {
 	c, l := n.Capacity, n.Load
-	_, err := st.exec(ctx, st.db, `INSERT INTO nodes (`+nodeCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	_, err := st.exec(ctx, st.db, `INSERT INTO nodes (`+nodeCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT(name) DO UPDATE SET advertise = excluded.advertise, memory_mib = excluded.memory_mib, cpus = excluded.cpus,
 		sandboxes = excluded.sandboxes, load_memory_mib = excluded.load_memory_mib, load_cpus = excluded.load_cpus,
-		load_sandboxes = excluded.load_sandboxes, started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at`,
+		load_sandboxes = excluded.load_sandboxes, started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+		memory_overcommit = excluded.memory_overcommit`,
 		n.Name, n.Advertise, c.MemoryMiB, c.CPUs, c.Sandboxes, l.MemoryMiB, l.CPUs, l.Sandboxes, false,
-		st.ts(n.StartedAt), st.ts(n.HeartbeatAt))
+		st.ts(n.StartedAt), st.ts(n.HeartbeatAt), overcommitOf(n))
 	if err != nil {
 		return fmt.Errorf("metadata: put node %s: %w", n.Name, err)
 	}
@@ -68,4 +69,12 @@ func (st *Store) SetNodeDraining(ctx context.Context, name string, draining bool
 func (st *Store) DeleteNode(ctx context.Context, name string) error {
 	res, err := st.exec(ctx, st.db, `DELETE FROM nodes WHERE name = ?`, name)
 	return deleted(res, err, "node", name)
+}
+
+// overcommitOf is the ratio n's record stores (1 when n has none).
+func overcommitOf(n metadata.Node) float64 {
+	if n.MemoryOvercommit <= 0 {
+		return 1
+	}
+	return n.MemoryOvercommit
 }

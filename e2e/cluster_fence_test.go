@@ -1,0 +1,296 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/workload"
+)
+
+// TestClusterSelfFence: node cl-c reaches the database through a TCP proxy
+// the test holds; its sandbox (hibernated once, resumed on it, then asked
+// twice more) keeps running when the proxy is cut (connections dropped, new
+// ones held unanswered). Within the lease time cl-c fences itself: it stops
+// the sandbox's instance before the other nodes declare it lost (checked at
+// every poll), and answers 503 with Retry-After for the sandbox. The others
+// then put the sandbox in error; resumed through cl-a it continues from its
+// snapshot on another node. The proxy restored, cl-c heartbeats again, runs
+// no instance, and serves the sandbox's calls again (forwarded to the new
+// owner). A second, short cut (the database back as soon as the instance
+// stopped): the sandbox ends in error with no owner either way (cl-c gives
+// it up, or the others declared cl-c lost) and resumes from its snapshot.
+func TestClusterSelfFence(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runsc, network namespaces)")
+	}
+	ctx := ctxFor(t, 10*time.Minute)
+	cl := startCluster(t, ctx)
+	a, c := cl.nodes["cl-a"], cl.nodes["cl-c"]
+
+	// cl-c again, through the proxy.
+	px := startPGProxy(t, filepath.Join(cl.pg.Dir, ".s.PGSQL.5432"))
+	u, err := url.Parse(cl.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.proc.stop(t)
+	c.database = "postgres://torpor@" + px.addr() + u.Path
+	cl.start(c)
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool { return stateOf(ns, c.name) == "active" })
+
+	sb := create(t, c.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	id := sb.ID
+	t.Cleanup(func() { a.c.DeleteSandbox(context.Background(), id) })
+	if err := workload.Start(ctx, c.c, id, 16); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, c.c, id, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hib := hibernate(t, c.c, id)
+	if r, err := c.c.Resume(ctx, id); err != nil || r.Node != c.name {
+		t.Fatalf("resume through %s: node %q %v; want %s (the snapshot's node, with room)", c.name, r.Node, err, c.name)
+	}
+	for range 2 { // what the snapshot does not hold
+		if _, err := workload.Get(ctx, c.c, id, "/count"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := runscSandboxesOf(t, c.dir, id); n != 1 {
+		t.Fatalf("%s runs %d instances of %s; want 1", c.name, n, id)
+	}
+
+	// Cut off: cl-c stops the instance before the others declare it lost.
+	px.cut()
+	cut := time.Now()
+	var stopped, lost time.Time
+	for lost.IsZero() {
+		if time.Since(cut) > node.LeaseTime+4*node.HeartbeatInterval {
+			t.Fatalf("%v after the cut: instance stopped at %v, %s lost at %v", time.Since(cut).Round(time.Second), stopped, c.name, lost)
+		}
+		if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) == 0 {
+			stopped = time.Now()
+		}
+		if ns, err := a.c.ListNodes(ctx); err == nil && stateOf(ns, c.name) == "lost" {
+			lost = time.Now()
+			if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) != 0 {
+				t.Fatalf("%s declared lost %v after the cut while it still runs %s's instance (split brain)", c.name, lost.Sub(cut).Round(time.Second), id)
+			}
+			if stopped.IsZero() {
+				stopped = lost
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("cut off: %s stopped its instance %v after the cut, declared lost by the others %v after it (self-fence after %v without a heartbeat, lease %v)",
+		c.name, stopped.Sub(cut).Round(100*time.Millisecond), lost.Sub(cut).Round(100*time.Millisecond), node.SelfFenceAfter, node.LeaseTime)
+	if d := stopped.Sub(cut); d > node.LeaseTime {
+		t.Errorf("%s stopped its instance %v after the cut; want within the lease time %v", c.name, d, node.LeaseTime)
+	}
+	res := rawCall(t, http.MethodGet, c.proc.url+"/v1/sandboxes/"+id, "", nil)
+	if res.Status != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" || !strings.Contains(res.Err.Message, "fenced itself") {
+		t.Errorf("GET the sandbox through the fenced %s: %d Retry-After %q %s; want 503 saying it fenced itself", c.name, res.Status, res.Header.Get("Retry-After"), res.Body)
+	}
+	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "fencing this node") {
+		t.Errorf("%s's log does not say it fenced itself", c.name)
+	}
+
+	// The others fence the sandbox; resumed, it continues from its snapshot.
+	for {
+		s := get(t, a.c, id)
+		if s.State == apiv1.StateError {
+			if s.Node != "" || !strings.Contains(s.Error, hib.Snapshot.ID) {
+				t.Errorf("the cut-off node's sandbox: node %q error %q; want no node and snapshot %s named", s.Node, s.Error, hib.Snapshot.ID)
+			}
+			break
+		}
+		if time.Since(cut) > node.LeaseTime+4*node.HeartbeatInterval {
+			t.Fatalf("%v after the cut %s is %s on %q", time.Since(cut).Round(time.Second), id, s.State, s.Node)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	back, err := a.c.Resume(ctx, id)
+	if err != nil || back.Node == "" || back.Node == c.name {
+		t.Fatalf("resume through cl-a after the cut: node %q %v; want another node than %s", back.Node, err, c.name)
+	}
+	cnt, err := workload.Get(ctx, a.c, id, "/count")
+	if err != nil || cnt.Pid != before.Pid || cnt.Count != before.Count+1 {
+		t.Fatalf("resumed on %s: %+v %v; want pid %d count %d (the snapshot's, plus this request)", back.Node, cnt, err, before.Pid, before.Count+1)
+	}
+
+	// The database back: cl-c heartbeats, runs nothing, serves again.
+	px.restore()
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool { return stateOf(ns, c.name) == "active" })
+	deadline := time.Now().Add(time.Minute)
+	for {
+		res = rawCall(t, http.MethodGet, c.proc.url+"/v1/sandboxes/"+id, "", nil)
+		if res.Status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after the database came back %s answers %d %s", c.name, res.Status, res.Body)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if n := runscSandboxesOf(t, c.dir, id); n != 0 {
+		t.Errorf("%s back on the database runs %d instances of %s", c.name, n, id)
+	}
+	cnt, err = workload.Get(ctx, c.c, id, "/count") // forwarded to the owner
+	if err != nil || cnt.Count != before.Count+2 {
+		t.Fatalf("through %s after its return: %+v %v; want count %d", c.name, cnt, err, before.Count+2)
+	}
+
+	// A short cut: the database back as soon as cl-c has stopped its
+	// instance, likely before the others declare it lost. Either way cl-c
+	// gives the sandbox up (error, no owner) before it serves again, and it
+	// resumes from its snapshot.
+	sb2 := create(t, c.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	t.Cleanup(func() { a.c.DeleteSandbox(context.Background(), sb2.ID) })
+	if err := workload.Start(ctx, c.c, sb2.ID, 16); err != nil {
+		t.Fatal(err)
+	}
+	before2, err := workload.Get(ctx, c.c, sb2.ID, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hib2 := hibernate(t, c.c, sb2.ID)
+	if r, err := c.c.Resume(ctx, sb2.ID); err != nil || r.Node != c.name {
+		t.Fatalf("resume through %s: node %q %v", c.name, r.Node, err)
+	}
+	px.cut()
+	cut = time.Now()
+	for runscSandboxesOf(t, c.dir, sb2.ID) != 0 {
+		if time.Since(cut) > node.LeaseTime {
+			t.Fatalf("%v after the second cut %s still runs %s", time.Since(cut).Round(time.Second), c.name, sb2.ID)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	px.restore()
+	t.Logf("second cut: instance stopped after %v, database back", time.Since(cut).Round(100*time.Millisecond))
+	for {
+		s := get(t, a.c, sb2.ID)
+		if s.State == apiv1.StateError && s.Node == "" {
+			if !strings.Contains(s.Error, hib2.Snapshot.ID) || !(strings.Contains(s.Error, "fenced itself") || strings.Contains(s.Error, "lost")) {
+				t.Errorf("after the short cut: error %q; want the fence or the loss and snapshot %s named", s.Error, hib2.Snapshot.ID)
+			}
+			t.Logf("after the short cut: %s", s.Error)
+			break
+		}
+		if time.Since(cut) > 2*node.LeaseTime+time.Minute {
+			t.Fatalf("%v after the short cut %s is %s on %q", time.Since(cut).Round(time.Second), sb2.ID, s.State, s.Node)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool { return stateOf(ns, c.name) == "active" })
+	if _, err := a.c.Resume(ctx, sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	cnt, err = workload.Get(ctx, a.c, sb2.ID, "/count")
+	if err != nil || cnt.Pid != before2.Pid || cnt.Count != before2.Count+1 {
+		t.Fatalf("resumed after the short cut: %+v %v; want pid %d count %d", cnt, err, before2.Pid, before2.Count+1)
+	}
+}
+
+// stateOf is node name's state in ns ("" if it is not there).
+func stateOf(ns []apiv1.Node, name string) string {
+	for _, n := range ns {
+		if n.Name == name {
+			return n.State
+		}
+	}
+	return ""
+}
+
+// pgProxy is a loopback TCP proxy to a PostgreSQL unix socket that a test
+// can cut: cut drops every connection and holds new ones unanswered (a
+// network that lost the database), restore forwards new ones again.
+type pgProxy struct {
+	ln     net.Listener
+	socket string
+	mu     sync.Mutex
+	cutoff bool
+	conns  map[net.Conn]struct{}
+}
+
+// startPGProxy listens on a free loopback port; it is closed, with its
+// connections, when the test ends.
+func startPGProxy(t *testing.T, socket string) *pgProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{ln: ln, socket: socket, conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.drop()
+	})
+	return p
+}
+
+func (p *pgProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *pgProxy) accept() {
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.conns[in] = struct{}{}
+		held := p.cutoff
+		p.mu.Unlock()
+		if held {
+			continue // never answered; closed by restore or drop
+		}
+		go func() {
+			out, err := net.Dial("unix", p.socket)
+			if err != nil {
+				in.Close()
+				return
+			}
+			p.mu.Lock()
+			p.conns[out] = struct{}{}
+			p.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			io.Copy(in, out)
+			in.Close()
+		}()
+	}
+}
+
+// drop closes every connection.
+func (p *pgProxy) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+func (p *pgProxy) cut() {
+	p.mu.Lock()
+	p.cutoff = true
+	p.mu.Unlock()
+	p.drop()
+}
+
+func (p *pgProxy) restore() {
+	p.mu.Lock()
+	p.cutoff = false
+	p.mu.Unlock()
+	p.drop() // the held ones: their clients connect again
+}
