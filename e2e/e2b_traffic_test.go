@@ -31,7 +31,7 @@ func (a e2bAnswer) wantTrafficRefusal(t *testing.T, what, id, word string) {
 // of its ports (by host name or by headers) is refused 403 without it or with
 // a wrong one (its envd token, another sandbox's traffic token) and reaches
 // the server inside with it, whose request counter shows that no refused
-// request got through. A refused request does not wake the paused sandbox
+// request got through; the header itself is not passed on. A refused request does not wake the paused sandbox
 // (autoResume on): it stays hibernated, its generation unchanged, until a
 // request with the token wakes it. The setting and the token survive the
 // pause and resume and a restart of the server; a fork clone has the setting
@@ -105,6 +105,35 @@ func TestE2BTrafficToken(t *testing.T) {
 	refused("running", id, wrong...)
 	last = reached("running, by host", id, token, byHost(id))
 	last = reached("running, by headers", id, token, byHeaders(id))
+	// The token stays on this side: a server that echoes the headers it got
+	// does not see it.
+	const echoPort = 8081
+	echo := `import http.server, json, socketserver
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+socketserver.TCPServer(("0.0.0.0", ` + fmt.Sprint(echoPort) + `), H).serve_forever()`
+	if _, err := srv.Client.ExecBackground(ctx, id, apiv1.ExecRequest{Cmd: []string{"python3", "-c", echo}}); err != nil {
+		t.Fatal(err)
+	}
+	echoHost := []string{"Host", fmt.Sprintf("%d-%s.%s", echoPort, id, e2bDomain), e2b.HeaderTrafficToken, token, "X-App", "kept"}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		a := e2bCall(t, srv, "GET", "/", nil, echoHost...)
+		var got map[string]string
+		if a.Status == http.StatusOK && json.Unmarshal(a.Body, &got) == nil {
+			if _, leaked := got[strings.ToLower(e2b.HeaderTrafficToken)]; leaked || got["x-app"] != "kept" {
+				t.Errorf("the sandbox's server got headers %v: want X-App, not %s", got, e2b.HeaderTrafficToken)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the echo server did not answer: %d %s", a.Status, a.Body)
+		}
+	}
 	// envd's port: its own token, no traffic token.
 	if a := e2bCall(t, srv, "GET", "/health", nil, e2b.HeaderSandboxID, id, e2b.HeaderSandboxPort, fmt.Sprint(e2b.EnvdPort),
 		e2b.HeaderAccessToken, sb.EnvdAccessToken); a.Status >= 300 {
