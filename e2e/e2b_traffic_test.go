@@ -74,7 +74,9 @@ func TestE2BTrafficToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byHost := func(id string) []string { return []string{"Host", fmt.Sprintf("%d-%s.%s", workload.Port, id, e2bDomain)} }
+	byHost := func(id string) []string {
+		return []string{"Host", fmt.Sprintf("%d-%s.%s", workload.Port, id, e2bDomain)}
+	}
 	byHeaders := func(id string) []string {
 		return []string{e2b.HeaderSandboxID, id, e2b.HeaderSandboxPort, fmt.Sprint(workload.Port)}
 	}
