@@ -90,7 +90,10 @@ func (b *countedBody) Close() error {
 type RequestState struct {
 	State           sandbox.State
 	ResumeOnRequest bool
-	Error           string // why it is in state error; "" otherwise
+	// PrivateTraffic: requests to its ports need its traffic access token
+	// (sandbox.Network).
+	PrivateTraffic bool
+	Error          string // why it is in state error; "" otherwise
 }
 
 // RequestStateOf returns sandbox id's RequestState from its record alone: one
@@ -101,5 +104,5 @@ func (m *Manager) RequestStateOf(ctx context.Context, id string) (RequestState, 
 	if err != nil {
 		return RequestState{}, err
 	}
-	return RequestState{State: s.State, ResumeOnRequest: s.ResumeOnRequest, Error: s.Error}, nil
+	return RequestState{State: s.State, ResumeOnRequest: s.ResumeOnRequest, PrivateTraffic: s.Network.PrivateTraffic, Error: s.Error}, nil
 }

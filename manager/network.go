@@ -25,12 +25,12 @@ func (m *Manager) resolver() (netip.Addr, error) {
 	return p.Resolver()
 }
 
-// createNetwork validates the egress fields of a create request and returns
+// createNetwork validates the network fields of a create request and returns
 // the sandbox's Network. Errors (sandbox.ErrInvalidArgument): a bad or
 // too long list, internet_access true or an allow_out on a server without an
 // uplink.
 func (m *Manager) createNetwork(req sandbox.Spec) (sandbox.Network, error) {
-	var n sandbox.Network
+	n := sandbox.Network{PrivateTraffic: req.PrivateTraffic}
 	var err error
 	if n.AllowOut, err = parsePrefixes("allow_out", req.AllowOut); err != nil {
 		return n, err

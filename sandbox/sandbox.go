@@ -74,15 +74,23 @@ type Policy struct {
 	// proxied connection) resumes it first. When false such a request is
 	// refused (sandbox.ErrConflict) and only an explicit resume wakes it.
 	ResumeOnRequest bool
-	// Network is the sandbox's egress policy, fixed at create; every fork
+	// Network is the sandbox's network policy, fixed at create; every fork
 	// clone has its source's.
 	Network Network
 }
 
-// Network is a sandbox's egress policy: what it may reach through the host's
-// uplink. docs/security.md ("Network egress") gives the order of the rules
-// and the addresses no rule opens. The zero value reaches nothing.
+// Network is a sandbox's network policy: what it may reach through the host's
+// uplink (egress; docs/security.md, "Network egress", gives the order of the
+// rules and the addresses no rule opens) and who may reach its ports from
+// outside (PrivateTraffic). The zero value reaches nothing and is reached by
+// anyone who routes a request to it.
 type Network struct {
+	// PrivateTraffic: a request that E2B's in-sandbox routing sends to one of
+	// the sandbox's ports (envd's excepted, which has its own token) must
+	// carry the sandbox's traffic access token, else it is refused before it
+	// touches the sandbox (E2B's network.allowPublicTraffic false). false =
+	// public, E2B's default. torpor's own port proxy always needs an API key.
+	PrivateTraffic bool
 	// InternetAccess: public addresses are reachable; without it only AllowOut.
 	InternetAccess bool
 	// AllowOut opens these prefixes (private ranges included); DenyOut refuses
@@ -139,6 +147,8 @@ type Spec struct {
 	InternetAccess *bool
 	AllowOut       []string
 	DenyOut        []string
+	// PrivateTraffic: see Network.
+	PrivateTraffic bool
 }
 
 // PolicyUpdate changes a sandbox's policies: nil fields (and an ExpiresAt

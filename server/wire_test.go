@@ -122,7 +122,7 @@ func TestWireRoundTrip(t *testing.T) {
 	var sb sandbox.Sandbox
 	fill(&sb)
 	// Fields API v1 does not carry (the E2B API's: api/e2b).
-	sb.ResumeOnRequest, sb.TimeoutLeftS, sb.Metadata = false, 0, nil
+	sb.ResumeOnRequest, sb.TimeoutLeftS, sb.Metadata, sb.Network.PrivateTraffic = false, 0, nil, false
 	if got := sandboxFromWire(wireSandbox(sb)); !reflect.DeepEqual(got, sb) {
 		t.Errorf("sandbox round trip:\n got %+v\nwant %+v", got, sb)
 	}

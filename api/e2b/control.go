@@ -233,7 +233,7 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 	spec := sandbox.Spec{
 		Env: req.EnvVars, Metadata: req.Metadata, IdleTimeoutS: &idle, TimeoutS: seconds(ttl),
 		OnTimeout: sandbox.OnTimeoutDelete, HibernationMode: sandbox.ModeMemory, ResumeOnRequest: &resume,
-		InternetAccess: internet, AllowOut: allowOut, DenyOut: denyOut,
+		InternetAccess: internet, AllowOut: allowOut, DenyOut: denyOut, PrivateTraffic: !req.PublicTraffic(),
 	}
 	if req.PausesOnTimeout() {
 		spec.OnTimeout = sandbox.OnTimeoutHibernate
@@ -266,10 +266,17 @@ func (s *Service) createSandbox(ctx context.Context, req NewSandbox) (sandbox.Sa
 		"template %q not found: name one of this server's images (name or sha256 digest) or a snapshot (id or name)", tmpl)
 }
 
-// answer is the create, connect and fork answer for sb.
+// answer is the create, connect and fork answer for sb: with its
+// trafficAccessToken when its traffic is not public (E2B gives it in these
+// answers only, not in info or list).
 func (s *Service) answer(sb sandbox.Sandbox) Sandbox {
-	return Sandbox{TemplateID: s.templateOf(sb), SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion,
+	a := Sandbox{TemplateID: s.templateOf(sb), SandboxID: sb.ID, ClientID: ClientID, EnvdVersion: EnvdVersion,
 		EnvdAccessToken: s.AccessToken(sb.ID), Domain: s.domain()}
+	if sb.Network.PrivateTraffic {
+		tok := s.TrafficToken(sb.ID)
+		a.TrafficAccessToken = &tok
+	}
+	return a
 }
 
 func (s *Service) domain() *string {
@@ -326,8 +333,9 @@ func (s *Service) detail(sb sandbox.Sandbox) SandboxDetail {
 	if sb.OnTimeout == sandbox.OnTimeoutHibernate && sb.Hibernation.Mode != sandbox.ModeNone {
 		on = OnTimeoutPause
 	}
+	public := !sb.Network.PrivateTraffic
 	return SandboxDetail{ListedSandbox: s.listed(sb, time.Now()), EnvdAccessToken: s.AccessToken(sb.ID),
-		AllowInternetAccess: &internet, Domain: s.domain(),
+		AllowInternetAccess: &internet, Domain: s.domain(), Network: &Network{AllowPublicTraffic: &public},
 		Lifecycle: &Lifecycle{AutoResume: sb.ResumeOnRequest, OnTimeout: on}}
 }
 

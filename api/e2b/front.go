@@ -24,7 +24,10 @@ import (
 //   - port EnvdPort goes to the sandbox's envd (torpor's guest agent), and
 //     must carry the sandbox's X-Access-Token (else 401);
 //   - any other port reaches that port inside the sandbox, as torpor's port
-//     proxy does.
+//     proxy does; of a sandbox created with network.allowPublicTraffic false
+//     only with its trafficAccessToken in HeaderTrafficToken, else 403 with a
+//     TrafficRefusal, answered from the sandbox's record alone: the refused
+//     request wakes nothing and changes nothing.
 //
 // Both wake a paused sandbox that resumes on request (autoResume) and wait
 // out a pause or resume in progress; a paused sandbox without autoResume is
@@ -63,6 +66,13 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 	if err == nil {
 		err = known(id, st.State, st.Error)
 	}
+	if err == nil && route.Port != EnvdPort && st.PrivateTraffic {
+		if msg, ok := s.trafficRefusal(id, r.Header.Get(HeaderTrafficToken)); !ok {
+			s.log.Debug("e2b: in-sandbox request refused: traffic token", "sandbox", id, "port", route.Port, "why", msg)
+			reply(w, http.StatusForbidden, TrafficRefusal{SandboxID: id, Message: msg, Code: http.StatusForbidden})
+			return
+		}
+	}
 	if err == nil && st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
 		err = sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
 	}
@@ -70,10 +80,11 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 		s.failInSandbox(w, r, err)
 		return
 	}
-	// The routing headers and the token stay on this side.
+	// The routing headers and the tokens stay on this side.
 	r.Header.Del(HeaderSandboxID)
 	r.Header.Del(HeaderSandboxPort)
 	r.Header.Del(HeaderAccessToken)
+	r.Header.Del(HeaderTrafficToken)
 	if route.Port == EnvdPort {
 		s.serveEnvd(w, r, id)
 		return
@@ -84,6 +95,19 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 		Dial: func(ctx context.Context) (net.Conn, error) { return s.cfg.Manager.DialPort(ctx, id, port) },
 		Fail: s.failInSandbox,
 	})
+}
+
+// trafficRefusal checks the traffic token a request for a port of sandbox id
+// (whose traffic is not public) carries: ok, or the refusal's message in
+// E2B's words (the token missing, or wrong).
+func (s *Service) trafficRefusal(id, token string) (msg string, ok bool) {
+	switch {
+	case token == "":
+		return fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", strings.ToLower(HeaderTrafficToken)), false
+	case !s.trafficTokenOK(id, token):
+		return "Sandbox is secured with traffic access token. Provided token is invalid.", false
+	}
+	return "", true
 }
 
 // failInSandbox answers an in-sandbox request that could not reach the

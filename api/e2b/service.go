@@ -138,14 +138,30 @@ func trimSpace(b []byte) []byte {
 // not stored: the same for every create, connect and info answer of the
 // sandbox, different for every sandbox (a clone has its own), and known to
 // no one without the secret.
-func (s *Service) AccessToken(id string) string {
+func (s *Service) AccessToken(id string) string { return s.derive("envd-access-token:", id) }
+
+// TrafficToken is sandbox id's trafficAccessToken: the hex HMAC-SHA256 of
+// "traffic-access-token:" and the id under the server's secret. Derived as
+// AccessToken is (nothing stored: a hibernate, a resume or a restart of the
+// server keeps it; a clone has its own) and unrelated to it: one does not
+// give the other. Only a sandbox whose traffic is not public is given it.
+func (s *Service) TrafficToken(id string) string { return s.derive("traffic-access-token:", id) }
+
+// derive is the hex HMAC-SHA256 of purpose and id under the server's secret.
+func (s *Service) derive(purpose, id string) string {
 	mac := hmac.New(sha256.New, s.cfg.Secret)
-	mac.Write([]byte("envd-access-token:" + id))
+	mac.Write([]byte(purpose + id))
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-func (s *Service) tokenOK(id, token string) bool {
-	return token != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.AccessToken(id))) == 1
+func (s *Service) tokenOK(id, token string) bool { return matches(token, s.AccessToken(id)) }
+
+func (s *Service) trafficTokenOK(id, token string) bool { return matches(token, s.TrafficToken(id)) }
+
+// matches compares a token a request carries with the one wanted, in
+// constant time; an empty token never matches.
+func matches(got, want string) bool {
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 // reply answers v as JSON with status.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,6 +80,22 @@ func TestAccessToken(t *testing.T) {
 	}
 	if !s.tokenOK("sbx-a", a) || s.tokenOK("sbx-a", b) || s.tokenOK("sbx-a", "") {
 		t.Error("tokenOK accepts a wrong token or refuses the right one")
+	}
+	// The traffic token: as stable and per sandbox, and neither token is the other.
+	ta, tb := s.TrafficToken("sbx-a"), s.TrafficToken("sbx-b")
+	if ta == tb || ta == a || ta == other.TrafficToken("sbx-a") || ta != s.TrafficToken("sbx-a") || len(ta) != 64 {
+		t.Errorf("traffic tokens %q %q (envd token %q): want stable, per sandbox and per secret, not the envd token", ta, tb, a)
+	}
+	if !s.trafficTokenOK("sbx-a", ta) || s.trafficTokenOK("sbx-a", tb) || s.trafficTokenOK("sbx-a", a) || s.trafficTokenOK("sbx-a", "") {
+		t.Error("trafficTokenOK accepts a wrong token (another sandbox's, the envd token, none) or refuses the right one")
+	}
+	if _, ok := s.trafficRefusal("sbx-a", ta); !ok {
+		t.Error("trafficRefusal refuses the right token")
+	}
+	for tok, want := range map[string]string{"": "'e2b-traffic-access-token' is missing", tb: "Provided token is invalid"} {
+		if msg, ok := s.trafficRefusal("sbx-a", tok); ok || !strings.Contains(msg, want) {
+			t.Errorf("trafficRefusal(%q) = %q, %v; want a refusal saying %q", tok, msg, ok, want)
+		}
 	}
 }
 

@@ -74,6 +74,12 @@ const (
 	HeaderAPIKey = "X-API-KEY"
 	// HeaderAccessToken carries the sandbox's envdAccessToken on every envd call.
 	HeaderAccessToken = "X-Access-Token"
+	// HeaderTrafficToken carries the sandbox's trafficAccessToken on a request to
+	// one of its other ports, when it was created with network.allowPublicTraffic
+	// false ("e2b-traffic-access-token", as E2B's docs spell it; header names are
+	// matched without regard to case). The SDKs never send it themselves: the
+	// caller adds it to its own requests to getHost(port).
+	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 	// HeaderSandboxID and HeaderSandboxPort route an in-sandbox request when the SDK
 	// talks to one E2B_SANDBOX_URL instead of "<port>-<id>.<domain>".
 	HeaderSandboxID   = "E2b-Sandbox-Id"
@@ -100,9 +106,11 @@ const (
 //     sandbox (an envdAccessToken, checked on every envd call) whatever it says.
 //   - AllowInternetAccess (allow_internet_access): ≤ 2.50 always send it (true
 //     unless the caller chose), 2.51 only when chosen; left out = true.
-//   - Network: allowOut and denyOut map onto torpor's egress rules (Egress);
-//     the rest of it, IAM, VolumeMounts, MCP (workload identity, volumes, the
-//     MCP gateway) are not supported by torpor yet (docs/e2b.md).
+//   - Network: allowOut and denyOut map onto torpor's egress rules (Egress),
+//     allowPublicTraffic false makes the sandbox's ports need its traffic
+//     access token (PublicTraffic); the rest of it, IAM, VolumeMounts, MCP
+//     (workload identity, volumes, the MCP gateway) are not supported by
+//     torpor yet (docs/e2b.md).
 type NewSandbox struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int32            `json:"timeout,omitempty"`
@@ -142,6 +150,14 @@ func (r NewSandbox) ResumesOnRequest() bool { return r.AutoResume != nil && r.Au
 // allow_internet_access is false.
 func (r NewSandbox) InternetAccess() bool {
 	return r.AllowInternetAccess == nil || *r.AllowInternetAccess
+}
+
+// PublicTraffic says whether anyone who routes a request to one of the sandbox's
+// ports other than envd's reaches it (true, E2B's default), or only a request
+// with the sandbox's trafficAccessToken in HeaderTrafficToken (false: the
+// create set network.allowPublicTraffic false).
+func (r NewSandbox) PublicTraffic() bool {
+	return r.Network == nil || r.Network.AllowPublicTraffic == nil || *r.Network.AllowPublicTraffic
 }
 
 // Egress maps E2B's egress fields onto torpor's (sandbox.Spec): internet is
@@ -203,9 +219,10 @@ func egressPrefix(s string) (netip.Prefix, error) {
 func (r NewSandbox) Unsupported() []string {
 	var out []string
 	if n := r.Network; n != nil {
-		// network.allowOut and denyOut are served (Egress); the rest is not.
+		// network.allowOut and denyOut (Egress) and allowPublicTraffic
+		// (PublicTraffic) are served; the rest is not.
 		rest := *n
-		rest.AllowOut, rest.DenyOut = nil, nil
+		rest.AllowOut, rest.DenyOut, rest.AllowPublicTraffic = nil, nil, nil
 		if !rest.empty() {
 			out = append(out, "network")
 		}
@@ -236,8 +253,8 @@ type AutoResume struct {
 // Network is a sandbox's egress and ingress configuration (NewSandbox.network,
 // SandboxDetail.network). AllowOut entries are CIDRs, IPs or domain names ("*.x.com");
 // DenyOut CIDRs or IPs; an allow wins over a deny. AllowPublicTraffic false requires
-// the traffic token on sandbox URLs. Rules and EgressProxy are kept raw: torpor does
-// not interpret them yet.
+// the traffic token on sandbox URLs (left out = true); info reports it. Rules and
+// EgressProxy are kept raw: torpor does not interpret them yet.
 type Network struct {
 	AllowOut           []string        `json:"allowOut,omitempty"`
 	DenyOut            []string        `json:"denyOut,omitempty"`
@@ -264,8 +281,9 @@ type VolumeMount struct {
 // fork that started. The SDKs read sandboxID, envdVersion (refusing < 0.1.0),
 // envdAccessToken (sent back as X-Access-Token: 2.51 treats every sandbox as secured,
 // so it must always be set), domain (null or left out = the SDK's E2B_DOMAIN) and
-// trafficAccessToken. ClientID is deprecated but required by E2B's spec: torpor sends
-// a fixed value.
+// trafficAccessToken (sandbox.trafficAccessToken: set only for a sandbox whose
+// traffic is not public, left out otherwise, which the SDKs read as none). ClientID
+// is deprecated but required by E2B's spec: torpor sends a fixed value.
 type Sandbox struct {
 	TemplateID         string  `json:"templateID"`
 	SandboxID          string  `json:"sandboxID"`
@@ -582,6 +600,15 @@ func ParseMetricsWindow(q url.Values) (MetricsWindow, error) {
 func (w MetricsWindow) Holds(t time.Time) bool {
 	u := t.Unix()
 	return (w.Start == 0 || u >= w.Start) && (w.End == 0 || u <= w.End)
+}
+
+// TrafficRefusal is the body of the 403 answered to a request for a port of a sandbox
+// whose traffic is not public, without its traffic token or with a wrong one (E2B's
+// proxy answers this shape, with the sandbox's id). Code repeats the status.
+type TrafficRefusal struct {
+	SandboxID string `json:"sandboxId"`
+	Message   string `json:"message"`
+	Code      int    `json:"code"`
 }
 
 // Error is the body of every control-plane error answer. Code repeats the HTTP

@@ -27,7 +27,7 @@ func TestNewSandboxDefaults(t *testing.T) {
 		{"pause without memory, no internet", `{"templateID":"base","allow_internet_access":false,"autoPause":true,"autoPauseMemory":false}`,
 			DefaultTimeout, true, false, false, false, nil},
 		{"onTimeout kill", `{"templateID":"base","autoPause":false,"timeout":60}`, time.Minute, false, true, false, true, nil},
-		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
+		{"unsupported", `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false,"maskRequestHost":"${PORT}-x.example.com"},"volumeMounts":[{"name":"v","path":"/data"}],"mcp":{"github":{}},"iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`,
 			DefaultTimeout, false, true, false, true, []string{"network", "iam", "volumeMounts", "mcp"}},
 		{"empty network and null mcp", `{"templateID":"base","network":{},"mcp":null}`, DefaultTimeout, false, true, false, true, nil},
 	} {
@@ -50,6 +50,30 @@ func TestNewSandboxDefaults(t *testing.T) {
 				t.Errorf("Unsupported() = %q, want %q", got, tc.unsupported)
 			}
 		})
+	}
+}
+
+// TestNewSandboxPublicTraffic: network.allowPublicTraffic false (what the SDKs send
+// for network: {allowPublicTraffic: false}) is served, alone or with egress rules;
+// left out or true is public, E2B's default.
+func TestNewSandboxPublicTraffic(t *testing.T) {
+	for _, tc := range []struct {
+		body   string
+		public bool
+	}{
+		{`{"templateID":"base"}`, true},
+		{`{"templateID":"base","network":{}}`, true},
+		{`{"templateID":"base","network":{"allowPublicTraffic":true}}`, true},
+		{`{"templateID":"base","network":{"allowPublicTraffic":false}}`, false},
+		{`{"templateID":"base","network":{"allowPublicTraffic":false,"denyOut":["0.0.0.0/0"]}}`, false},
+	} {
+		var r NewSandbox
+		if err := strictDecode([]byte(tc.body), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.PublicTraffic() != tc.public || r.Unsupported() != nil {
+			t.Errorf("%s: PublicTraffic %v, Unsupported %q; want %v and none", tc.body, r.PublicTraffic(), r.Unsupported(), tc.public)
+		}
 	}
 }
 

@@ -40,10 +40,11 @@ async function errName(fn) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // get sends GET path to the server at the torpor URL with a Host header (what
-// a client reaching sandbox.getHost(port) through wildcard DNS sends).
-function get(host, path) {
+// a client reaching sandbox.getHost(port) through wildcard DNS sends) and the
+// headers in extra.
+function get(host, path, extra = {}) {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: api.hostname, port: api.port, path, headers: { Host: host } }, (res) => {
+    const req = http.request({ host: api.hostname, port: api.port, path, headers: { ...extra, Host: host } }, (res) => {
       let body = "";
       res.on("data", (c) => (body += c));
       res.on("end", () => resolve({ status: res.statusCode, body }));
@@ -406,6 +407,46 @@ await check("timeout with onTimeout pause: paused; with autoResume a request wak
   const info = await Sandbox.getInfo(s.sandboxId);
   assert(info.state === "running", `after the request: ${info.state}`);
   await s.kill();
+});
+
+await check("network allowPublicTraffic false: trafficAccessToken; getHost(port) needs it, also paused (not woken without it)", async () => {
+  const s = await Sandbox.create("base", { network: { allowPublicTraffic: false }, lifecycle: { onTimeout: "pause", autoResume: true } });
+  try {
+    const tok = s.trafficAccessToken;
+    assert(typeof tok === "string" && tok.length === 64, `trafficAccessToken ${tok}`);
+    await s.commands.run("mkdir -p /tmp/www && echo private > /tmp/www/index.html && cd /tmp/www && python3 -m http.server 8000", { background: true });
+    const host = s.getHost(8000);
+    const withToken = { "e2b-traffic-access-token": tok };
+    await waitFor("the http.server", async () => (await get(host, "/", withToken)).status === 200, 30_000);
+    const ok = await get(host, "/", withToken);
+    assert(ok.body === "private\n", `with the token: ${ok.status} ${ok.body}`);
+    const refusedWith = async (when, headers, word) => {
+      const r = await get(host, "/", headers);
+      let body = {};
+      try {
+        body = JSON.parse(r.body);
+      } catch {}
+      assert(r.status === 403 && body.code === 403 && body.sandboxId === s.sandboxId && body.message.includes(word), `${when}: ${r.status} ${r.body}`);
+    };
+    await refusedWith("no token", {}, "missing");
+    await refusedWith("a wrong token", { "e2b-traffic-access-token": "0".repeat(64) }, "invalid");
+    // envd (commands, files) needs no traffic token.
+    assert((await s.files.read("/tmp/www/index.html")) === "private\n", "files.read");
+    assert((await s.pause()) === true, "pause did not return true");
+    await refusedWith("paused, no token", {}, "missing");
+    assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "a refused request woke the sandbox");
+    const woken = await get(host, "/", withToken);
+    assert(woken.status === 200 && woken.body === "private\n", `paused, with the token: ${woken.status} ${woken.body}`);
+    assert((await Sandbox.getInfo(s.sandboxId)).state === "running", "the request with the token did not wake it");
+    const c = await Sandbox.connect(s.sandboxId);
+    assert(c.trafficAccessToken === tok, `connect: trafficAccessToken ${c.trafficAccessToken}, want the create's`);
+    await refusedWith("after the resume, no token", {}, "missing");
+  } finally {
+    await s.kill();
+  }
+  const pub = await Sandbox.create("base");
+  assert(pub.trafficAccessToken === undefined, `a public sandbox has trafficAccessToken ${pub.trafficAccessToken}`);
+  await pub.kill();
 });
 
 console.log(JSON.stringify({ checks }));

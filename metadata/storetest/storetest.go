@@ -98,7 +98,8 @@ func fullSandbox(id string) *metadata.Sandbox {
 			Volumes:   []sandbox.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/cache"}},
 			ExpiresAt: tp(at(100)), ResumeOnRequest: true,
 			Network: sandbox.Network{InternetAccess: true, AllowOut: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")},
-				DenyOut: []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("2001:db8::/32")}}},
+				DenyOut:        []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("2001:db8::/32")},
+				PrivateTraffic: true}},
 		Metadata: map[string]string{"user": "abc", "my key": "a&b=c"},
 		Meter:    metadata.Meter{RunningMS: 90000, SnapshotByteS: 123.5, UsageAt: at(5), TimeoutBaseMS: 1000},
 		LastResume: &sandbox.ResumeReport{Event: "resume", Generation: 7, Forked: true, SnapshotID: "snap-0",
@@ -199,6 +200,8 @@ func testSandboxRoundTrip(t *testing.T, st metadata.Store) {
 	s.LastHibernateAt, s.ExpiresAt, s.OnResume, s.Volumes = nil, nil, nil, nil
 	s.Generation, s.Seq, s.ResumeMS, s.RunningMS, s.UsageAt = 8, 4, 12, 91000, at(6)
 	s.LastResume = &sandbox.ResumeReport{Event: "start", Steps: []sandbox.ResumeStep{}, OK: true}
+	// A network policy of private traffic alone (no egress) is kept too.
+	s.Network = sandbox.Network{PrivateTraffic: true}
 	if err := st.UpdateSandbox(ctx, s); err != nil {
 		t.Fatal(err)
 	}

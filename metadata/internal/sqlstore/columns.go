@@ -45,8 +45,8 @@ func encodeJSON(s *metadata.Sandbox) jsonColumns {
 		b, _ := json.Marshal(s.Metadata)
 		c.metadata = string(b)
 	}
-	if n := s.Network; n.InternetAccess || len(n.AllowOut) > 0 || len(n.DenyOut) > 0 {
-		b, _ := json.Marshal(networkJSON{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut})
+	if n := s.Network; n.InternetAccess || len(n.AllowOut) > 0 || len(n.DenyOut) > 0 || n.PrivateTraffic {
+		b, _ := json.Marshal(networkJSON{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut, PrivateTraffic: n.PrivateTraffic})
 		c.network = string(b)
 	}
 	return c
@@ -79,17 +79,19 @@ func (c jsonColumns) decode(s *metadata.Sandbox) {
 	if c.network != "" {
 		var n networkJSON
 		if json.Unmarshal([]byte(c.network), &n) == nil {
-			s.Network = sandbox.Network{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+			s.Network = sandbox.Network{InternetAccess: n.InternetAccess, AllowOut: n.AllowOut, DenyOut: n.DenyOut, PrivateTraffic: n.PrivateTraffic}
 		}
 	}
 }
 
 // networkJSON is how a sandbox.Network is stored (column network; none = the
-// zero Network).
+// zero Network). private_traffic is left out when false: a record written
+// before it existed reads as public traffic, the default.
 type networkJSON struct {
 	InternetAccess bool           `json:"internet_access"`
 	AllowOut       []netip.Prefix `json:"allow_out,omitempty"`
 	DenyOut        []netip.Prefix `json:"deny_out,omitempty"`
+	PrivateTraffic bool           `json:"private_traffic,omitempty"`
 }
 
 // storedPolicy returns the hibernation mode and timeout action a record is
