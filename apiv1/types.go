@@ -38,13 +38,14 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 type CreateSandboxRequest struct {
 	// Image is an image name ("base") or digest ("sha256:…"). Default "base".
 	Image string `json:"image,omitempty"`
-	// MemoryMiB is the memory limit in MiB (64..65536; absent or 0: 512).
+	// MemoryMiB is the memory limit in MiB (64..65536; absent: 512; 0 given is
+	// refused, 400).
 	MemoryMiB int `json:"memory_mib,omitempty"`
 	// PidsLimit bounds the tasks (processes and threads) each user may have
-	// in the sandbox (16..65536; absent or 0: the server's default, 1024
-	// unless its operator chose another).
+	// in the sandbox (16..65536; absent: the server's default, 1024 unless
+	// its operator chose another; 0 given is refused, 400: no "unlimited").
 	PidsLimit int `json:"pids_limit,omitempty"`
-	// CPUs is the CPU limit in cores (0.1..64; absent or 0: 1).
+	// CPUs is the CPU limit in cores (0.1..64; absent: 1; 0 given is refused, 400).
 	CPUs float64 `json:"cpus,omitempty"`
 	// Env is set for every process the guest agent starts.
 	Env map[string]string `json:"env,omitempty"`
@@ -69,7 +70,7 @@ type CreateSandboxRequest struct {
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// ExpiresAt (retention): once this time has passed and the sandbox is
 	// hibernated, the sandbox and its snapshots are deleted. Absent or null =
-	// never (perpetual standby).
+	// never (perpetual standby); a time not in the future is refused (400).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// InternetAccess: egress to public addresses through the server's uplink.
 	// Absent = true when the server has an uplink, false when it has none;
