@@ -147,6 +147,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
+			if (cfg.Store.KeyFile != "" || len(cfg.Store.OldKeyFiles) > 0) && cfg.Store.Kind == "plain" {
+				return usagef("--snapshot-key and --snapshot-old-key need --store chunked or s3 (the plain store keeps the engine's files as they are)")
+			}
 			return runServe(cmd.Context(), cfg)
 		},
 	}

@@ -183,18 +183,22 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// What can be checked without writing is checked before the data
+	// directory is made or touched.
+	if cfg.Node == "" {
+		cfg.Node = node.DefaultName()
+	}
+	if err := node.CheckName(cfg.Node); err != nil {
+		return nil, err
+	}
+	if err := checkStoreConfig(dir, cfg.Store); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", dir, err)
 	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
-		return nil, err
-	}
-	if cfg.Node == "" {
-		cfg.Node = node.DefaultName()
-	}
-	if err := node.CheckName(cfg.Node); err != nil {
-		lock.Close()
 		return nil, err
 	}
 	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
