@@ -8,6 +8,7 @@ package ingress
 
 import (
 	"context"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -35,9 +36,11 @@ type Proxy struct {
 	rp *httputil.ReverseProxy
 }
 
-// New returns a Proxy.
-func New() *Proxy {
+// New returns a Proxy whose own errors (a body cut while it is copied) go to
+// errorLog (nil: the log package's standard logger).
+func New(errorLog *log.Logger) *Proxy {
 	return &Proxy{rp: &httputil.ReverseProxy{
+		ErrorLog: errorLog,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(Target)
 			pr.Out.URL.Scheme = "http"
