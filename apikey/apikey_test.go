@@ -294,7 +294,9 @@ func request(remote, bearer string) *http.Request {
 }
 
 // TestCheckLimitsAddress: refusals from one address use up its bucket; then
-// even a good key from it waits (ErrLimited, with the time to wait), other
+// a missing, malformed or wrong key from it waits (ErrLimited, with the time
+// to wait) while a good key is admitted at once, whether or not it was used
+// recently (issue 18, D3: only failed attempts are throttled); other
 // addresses are not affected, and the address gets one attempt per
 // 1/FailureRate. Refusals are logged with the address and a well-formed
 // key's prefix, nothing more of any key, and not while limited.
@@ -312,46 +314,41 @@ func TestCheckLimitsAddress(t *testing.T) {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
 	}
-	_, err := v.Check(request("10.0.0.1:4001", good), good) // same address, another port
 	var le *LimitedError
-	if !errors.As(err, &le) || !errors.Is(err, ErrLimited) || le.RetryAfter != 2*time.Second {
-		t.Fatalf("a good key from an address out of attempts: %v, want ErrLimited after 2s", err)
+	for _, k := range []string{wrong, "", "e2b_not-hex-" + good[12:]} {
+		if _, err := v.Check(request("10.0.0.1:4001", k), k); !errors.As(err, &le) || le.RetryAfter != 2*time.Second {
+			t.Fatalf("key %.12q from the address out of attempts (another port): %v, want ErrLimited after 2s", k, err)
+		}
 	}
-	if _, err := v.Check(request("10.0.0.2:4000", good), good); err != nil {
-		t.Fatalf("another address: %v", err)
+	if _, err := v.Check(request("10.0.0.1:4001", good), good); err != nil {
+		t.Fatalf("a good key never used from the address out of attempts: %v, want admitted", err)
 	}
-	// good is in use now (verified within the cache's time): the address out
-	// of attempts may use it, but nothing else.
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("a key in use from the address out of attempts: %v, want admitted", err)
+	if _, err := v.Check(request("10.0.0.2:4000", wrong), wrong); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("another address: %v, want ErrInvalid (its own bucket)", err)
 	}
-	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrLimited) {
-		t.Fatalf("a wrong key from the address out of attempts: %v, want ErrLimited", err)
-	}
-	good, _, _ = Create(ctx, st, "", clk.Now()) // a good key not in use: it waits
+	// Past the cache's time, a good key is still admitted (read again).
 	clk.Add(time.Second)
-	if _, err := v.Check(request(bad, good), good); !errors.As(err, &le) || le.RetryAfter != time.Second {
+	fresh, _, _ := Create(ctx, st, "", clk.Now())
+	for _, k := range []string{good, fresh} {
+		if _, err := v.Check(request(bad, k), k); err != nil {
+			t.Fatalf("a good key from the address out of attempts: %v, want admitted", err)
+		}
+	}
+	if _, err := v.Check(request(bad, wrong), wrong); !errors.As(err, &le) || le.RetryAfter != time.Second {
 		t.Fatalf("half way: %v, want a wait of 1s", err)
 	}
 	clk.Add(time.Second)
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("after the wait a good key: %v", err)
-	}
 	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("one more wrong key: %v", err)
+		t.Fatalf("after the wait one more wrong key: %v, want ErrInvalid", err)
 	}
-	fresh, _, _ := Create(ctx, st, "", clk.Now())
-	if _, err := v.Check(request(bad, fresh), fresh); !errors.Is(err, ErrLimited) {
-		t.Fatalf("after it, a key not in use: %v, want ErrLimited again", err)
-	}
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("after it, the key in use: %v, want admitted", err)
+	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrLimited) {
+		t.Fatalf("and then another: %v, want ErrLimited again", err)
 	}
 
 	out := logs.String()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || strings.Count(out, "addr=10.0.0.1") != 4 || strings.Count(out, "limited=true") != 2 {
-		t.Errorf("want 4 refusals logged with the address, two of them limiting:\n%s", out)
+	if len(lines) != 5 || strings.Count(out, "addr=10.0.0.1") != 4 || strings.Count(out, "limited=true") != 2 {
+		t.Errorf("want 5 refusals logged with the address, 4 of 10.0.0.1, two of them limiting:\n%s", out)
 	}
 	if !strings.Contains(out, "prefix="+wrong[:12]) || !strings.Contains(out, "reason=\"missing API key\"") {
 		t.Errorf("log lacks the wrong key's prefix or the reason:\n%s", out)

@@ -52,10 +52,11 @@
 // for a well-formed key, its public prefix; no other character of a presented
 // key is ever logged. Refusals are counted per client address (IPv4 address,
 // or IPv6 /64) in a token bucket (Config.FailureBurst refusals at once, then
-// Config.FailureRate per second); an address whose bucket is empty is answered
-// ErrLimited, with the time until its next attempt, before its key is even
-// looked at (a good key from that address waits too), and is not logged again
-// until it may try again. The buckets are bounded (Config.MaxAddresses): full
+// Config.FailureRate per second). Only failed attempts are throttled: a
+// valid key is admitted from any address. An address whose bucket is empty
+// is answered ErrLimited, with the time until its next attempt, for a
+// missing or malformed key without a lookup and for a well-formed key the
+// store does not hold, and is not logged again until it may try again. The buckets are bounded (Config.MaxAddresses): full
 // buckets, which are the same as none, are dropped first.
 //
 // # Using it from an API

@@ -156,24 +156,6 @@ func (v *Verifier) Verify(ctx context.Context, key string) (metadata.APIKey, err
 	return rec, nil
 }
 
-// inUse returns the cached record of key when Verify admitted it within the
-// last CacheTTL (no store lookup).
-func (v *Verifier) inUse(key string, now time.Time) (metadata.APIKey, bool) {
-	if !Valid(key) {
-		return metadata.APIKey{}, false
-	}
-	h := Hash(key)
-	var hk [32]byte
-	copy(hk[:], h)
-	v.mu.Lock()
-	c, ok := v.cache[hk]
-	v.mu.Unlock()
-	if !ok || !now.Before(c.until) || subtle.ConstantTimeCompare(c.rec.Hash, h) != 1 {
-		return metadata.APIKey{}, false
-	}
-	return c.rec, true
-}
-
 func (v *Verifier) forget(hk [32]byte) {
 	v.mu.Lock()
 	delete(v.cache, hk)
@@ -201,27 +183,29 @@ func (v *Verifier) touch(ctx context.Context, rec metadata.APIKey, now time.Time
 	}
 }
 
-// Check is Verify for a request r presenting key (FromBearer, FromXAPIKey):
-// it refuses an address out of attempts with a *LimitedError without a
-// lookup in the store — but a key verified within the last CacheTTL (one in
-// use) is still admitted from it, so that one misconfigured client does not
-// stall the good ones behind the same address (every client of one host,
-// or of one proxy) — counts and logs every refusal (the client's address,
-// the path, the reason, a well-formed key's public prefix), and returns
-// Verify's answer.
+// Check is Verify for a request r presenting key (FromBearer, FromXAPIKey).
+// Only failed attempts are throttled: a valid key is admitted whatever its
+// address's refusals, so that one misconfigured client does not stall the
+// good ones behind the same address (every client of one host, or of one
+// proxy). An address out of attempts gets a *LimitedError for a missing or
+// malformed key without a lookup, and for a well-formed key that Verify
+// refuses (one lookup, as for any key). Every refusal while the address has
+// attempts is counted and logged (the client's address, the path, the
+// reason, a well-formed key's public prefix); refusals while it is out of
+// them are neither. Otherwise Check returns Verify's answer.
 func (v *Verifier) Check(r *http.Request, key string) (metadata.APIKey, error) {
 	addr := ClientAddr(r)
 	now := v.cfg.Now()
-	if wait := v.fails.wait(addr, now); wait > 0 {
-		if rec, ok := v.inUse(key, now); ok {
-			v.touch(r.Context(), rec, now)
-			return rec, nil
-		}
+	wait := v.fails.wait(addr, now)
+	if wait > 0 && !Valid(key) {
 		return metadata.APIKey{}, &LimitedError{RetryAfter: wait}
 	}
 	rec, err := v.Verify(r.Context(), key)
 	if err == nil || !(errors.Is(err, ErrMissing) || errors.Is(err, ErrInvalid)) {
 		return rec, err
+	}
+	if wait > 0 {
+		return metadata.APIKey{}, &LimitedError{RetryAfter: wait}
 	}
 	limited := v.fails.add(addr, now)
 	attrs := []any{"addr", addr, "method", r.Method, "path", r.URL.Path, "reason", err.Error()}

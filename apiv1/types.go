@@ -559,7 +559,7 @@ type BuildEvent struct {
 const (
 	CodeNotFound            = "not_found"              // 404
 	CodeUnauthenticated     = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
-	CodeRateLimited         = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
+	CodeRateLimited         = "rate_limited"           // 429: a wrong or missing key after too many refused keys from the client's address (Retry-After)
 	CodeInvalidArgument     = "invalid_argument"       // 400; 413 for a body over the limit
 	CodeMethodNotAllowed    = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
 	CodeConflict            = "conflict"               // 409: the sandbox's state does not allow the call

@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/apikey"
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/server"
@@ -57,4 +61,75 @@ func TestAuthRequiredSandbox(t *testing.T) {
 			t.Errorf("GET %s without a key: %d, want %d", path, res.Status, want)
 		}
 	}
+}
+
+// keyCall is a GET of path on srv presenting key the way its API takes it
+// (E2B's paths: X-API-Key; REST v1: Authorization: Bearer); it returns the
+// status.
+func keyCall(t *testing.T, srv *servertest.Server, path, key string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(path, "/v1/") {
+		req.Header.Set("Authorization", "Bearer "+key)
+	} else {
+		req.Header.Set("X-API-Key", key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// TestGoodKeyNotSlowedByBadKeys: while another client on the same address
+// sends wrong keys (its refusals use up the address's attempts: 429), a
+// good key in continuous use on both APIs is answered every time, past
+// the verification cache's time too (issue 18, D3: only failed attempts are
+// throttled).
+func TestGoodKeyNotSlowedByBadKeys(t *testing.T) {
+	srv := start(t, servertest.Options{Auth: server.AuthRequired})
+	wrong, err := apikey.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var limited atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, key := range []string{wrong, "", "e2b_nothex"} {
+				if keyCall(t, srv, "/v1/sandboxes", key) == http.StatusTooManyRequests {
+					limited.Add(1)
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	calls := 0
+	for t0 := time.Now(); time.Since(t0) < 8*time.Second; time.Sleep(50 * time.Millisecond) {
+		for _, path := range []string{"/v1/sandboxes", "/v2/sandboxes"} {
+			calls++
+			if got := keyCall(t, srv, path, srv.APIKey); got != http.StatusOK {
+				t.Errorf("GET %s with the good key after %v: %d, want 200", path, time.Since(t0).Round(time.Millisecond), got)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if limited.Load() == 0 {
+		t.Fatal("the wrong keys were never limited: the test did not test the limiter")
+	}
+	t.Logf("%d good-key calls answered while %d wrong-key calls got 429", calls, limited.Load())
 }

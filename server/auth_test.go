@@ -297,7 +297,7 @@ func TestAuthRevocation(t *testing.T) {
 }
 
 // TestAuthRateLimited: an address that keeps presenting wrong keys gets 429
-// with Retry-After, before its key is looked at.
+// with Retry-After for them; a good key from it is still admitted.
 func TestAuthRateLimited(t *testing.T) {
 	a := startAuthServer(t)
 	wrong, _ := apikey.Generate()
@@ -311,10 +311,14 @@ func TestAuthRateLimited(t *testing.T) {
 	if last.StatusCode != 429 || last.Header.Get("Retry-After") == "" {
 		t.Fatalf("20 wrong keys: last answer %d, Retry-After %q; want 429 with Retry-After", last.StatusCode, last.Header.Get("Retry-After"))
 	}
-	resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+a.key)
+	resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+wrong)
 	var eb apiv1.ErrorBody
 	if resp.StatusCode != 429 || json.Unmarshal([]byte(body), &eb) != nil || eb.Error.Code != apiv1.CodeRateLimited {
-		t.Fatalf("the good key from the limited address: %d %s, want 429 rate_limited", resp.StatusCode, body)
+		t.Fatalf("a wrong key from the limited address: %d %s, want 429 rate_limited", resp.StatusCode, body)
+	}
+	// Only failed attempts are throttled: the good key passes.
+	if resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+a.key); resp.StatusCode != 200 {
+		t.Fatalf("the good key from the limited address: %d %s, want 200", resp.StatusCode, body)
 	}
 	if resp, _ := a.do(t, "GET", "/healthz", ""); resp.StatusCode != 200 {
 		t.Errorf("/healthz from the limited address: %d", resp.StatusCode)
