@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,4 +134,41 @@ func TestGoodKeyNotSlowedByBadKeys(t *testing.T) {
 		t.Fatal("the wrong keys were never limited: the test did not test the limiter")
 	}
 	t.Logf("%d good-key calls answered while %d wrong-key calls got 429", calls, limited.Load())
+}
+
+// TestKeyRmImmediate: a key made with `torpor key create` works on both APIs
+// while in continuous use, and the call right after `torpor key rm` (which
+// writes the database directly, not through the server) is refused with 401
+// on both (issue 18, D8: it had been accepted for up to the 5 s of a
+// verification cache).
+func TestKeyRmImmediate(t *testing.T) {
+	srv := start(t, servertest.Options{Auth: server.AuthRequired})
+	bin := buildTorpor(t)
+	out, err := exec.Command(bin, "key", "create", "--json", "--name", "doomed", "--data-dir", srv.DataDir).Output()
+	if err != nil {
+		t.Fatalf("torpor key create: %v %s", err, out)
+	}
+	var made struct{ ID, Key string }
+	if err := json.Unmarshal(out, &made); err != nil || made.ID == "" || made.Key == "" {
+		t.Fatalf("torpor key create --json: %s (%v)", out, err)
+	}
+	paths := []string{"/v1/sandboxes", "/v2/sandboxes"}
+	for i := 0; i < 20; i++ {
+		for _, p := range paths {
+			if got := keyCall(t, srv, p, made.Key); got != http.StatusOK {
+				t.Fatalf("GET %s with the new key: %d", p, got)
+			}
+		}
+	}
+	if out, err := exec.Command(bin, "key", "rm", made.ID, "--data-dir", srv.DataDir).CombinedOutput(); err != nil {
+		t.Fatalf("torpor key rm: %v %s", err, out)
+	}
+	for _, p := range paths {
+		if got := keyCall(t, srv, p, made.Key); got != http.StatusUnauthorized {
+			t.Errorf("GET %s right after key rm: %d, want 401", p, got)
+		}
+	}
+	if got := keyCall(t, srv, "/v1/sandboxes", srv.APIKey); got != http.StatusOK {
+		t.Errorf("another key after the rm: %d, want 200", got)
+	}
 }

@@ -252,8 +252,8 @@ func TestAuthSandboxAndProxy(t *testing.T) {
 }
 
 // TestAuthRevocation: a key removed from the database by another process
-// (as `torpor key rm` does) is refused within the verifier's cache bound,
-// and a key made the same way works at once.
+// (as `torpor key rm` does) is refused by the next call, and a key made the
+// same way works at once.
 func TestAuthRevocation(t *testing.T) {
 	a := startAuthServer(t)
 	ctx := context.Background()
@@ -275,22 +275,9 @@ func TestAuthRevocation(t *testing.T) {
 	if err := other.DeleteAPIKey(ctx, a.keyID); err != nil {
 		t.Fatal(err)
 	}
-	removed := time.Now()
-	const bound = 5 * time.Second // apikey.Config.CacheTTL's default
-	for {
-		_, err := a.client.ListSandboxes(ctx)
-		if client.IsUnauthenticated(err) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if time.Since(removed) > bound+time.Second {
-			t.Fatalf("a removed key still works %v after its removal", time.Since(removed))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if _, err := a.client.ListSandboxes(ctx); !client.IsUnauthenticated(err) {
+		t.Fatalf("the call right after the removal: %v, want 401", err)
 	}
-	t.Logf("removed key refused after %v", time.Since(removed).Round(time.Millisecond))
 	if resp, _ := a.do(t, "GET", "/v1/sandboxes", "Bearer "+fresh); resp.StatusCode != 200 {
 		t.Errorf("the other key after the removal: %d", resp.StatusCode)
 	}
