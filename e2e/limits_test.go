@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -174,6 +176,45 @@ func TestWritableLayerBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("resumed")
+}
+
+// TestFileWriteIntoFullSandbox: a file write through the API beyond a 256
+// MiB sandbox's writable layer (128 MiB) or its /tmp (64 MiB) is 507
+// insufficient_storage naming that bound and saying the host's disk is not
+// full, not naming the data directory (issue 18, D6: it had read "the data
+// directory's disk is full"); the sandbox keeps running and the next write
+// that fits works.
+func TestFileWriteIntoFullSandbox(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	for _, d := range []struct {
+		path, names string
+		mib         int
+	}{{"/root/big", "writable layer of its root file system", 128}, {"/tmp/big", "its /tmp", 64}} {
+		body := bytes.NewReader(make([]byte, (d.mib+32)<<20))
+		res := rawCall(t, http.MethodPut, srv.URL+"/v1/sandboxes/"+sb.ID+"/files?path="+d.path, "application/octet-stream", mustRead(t, body))
+		t.Logf("PUT %s of %d MiB: %d %s", d.path, d.mib+32, res.Status, res.Err.Message)
+		if res.Status != http.StatusInsufficientStorage || res.Err.Code != apiv1.CodeInsufficientStorage ||
+			!strings.Contains(res.Err.Message, d.names) || !strings.Contains(res.Err.Message, fmt.Sprintf("%d MiB", d.mib)) ||
+			strings.Contains(res.Err.Message, srv.DataDir) || strings.Contains(res.Err.Message, "data directory") {
+			t.Errorf("PUT %s beyond its bound: %d %s %q, want 507 insufficient_storage naming %q and %d MiB, not the data directory", d.path, res.Status, res.Err.Code, res.Err.Message, d.names, d.mib)
+		}
+		sh(t, c, sb.ID, "rm -f "+d.path)
+	}
+	writeFile(t, c, sb.ID, "/root/small", []byte("fits"))
+	if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+		t.Errorf("sandbox in state %s (%s) after the writes, want running", st.State, st.Error)
+	}
+}
+
+func mustRead(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // hostMemBytes is MemTotal of /proc/meminfo.

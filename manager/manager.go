@@ -1491,6 +1491,13 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 		}
 		return sandboxConflict(id, "sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
 	}
+	if err != nil {
+		if s, gerr := m.get(context.WithoutCancel(ctx), id); gerr == nil {
+			if full := sandboxFull(s, path, err); full != nil {
+				return full
+			}
+		}
+	}
 	return agentErr(path, err)
 }
 

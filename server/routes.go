@@ -211,7 +211,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	setRetryAfter(w, err)
 	msg := err.Error()
-	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) {
+	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) && !errors.Is(err, manager.ErrSandboxFull) {
 		// A write that found the disk full below the manager (the database,
 		// an image import): the answer names the disk.
 		msg = fmt.Sprintf("the data directory's disk is full (%s): %s; free space on that disk and try again", s.dataDir, msg)
