@@ -42,8 +42,9 @@ type CreateSandboxRequest struct {
 	// refused, 400).
 	MemoryMiB int `json:"memory_mib,omitempty"`
 	// PidsLimit bounds the tasks (processes and threads) each user may have
-	// in the sandbox (16..65536; absent: the server's default, 1024 unless
-	// its operator chose another; 0 given is refused, 400: no "unlimited").
+	// in the sandbox (16..65536; absent: one per 2 MiB of MemoryMiB, at least
+	// 16, at most the server's cap, 1024 unless its operator chose another; 0
+	// given is refused, 400: no "unlimited").
 	PidsLimit int `json:"pids_limit,omitempty"`
 	// CPUs is the CPU limit in cores (0.1..64; absent: 1; 0 given is refused, 400).
 	CPUs float64 `json:"cpus,omitempty"`

@@ -75,11 +75,11 @@ func TestForkBombContained(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Minute)
 	bomb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256, PidsLimit: 64})
 	other := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
-	if bomb.PidsLimit != 64 || other.PidsLimit != manager.DefaultPidsLimit {
-		t.Errorf("pids_limit %d and %d, want 64 and the default %d", bomb.PidsLimit, other.PidsLimit, manager.DefaultPidsLimit)
+	if bomb.PidsLimit != 64 || other.PidsLimit != manager.DefaultPidsFor(256) {
+		t.Errorf("pids_limit %d and %d, want 64 and the default %d", bomb.PidsLimit, other.PidsLimit, manager.DefaultPidsFor(256))
 	}
-	if got := maxProcesses(t, c, other.ID); got != strconv.Itoa(manager.DefaultPidsLimit) {
-		t.Errorf("default sandbox's Max processes %s, want %d", got, manager.DefaultPidsLimit)
+	if got := maxProcesses(t, c, other.ID); got != strconv.Itoa(manager.DefaultPidsFor(256)) {
+		t.Errorf("default sandbox's Max processes %s, want %d", got, manager.DefaultPidsFor(256))
 	}
 	hibernate(t, c, bomb.ID)
 	if _, err := c.Resume(ctx, bomb.ID); err != nil {
@@ -134,6 +134,37 @@ func TestForkBombContained(t *testing.T) {
 	if got := sh(t, c, other.ID, "echo still"); got != "still\n" {
 		t.Errorf("other sandbox after the delete: %q", got)
 	}
+}
+
+// TestForkBombDefaultLimit: a fork bomb in a 256 MiB sandbox without a
+// pids_limit meets its default pids limit (one task per 2 MiB: 128) before
+// its memory limit: the sandbox is not killed for its memory and stays
+// running for the 15 s watched (issue 18, D5: with the flat default of 1024
+// it was killed within seconds), and is deleted cleanly.
+func TestForkBombDefaultLimit(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	if sb.PidsLimit != manager.DefaultPidsFor(256) || sb.PidsLimit >= manager.DefaultPidsLimit {
+		t.Errorf("default pids_limit of a 256 MiB sandbox: %d, want %d", sb.PidsLimit, manager.DefaultPidsFor(256))
+	}
+	if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"bash", "-c", ":(){ :|:& };:"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		time.Sleep(500 * time.Millisecond)
+		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+			t.Fatalf("bombed sandbox in state %s (%s), want running", st.State, st.Error)
+		}
+	}
+	if err := c.Health(ctx); err != nil {
+		t.Errorf("health during the bomb: %v", err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("delete the bombed sandbox: %v", err)
+	}
+	assertGone(t, srv, sb.ID)
 }
 
 // TestWritableLayerBound: a 256 MiB sandbox's root file system takes 128

@@ -535,7 +535,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := checkMetadata(req.Metadata); err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	pids, err := m.pidsLimit(req.PidsLimit)
+	pids, err := m.pidsLimit(req.PidsLimit, req.MemoryMiB)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
