@@ -187,14 +187,13 @@ func TestCreateAndVerify(t *testing.T) {
 	}
 }
 
-// TestRevocationBound: a verified key is read from the store once per
-// CacheTTL; once removed, it is refused from CacheTTL after its last read
-// on, and not before (the bound is what the cache keeps).
-func TestRevocationBound(t *testing.T) {
+// TestRevocationImmediate: every verification reads the store, so a key
+// removed from it is refused by the very next verification (issue 18, D8:
+// it had been kept for a cache's 5 s).
+func TestRevocationImmediate(t *testing.T) {
 	st := openStore(t)
 	clk := newClock()
-	const ttl = 5 * time.Second
-	v := NewVerifier(st, Config{CacheTTL: ttl, Now: clk.Now})
+	v := NewVerifier(st, Config{Now: clk.Now})
 	key, rec, err := Create(ctx, st, "", clk.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -204,27 +203,14 @@ func TestRevocationBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := st.byHash.Load(); n != 1 {
-		t.Fatalf("50 verifications read the store %d times, want 1", n)
+	if n := st.byHash.Load(); n != 50 {
+		t.Fatalf("50 verifications read the store %d times, want 50", n)
 	}
-	clk.Add(ttl)
-	if _, err := v.Verify(ctx, key); err != nil || st.byHash.Load() != 2 {
-		t.Fatalf("after the TTL: %v, %d reads (want a second read)", err, st.byHash.Load())
-	}
-	// Removed now; the cache entry was read at this instant.
 	if err := st.DeleteAPIKey(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(ttl - time.Millisecond)
-	if _, err := v.Verify(ctx, key); err != nil {
-		t.Fatalf("within the bound the cached key still works (the documented bound): %v", err)
-	}
-	clk.Add(time.Millisecond)
 	if _, err := v.Verify(ctx, key); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("a removed key at the bound: %v, want ErrInvalid", err)
-	}
-	if _, err := v.Verify(ctx, key); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("a removed key after the bound: %v", err)
+		t.Fatalf("a removed key at once: %v, want ErrInvalid", err)
 	}
 }
 
@@ -234,7 +220,7 @@ func TestRevocationBound(t *testing.T) {
 func TestTouch(t *testing.T) {
 	st := openStore(t)
 	clk := newClock()
-	v := NewVerifier(st, Config{CacheTTL: time.Second, Now: clk.Now})
+	v := NewVerifier(st, Config{Now: clk.Now})
 	key, rec, _ := Create(ctx, st, "", clk.Now())
 	for i := 0; i < 120; i++ { // two minutes, a verification every second
 		if _, err := v.Verify(ctx, key); err != nil {
@@ -294,7 +280,9 @@ func request(remote, bearer string) *http.Request {
 }
 
 // TestCheckLimitsAddress: refusals from one address use up its bucket; then
-// even a good key from it waits (ErrLimited, with the time to wait), other
+// a missing, malformed or wrong key from it waits (ErrLimited, with the time
+// to wait) while a good key is admitted at once, whether or not it was used
+// recently (issue 18, D3: only failed attempts are throttled); other
 // addresses are not affected, and the address gets one attempt per
 // 1/FailureRate. Refusals are logged with the address and a well-formed
 // key's prefix, nothing more of any key, and not while limited.
@@ -312,46 +300,41 @@ func TestCheckLimitsAddress(t *testing.T) {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
 	}
-	_, err := v.Check(request("10.0.0.1:4001", good), good) // same address, another port
 	var le *LimitedError
-	if !errors.As(err, &le) || !errors.Is(err, ErrLimited) || le.RetryAfter != 2*time.Second {
-		t.Fatalf("a good key from an address out of attempts: %v, want ErrLimited after 2s", err)
+	for _, k := range []string{wrong, "", "e2b_not-hex-" + good[12:]} {
+		if _, err := v.Check(request("10.0.0.1:4001", k), k); !errors.As(err, &le) || le.RetryAfter != 2*time.Second {
+			t.Fatalf("key %.12q from the address out of attempts (another port): %v, want ErrLimited after 2s", k, err)
+		}
 	}
-	if _, err := v.Check(request("10.0.0.2:4000", good), good); err != nil {
-		t.Fatalf("another address: %v", err)
+	if _, err := v.Check(request("10.0.0.1:4001", good), good); err != nil {
+		t.Fatalf("a good key never used from the address out of attempts: %v, want admitted", err)
 	}
-	// good is in use now (verified within the cache's time): the address out
-	// of attempts may use it, but nothing else.
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("a key in use from the address out of attempts: %v, want admitted", err)
+	if _, err := v.Check(request("10.0.0.2:4000", wrong), wrong); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("another address: %v, want ErrInvalid (its own bucket)", err)
 	}
-	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrLimited) {
-		t.Fatalf("a wrong key from the address out of attempts: %v, want ErrLimited", err)
-	}
-	good, _, _ = Create(ctx, st, "", clk.Now()) // a good key not in use: it waits
+	// Past the cache's time, a good key is still admitted (read again).
 	clk.Add(time.Second)
-	if _, err := v.Check(request(bad, good), good); !errors.As(err, &le) || le.RetryAfter != time.Second {
+	fresh, _, _ := Create(ctx, st, "", clk.Now())
+	for _, k := range []string{good, fresh} {
+		if _, err := v.Check(request(bad, k), k); err != nil {
+			t.Fatalf("a good key from the address out of attempts: %v, want admitted", err)
+		}
+	}
+	if _, err := v.Check(request(bad, wrong), wrong); !errors.As(err, &le) || le.RetryAfter != time.Second {
 		t.Fatalf("half way: %v, want a wait of 1s", err)
 	}
 	clk.Add(time.Second)
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("after the wait a good key: %v", err)
-	}
 	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("one more wrong key: %v", err)
+		t.Fatalf("after the wait one more wrong key: %v, want ErrInvalid", err)
 	}
-	fresh, _, _ := Create(ctx, st, "", clk.Now())
-	if _, err := v.Check(request(bad, fresh), fresh); !errors.Is(err, ErrLimited) {
-		t.Fatalf("after it, a key not in use: %v, want ErrLimited again", err)
-	}
-	if _, err := v.Check(request(bad, good), good); err != nil {
-		t.Fatalf("after it, the key in use: %v, want admitted", err)
+	if _, err := v.Check(request(bad, wrong), wrong); !errors.Is(err, ErrLimited) {
+		t.Fatalf("and then another: %v, want ErrLimited again", err)
 	}
 
 	out := logs.String()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || strings.Count(out, "addr=10.0.0.1") != 4 || strings.Count(out, "limited=true") != 2 {
-		t.Errorf("want 4 refusals logged with the address, two of them limiting:\n%s", out)
+	if len(lines) != 5 || strings.Count(out, "addr=10.0.0.1") != 4 || strings.Count(out, "limited=true") != 2 {
+		t.Errorf("want 5 refusals logged with the address, 4 of 10.0.0.1, two of them limiting:\n%s", out)
 	}
 	if !strings.Contains(out, "prefix="+wrong[:12]) || !strings.Contains(out, "reason=\"missing API key\"") {
 		t.Errorf("log lacks the wrong key's prefix or the reason:\n%s", out)

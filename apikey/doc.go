@@ -29,21 +29,19 @@
 //
 //  1. The key's form is checked first (Valid): a malformed key is refused
 //     without a database read.
-//  2. Its SHA-256 is looked up in a cache of keys verified in the last
-//     Config.CacheTTL (5 s), else in the store by hash (APIKeyByHash, a
-//     unique index). The record's hash is then compared with the computed one
-//     in constant time (crypto/subtle). The lookups are by hash, never by
-//     key: a timing difference could tell at most how much of a hash matched,
-//     and choosing a key whose hash starts a given way is itself a preimage
-//     search.
+//  2. Its SHA-256 is looked up in the store (APIKeyByHash, a unique index),
+//     on every check: there is no cache of verified keys. The record's hash
+//     is then compared with the computed one in constant time
+//     (crypto/subtle). The lookups are by hash, never by key: a timing
+//     difference could tell at most how much of a hash matched, and choosing
+//     a key whose hash starts a given way is itself a preimage search.
 //  3. The record's LastUsedAt is written at most once per
 //     Config.TouchInterval (1 minute) per key, so requests cost no writes.
 //
-// Revocation bound: a key removed from the store (`torpor key rm`, from any
-// process) is refused by a running server at most CacheTTL after the removal:
-// the cache keeps a verified key for CacheTTL from the moment it was read from
-// the store, and a key not in the cache is always read from the store. New keys
-// work at once (refusals are not cached).
+// Revocation: a key removed from the store (`torpor key rm`, from any
+// process, directly in the database) is refused by the next check of every
+// server on that database, from the removal's commit on; new keys work at
+// once. The price is one indexed read per request that presents a key.
 //
 // # Failed attempts
 //
@@ -52,10 +50,11 @@
 // for a well-formed key, its public prefix; no other character of a presented
 // key is ever logged. Refusals are counted per client address (IPv4 address,
 // or IPv6 /64) in a token bucket (Config.FailureBurst refusals at once, then
-// Config.FailureRate per second); an address whose bucket is empty is answered
-// ErrLimited, with the time until its next attempt, before its key is even
-// looked at (a good key from that address waits too), and is not logged again
-// until it may try again. The buckets are bounded (Config.MaxAddresses): full
+// Config.FailureRate per second). Only failed attempts are throttled: a
+// valid key is admitted from any address. An address whose bucket is empty
+// is answered ErrLimited, with the time until its next attempt, for a
+// missing or malformed key without a lookup and for a well-formed key the
+// store does not hold, and is not logged again until it may try again. The buckets are bounded (Config.MaxAddresses): full
 // buckets, which are the same as none, are dropped first.
 //
 // # Using it from an API

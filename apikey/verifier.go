@@ -40,9 +40,6 @@ func (e *LimitedError) Is(target error) bool { return target == ErrLimited }
 
 // Config tunes a Verifier. Zero values take the defaults.
 type Config struct {
-	// CacheTTL is how long a key read from the store counts as verified
-	// without reading it again (default 5 s): the revocation bound.
-	CacheTTL time.Duration
 	// TouchInterval is how often a key's LastUsedAt is written at most
 	// (default 1 minute).
 	TouchInterval time.Duration
@@ -61,9 +58,6 @@ type Config struct {
 }
 
 func (c *Config) fill() {
-	if c.CacheTTL <= 0 {
-		c.CacheTTL = 5 * time.Second
-	}
 	if c.TouchInterval <= 0 {
 		c.TouchInterval = time.Minute
 	}
@@ -84,34 +78,30 @@ func (c *Config) fill() {
 	}
 }
 
-// Verifier checks keys against a store (see the package doc for the cache,
-// its revocation bound and the failure limits). It is safe for concurrent use.
+// Verifier checks keys against a store (see the package doc for revocation
+// and the failure limits). It is safe for concurrent use.
 type Verifier struct {
 	keys metadata.Keys
 	cfg  Config
 
 	mu      sync.Mutex
-	cache   map[[32]byte]cached // by the key's hash
 	touched map[string]time.Time
 	fails   *failures
-}
-
-type cached struct {
-	rec   metadata.APIKey
-	until time.Time
 }
 
 // NewVerifier returns a Verifier of the keys in keys.
 func NewVerifier(keys metadata.Keys, cfg Config) *Verifier {
 	cfg.fill()
-	return &Verifier{keys: keys, cfg: cfg, cache: map[[32]byte]cached{}, touched: map[string]time.Time{},
+	return &Verifier{keys: keys, cfg: cfg, touched: map[string]time.Time{},
 		fails: newFailures(cfg.FailureBurst, cfg.FailureRate, cfg.MaxAddresses)}
 }
 
-// Verify returns the record of key. Errors: ErrMissing (key is ""),
-// ErrInvalid (malformed, unknown or removed), or the store's failure (wrapped;
-// not a refusal: the caller answers it as unavailable). Verify counts no
-// failures; request handlers call Check.
+// Verify returns the record of key, read from the store every time (by its
+// hash: one indexed read), so that a key removed from the store is refused
+// from the removal's commit on, by every server on the store. Errors:
+// ErrMissing (key is ""), ErrInvalid (malformed, unknown or removed), or the
+// store's failure (wrapped; not a refusal: the caller answers it as
+// unavailable). Verify counts no failures; request handlers call Check.
 func (v *Verifier) Verify(ctx context.Context, key string) (metadata.APIKey, error) {
 	if key == "" {
 		return metadata.APIKey{}, ErrMissing
@@ -120,64 +110,18 @@ func (v *Verifier) Verify(ctx context.Context, key string) (metadata.APIKey, err
 		return metadata.APIKey{}, ErrInvalid
 	}
 	h := Hash(key)
-	var hk [32]byte
-	copy(hk[:], h)
-	now := v.cfg.Now()
-	v.mu.Lock()
-	c, ok := v.cache[hk]
-	v.mu.Unlock()
-	if ok && now.Before(c.until) && subtle.ConstantTimeCompare(c.rec.Hash, h) == 1 {
-		v.touch(ctx, c.rec, now)
-		return c.rec, nil
-	}
 	rec, err := v.keys.APIKeyByHash(ctx, h)
 	if errors.Is(err, metadata.ErrNotFound) {
-		v.forget(hk)
 		return metadata.APIKey{}, ErrInvalid
 	}
 	if err != nil {
 		return metadata.APIKey{}, fmt.Errorf("apikey: verify %s: %w", PublicPrefix(key), err)
 	}
 	if subtle.ConstantTimeCompare(rec.Hash, h) != 1 {
-		v.forget(hk)
 		return metadata.APIKey{}, ErrInvalid
 	}
-	v.mu.Lock()
-	if len(v.cache) >= 1024 {
-		for k, c := range v.cache {
-			if !now.Before(c.until) {
-				delete(v.cache, k)
-			}
-		}
-	}
-	v.cache[hk] = cached{rec: rec, until: now.Add(v.cfg.CacheTTL)}
-	v.mu.Unlock()
-	v.touch(ctx, rec, now)
+	v.touch(ctx, rec, v.cfg.Now())
 	return rec, nil
-}
-
-// inUse returns the cached record of key when Verify admitted it within the
-// last CacheTTL (no store lookup).
-func (v *Verifier) inUse(key string, now time.Time) (metadata.APIKey, bool) {
-	if !Valid(key) {
-		return metadata.APIKey{}, false
-	}
-	h := Hash(key)
-	var hk [32]byte
-	copy(hk[:], h)
-	v.mu.Lock()
-	c, ok := v.cache[hk]
-	v.mu.Unlock()
-	if !ok || !now.Before(c.until) || subtle.ConstantTimeCompare(c.rec.Hash, h) != 1 {
-		return metadata.APIKey{}, false
-	}
-	return c.rec, true
-}
-
-func (v *Verifier) forget(hk [32]byte) {
-	v.mu.Lock()
-	delete(v.cache, hk)
-	v.mu.Unlock()
 }
 
 // touch writes rec's LastUsedAt if the last write (or the stored value) is
@@ -201,27 +145,29 @@ func (v *Verifier) touch(ctx context.Context, rec metadata.APIKey, now time.Time
 	}
 }
 
-// Check is Verify for a request r presenting key (FromBearer, FromXAPIKey):
-// it refuses an address out of attempts with a *LimitedError without a
-// lookup in the store — but a key verified within the last CacheTTL (one in
-// use) is still admitted from it, so that one misconfigured client does not
-// stall the good ones behind the same address (every client of one host,
-// or of one proxy) — counts and logs every refusal (the client's address,
-// the path, the reason, a well-formed key's public prefix), and returns
-// Verify's answer.
+// Check is Verify for a request r presenting key (FromBearer, FromXAPIKey).
+// Only failed attempts are throttled: a valid key is admitted whatever its
+// address's refusals, so that one misconfigured client does not stall the
+// good ones behind the same address (every client of one host, or of one
+// proxy). An address out of attempts gets a *LimitedError for a missing or
+// malformed key without a lookup, and for a well-formed key that Verify
+// refuses (one lookup, as for any key). Every refusal while the address has
+// attempts is counted and logged (the client's address, the path, the
+// reason, a well-formed key's public prefix); refusals while it is out of
+// them are neither. Otherwise Check returns Verify's answer.
 func (v *Verifier) Check(r *http.Request, key string) (metadata.APIKey, error) {
 	addr := ClientAddr(r)
 	now := v.cfg.Now()
-	if wait := v.fails.wait(addr, now); wait > 0 {
-		if rec, ok := v.inUse(key, now); ok {
-			v.touch(r.Context(), rec, now)
-			return rec, nil
-		}
+	wait := v.fails.wait(addr, now)
+	if wait > 0 && !Valid(key) {
 		return metadata.APIKey{}, &LimitedError{RetryAfter: wait}
 	}
 	rec, err := v.Verify(r.Context(), key)
 	if err == nil || !(errors.Is(err, ErrMissing) || errors.Is(err, ErrInvalid)) {
 		return rec, err
+	}
+	if wait > 0 {
+		return metadata.APIKey{}, &LimitedError{RetryAfter: wait}
 	}
 	limited := v.fails.add(addr, now)
 	attrs := []any{"addr", addr, "method", r.Method, "path", r.URL.Path, "reason", err.Error()}

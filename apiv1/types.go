@@ -38,13 +38,15 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 type CreateSandboxRequest struct {
 	// Image is an image name ("base") or digest ("sha256:…"). Default "base".
 	Image string `json:"image,omitempty"`
-	// MemoryMiB is the memory limit in MiB (64..65536; absent or 0: 512).
+	// MemoryMiB is the memory limit in MiB (64..65536; absent: 512; 0 given is
+	// refused, 400).
 	MemoryMiB int `json:"memory_mib,omitempty"`
 	// PidsLimit bounds the tasks (processes and threads) each user may have
-	// in the sandbox (16..65536; absent or 0: the server's default, 1024
-	// unless its operator chose another).
+	// in the sandbox (16..65536; absent: one per 2 MiB of MemoryMiB, at least
+	// 16, at most the server's cap, 1024 unless its operator chose another; 0
+	// given is refused, 400: no "unlimited").
 	PidsLimit int `json:"pids_limit,omitempty"`
-	// CPUs is the CPU limit in cores (0.1..64; absent or 0: 1).
+	// CPUs is the CPU limit in cores (0.1..64; absent: 1; 0 given is refused, 400).
 	CPUs float64 `json:"cpus,omitempty"`
 	// Env is set for every process the guest agent starts.
 	Env map[string]string `json:"env,omitempty"`
@@ -69,7 +71,7 @@ type CreateSandboxRequest struct {
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// ExpiresAt (retention): once this time has passed and the sandbox is
 	// hibernated, the sandbox and its snapshots are deleted. Absent or null =
-	// never (perpetual standby).
+	// never (perpetual standby); a time not in the future is refused (400).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// InternetAccess: egress to public addresses through the server's uplink.
 	// Absent = true when the server has an uplink, false when it has none;
@@ -562,7 +564,7 @@ type BuildEvent struct {
 const (
 	CodeNotFound            = "not_found"              // 404
 	CodeUnauthenticated     = "unauthenticated"        // 401: the server requires an API key; the request had none or a wrong one (WWW-Authenticate)
-	CodeRateLimited         = "rate_limited"           // 429: too many refused keys from the client's address (Retry-After)
+	CodeRateLimited         = "rate_limited"           // 429: a wrong or missing key after too many refused keys from the client's address (Retry-After)
 	CodeInvalidArgument     = "invalid_argument"       // 400; 413 for a body over the limit
 	CodeMethodNotAllowed    = "method_not_allowed"     // 405: the path exists for other methods (Allow header)
 	CodeConflict            = "conflict"               // 409: the sandbox's state does not allow the call

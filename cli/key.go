@@ -37,8 +37,8 @@ func wireKey(k metadata.APIKey) keyJSON {
 // PostgreSQL), not through the API: the first key must be
 // makeable before any key exists, on the server's host, by whoever may read
 // its data directory. SQLite (WAL, a busy timeout) lets this run beside a
-// running server; the server sees a new key at once and a removed one within
-// apikey's cache bound (5 s).
+// running server; the server sees a new key at once and refuses a removed
+// one from its next request (apikey reads the key on every check).
 func (a *app) keyCommand() *cobra.Command {
 	var (
 		dataDir, database string
@@ -149,7 +149,7 @@ func (a *app) keyCommand() *cobra.Command {
 	rm := &cobra.Command{
 		Use:     "rm ID…",
 		Aliases: []string{"delete"},
-		Short:   "Remove keys (a running server refuses them within 5 s)",
+		Short:   "Remove keys (running servers refuse them from the next request)",
 		Args:    usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, err := open(cmd.Context(), false)

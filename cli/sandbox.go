@@ -47,7 +47,7 @@ func (a *app) createCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&req.Image, "image", "base", "image name or digest")
 	f.IntVar(&req.MemoryMiB, "memory", 512, "memory limit in MiB")
-	f.IntVar(&req.PidsLimit, "pids-limit", 0, "processes and threads each user may have in the sandbox (0: the server's default)")
+	f.IntVar(&req.PidsLimit, "pids-limit", 0, "processes and threads each user may have in the sandbox (0: the default, one per 2 MiB of --memory up to the server's cap)")
 	f.Float64Var(&req.CPUs, "cpus", 1, "CPU limit in cores")
 	f.StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE for every process (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")

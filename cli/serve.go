@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -21,7 +22,13 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return err
 	}
+	// One log for all of the server: what logs through slog.Default or the
+	// log package (net/http's own lines among them) comes out in the same
+	// format as the rest.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(logger)
 	return server.Run(ctx, server.Config{
+		Logger:           logger,
 		StandbyMemoryMiB: standby,
 		DataDir:          cfg.DataDir,
 		Database:         cfg.Database,

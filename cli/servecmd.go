@@ -148,6 +148,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.AsyncUpload && cfg.Store.Kind == "plain" {
 				return usagef("--async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
 			}
+			if (cfg.Store.KeyFile != "" || len(cfg.Store.OldKeyFiles) > 0) && cfg.Store.Kind == "plain" {
+				return usagef("--snapshot-key and --snapshot-old-key need --store chunked or s3 (the plain store keeps the engine's files as they are)")
+			}
 			return runServe(cmd.Context(), cfg)
 		},
 	}
@@ -169,7 +172,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.Auth, "auth", "auto", "API keys: required (REST v1, the port proxy and /metrics need Authorization: Bearer <key>; make keys with: torpor key create), none (only on a loopback --listen) or auto (required unless --listen is a loopback address)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM file of the certificate chain to serve HTTPS with (with --tls-key; reloaded on SIGHUP; for E2B's <port>-<id>.DOMAIN hosts a wildcard *.DOMAIN certificate, docs/security.md)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM file of the private key of --tls-cert")
-	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "default pids limit of a sandbox: the processes and threads each user may have in it (a create's pids_limit overrides it; -1: none)")
+	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "cap of the default pids limit of a sandbox (the processes and threads each user may have in it), which is one per 2 MiB of its memory limit (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
 	f.IntVar(&cfg.PreparedContainers, "prepared-containers", 0, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently resumed shape (image, memory, limits, mounts); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")

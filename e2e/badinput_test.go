@@ -31,11 +31,15 @@ func TestBadInput(t *testing.T) {
 	type call struct {
 		method, path, ctype, body string
 		status                    int
+		names                     string // the field or parameter the message must name ("" = any message)
 	}
 	const j = "application/json"
 	var calls []call
 	add := func(status int, method, path, ctype, body string) {
-		calls = append(calls, call{method, path, ctype, body, status})
+		calls = append(calls, call{method, path, ctype, body, status, ""})
+	}
+	addNamed := func(names, method, path, ctype, body string) {
+		calls = append(calls, call{method, path, ctype, body, http.StatusBadRequest, names})
 	}
 
 	// Unknown ids, well-formed and not.
@@ -72,6 +76,26 @@ func TestBadInput(t *testing.T) {
 	} {
 		add(400, "POST", "/v1/sandboxes", j, body)
 	}
+	// Zero, negative and absurd limits, and a past expiry: each refused
+	// naming its field, not taken for the default or accepted.
+	for field, bodies := range map[string][]string{
+		"pids_limit":     {`{"pids_limit": 0}`, `{"pids_limit": -1}`, `{"pids_limit": 8}`, `{"pids_limit": 1000000000}`},
+		"memory_mib":     {`{"memory_mib": 0}`, `{"memory_mib": 1000000000}`},
+		"cpus":           {`{"cpus": 0}`, `{"cpus": 1000}`},
+		"expires_at":     {`{"expires_at": "2000-01-01T00:00:00Z"}`, `{"expires_at": "` + time.Now().Add(-time.Minute).UTC().Format(time.RFC3339) + `"}`},
+		"idle_timeout_s": {`{"idle_timeout_s": -1}`, `{"idle_timeout_s": 100000000000}`},
+		"pause_after_s":  {`{"pause_after_s": -1}`},
+		"timeout_s":      {`{"timeout_s": -1}`},
+	} {
+		for _, body := range bodies {
+			addNamed(field, "POST", "/v1/sandboxes", j, body)
+		}
+	}
+	// A query parameter the route does not take is refused, not ignored.
+	addNamed("limit", "GET", "/v1/sandboxes?limit=abc", "", "")
+	addNamed("limit", "GET", "/v1/sandboxes?limit=10", "", "")
+	addNamed("state", "GET", "/v1/snapshots?state=running", "", "")
+	addNamed("offset", "GET", "/v1/sandboxes/"+run.ID+"/files?path=/etc/hostname&offset=3", "", "")
 
 	// Calls on the running and on the hibernated sandbox: none may wake or change it.
 	for _, id := range []string{run.ID, hib.ID} {
@@ -132,9 +156,9 @@ func TestBadInput(t *testing.T) {
 		what := fmt.Sprintf("%s %s %.80s", cl.method, cl.path, cl.body)
 		wantCode := map[int]string{400: apiv1.CodeInvalidArgument, 404: apiv1.CodeNotFound,
 			405: apiv1.CodeMethodNotAllowed, 413: apiv1.CodeInvalidArgument}[cl.status]
-		if res.Status != cl.status || res.Err.Code != wantCode || res.Err.Message == "" {
-			t.Errorf("%s: HTTP %d code %q message %q; want %d %s with a message (body %s)",
-				what, res.Status, res.Err.Code, res.Err.Message, cl.status, wantCode, res.Body)
+		if res.Status != cl.status || res.Err.Code != wantCode || res.Err.Message == "" || !strings.Contains(res.Err.Message, cl.names) {
+			t.Errorf("%s: HTTP %d code %q message %q; want %d %s with a message naming %q (body %s)",
+				what, res.Status, res.Err.Code, res.Err.Message, cl.status, wantCode, cl.names, res.Body)
 		}
 	}
 	t.Logf("%d bad calls answered", len(calls))

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -73,11 +75,11 @@ func TestForkBombContained(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Minute)
 	bomb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256, PidsLimit: 64})
 	other := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
-	if bomb.PidsLimit != 64 || other.PidsLimit != manager.DefaultPidsLimit {
-		t.Errorf("pids_limit %d and %d, want 64 and the default %d", bomb.PidsLimit, other.PidsLimit, manager.DefaultPidsLimit)
+	if bomb.PidsLimit != 64 || other.PidsLimit != manager.DefaultPidsFor(256) {
+		t.Errorf("pids_limit %d and %d, want 64 and the default %d", bomb.PidsLimit, other.PidsLimit, manager.DefaultPidsFor(256))
 	}
-	if got := maxProcesses(t, c, other.ID); got != strconv.Itoa(manager.DefaultPidsLimit) {
-		t.Errorf("default sandbox's Max processes %s, want %d", got, manager.DefaultPidsLimit)
+	if got := maxProcesses(t, c, other.ID); got != strconv.Itoa(manager.DefaultPidsFor(256)) {
+		t.Errorf("default sandbox's Max processes %s, want %d", got, manager.DefaultPidsFor(256))
 	}
 	hibernate(t, c, bomb.ID)
 	if _, err := c.Resume(ctx, bomb.ID); err != nil {
@@ -134,6 +136,37 @@ func TestForkBombContained(t *testing.T) {
 	}
 }
 
+// TestForkBombDefaultLimit: a fork bomb in a 256 MiB sandbox without a
+// pids_limit meets its default pids limit (one task per 2 MiB: 128) before
+// its memory limit: the sandbox is not killed for its memory and stays
+// running for the 15 s watched (issue 18, D5: with the flat default of 1024
+// it was killed within seconds), and is deleted cleanly.
+func TestForkBombDefaultLimit(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 5*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	if sb.PidsLimit != manager.DefaultPidsFor(256) || sb.PidsLimit >= manager.DefaultPidsLimit {
+		t.Errorf("default pids_limit of a 256 MiB sandbox: %d, want %d", sb.PidsLimit, manager.DefaultPidsFor(256))
+	}
+	if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"bash", "-c", ":(){ :|:& };:"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		time.Sleep(500 * time.Millisecond)
+		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+			t.Fatalf("bombed sandbox in state %s (%s), want running", st.State, st.Error)
+		}
+	}
+	if err := c.Health(ctx); err != nil {
+		t.Errorf("health during the bomb: %v", err)
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatalf("delete the bombed sandbox: %v", err)
+	}
+	assertGone(t, srv, sb.ID)
+}
+
 // TestWritableLayerBound: a 256 MiB sandbox's root file system takes 128
 // MiB (half its memory) of writes and its /tmp 64 MiB (a quarter); beyond
 // them a write fails with ENOSPC in the sandbox, which keeps running, also
@@ -174,6 +207,45 @@ func TestWritableLayerBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("resumed")
+}
+
+// TestFileWriteIntoFullSandbox: a file write through the API beyond a 256
+// MiB sandbox's writable layer (128 MiB) or its /tmp (64 MiB) is 507
+// insufficient_storage naming that bound and saying the host's disk is not
+// full, not naming the data directory (issue 18, D6: it had read "the data
+// directory's disk is full"); the sandbox keeps running and the next write
+// that fits works.
+func TestFileWriteIntoFullSandbox(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	for _, d := range []struct {
+		path, names string
+		mib         int
+	}{{"/root/big", "writable layer of its root file system", 128}, {"/tmp/big", "its /tmp", 64}} {
+		body := bytes.NewReader(make([]byte, (d.mib+32)<<20))
+		res := rawCall(t, http.MethodPut, srv.URL+"/v1/sandboxes/"+sb.ID+"/files?path="+d.path, "application/octet-stream", mustRead(t, body))
+		t.Logf("PUT %s of %d MiB: %d %s", d.path, d.mib+32, res.Status, res.Err.Message)
+		if res.Status != http.StatusInsufficientStorage || res.Err.Code != apiv1.CodeInsufficientStorage ||
+			!strings.Contains(res.Err.Message, d.names) || !strings.Contains(res.Err.Message, fmt.Sprintf("%d MiB", d.mib)) ||
+			strings.Contains(res.Err.Message, srv.DataDir) || strings.Contains(res.Err.Message, "data directory") {
+			t.Errorf("PUT %s beyond its bound: %d %s %q, want 507 insufficient_storage naming %q and %d MiB, not the data directory", d.path, res.Status, res.Err.Code, res.Err.Message, d.names, d.mib)
+		}
+		sh(t, c, sb.ID, "rm -f "+d.path)
+	}
+	writeFile(t, c, sb.ID, "/root/small", []byte("fits"))
+	if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+		t.Errorf("sandbox in state %s (%s) after the writes, want running", st.State, st.Error)
+	}
+}
+
+func mustRead(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // hostMemBytes is MemTotal of /proc/meminfo.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
 )
@@ -155,4 +156,71 @@ func TestProxyWaits(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestProxyAmidLifecycle: proxied GETs sent while hibernates, pauses and
+// resumes of the same sandbox run concurrently with them are all answered
+// 200 (the port proxy's promise: a call racing a lifecycle change waits and
+// is answered; issue 18: 3 of ~40 had answered 502 "use of closed network
+// connection").
+func TestProxyAmidLifecycle(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	id := sb.ID
+	if err := workload.Start(ctx, c, id, 16); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var lifecycle sync.WaitGroup
+	lifecycle.Add(1)
+	ops := 0
+	go func() {
+		defer lifecycle.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var err error
+			switch (i * 7 / 3) % 3 { // every order of the three: h p r, h r p, p h r, …
+			case 0:
+				_, err = c.Hibernate(ctx, id)
+			case 1:
+				_, err = c.Pause(ctx, id)
+			case 2:
+				_, err = c.Resume(ctx, id)
+			}
+			if err != nil && !client.IsConflict(err) { // a pause with a request in flight is refused (409)
+				t.Errorf("lifecycle call %d: %v", i, err)
+			}
+			ops++
+			time.Sleep(time.Duration(i%4) * 20 * time.Millisecond)
+		}
+	}()
+	const workers, each = 6, 20
+	var gets sync.WaitGroup
+	var mu sync.Mutex
+	failed := 0
+	for w := range workers {
+		gets.Add(1)
+		go func() {
+			defer gets.Done()
+			for i := range each {
+				if _, err := workload.Get(ctx, c, id, "/count"); err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					t.Errorf("worker %d GET %d: %v", w, i, err)
+				}
+				time.Sleep(time.Duration(w*7+i%5) * time.Millisecond)
+			}
+		}()
+	}
+	gets.Wait()
+	close(stop)
+	lifecycle.Wait()
+	t.Logf("%d proxied GETs amid %d hibernates, pauses and resumes: %d failed", workers*each, ops, failed)
 }

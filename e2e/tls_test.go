@@ -5,6 +5,8 @@ import (
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -83,5 +85,26 @@ func TestServeTLS(t *testing.T) {
 	p.ca = certFile
 	if err := p.client().Health(ctx); err != nil {
 		t.Errorf("health after the reloads: %v", err)
+	}
+	// The reloads and net/http's handshake error (of the client that trusted
+	// nothing) are logged as the rest, through slog, not in Go's plain log
+	// format ("2006/01/02 15:04:05 …").
+	logText := p.logText()
+	for _, want := range []string{"TLS certificate reloaded", "TLS certificate reload failed", "TLS handshake error"} {
+		found := false
+		for _, line := range strings.Split(logText, "\n") {
+			if strings.Contains(line, want) {
+				found = true
+				if !strings.HasPrefix(line, "time=") || !strings.Contains(line, "level=") {
+					t.Errorf("log line not in slog's format: %q", line)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no log line with %q:\n%s", want, logText)
+		}
+	}
+	if plain := regexp.MustCompile(`(?m)^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d `).FindAllString(logText, -1); len(plain) > 0 {
+		t.Errorf("%d log lines in Go's plain log format:\n%s", len(plain), logText)
 	}
 }

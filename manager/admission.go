@@ -19,8 +19,9 @@ import (
 // LimitsConfig bounds what each sandbox, and all of them together, may take
 // of the host (docs/security.md lists the limits and their defaults).
 type LimitsConfig struct {
-	// PidsLimit is the pids limit of a sandbox whose spec asks for none: the
-	// tasks (processes and threads) each user may have in it (default
+	// PidsLimit caps the pids limit of a sandbox whose spec asks for none:
+	// the tasks (processes and threads) each user may have in it. Such a
+	// sandbox gets DefaultPidsFor its memory, at most PidsLimit (default
 	// DefaultPidsLimit; negative: no limit).
 	PidsLimit int
 	// MemoryOvercommit is the admission ratio: a create, resume or fork is
@@ -42,7 +43,21 @@ const (
 	DefaultPidsLimit = 1024
 	MinPidsLimit     = 16
 	MaxPidsLimit     = 65536
+	// MiBPerPid is the memory a default pids limit budgets per task: a
+	// sandbox without a pids_limit may have one task per MiBPerPid MiB of its
+	// memory limit, so that a fork bomb meets the pids limit before the
+	// memory limit and the sandbox survives. Measured with bash's fork bomb
+	// (docs/security.md): survived at 16 and 32 tasks in 64 MiB, 64 in 128,
+	// 256 in 256, 512 in 512, 1024 in 1024; killed for its memory at 64 in
+	// 64 MiB, 128 in 128, 384 and 512 in 256, 768 in 512. Two MiB per task
+	// keeps twice the margin of the smallest survivors at 256 MiB and up.
+	MiBPerPid = 2
 )
+
+// DefaultPidsFor is the pids limit of a sandbox of memoryMiB that asks for
+// none, before the server's cap (LimitsConfig.PidsLimit): memoryMiB /
+// MiBPerPid, at least MinPidsLimit. 512 MiB (the default memory) gives 256.
+func DefaultPidsFor(memoryMiB int) int { return max(memoryMiB/MiBPerPid, MinPidsLimit) }
 
 // withDefaults fills the zero fields of c; HostMemoryBytes from
 // /proc/meminfo (an error when it cannot be read and none is given).
@@ -86,12 +101,16 @@ func hostMemTotal() (int64, error) {
 	return 0, fmt.Errorf("/proc/meminfo: no MemTotal")
 }
 
-// pidsLimit returns the pids limit a new sandbox asking for want gets (0 =
-// the configured default; the record keeps 0 for no limit). Errors:
-// sandbox.ErrInvalidArgument outside MinPidsLimit..MaxPidsLimit.
-func (m *Manager) pidsLimit(want int) (int, error) {
+// pidsLimit returns the pids limit a new sandbox of memoryMiB asking for
+// want gets (0 = the default: DefaultPidsFor(memoryMiB), capped by the
+// configured LimitsConfig.PidsLimit; the record keeps 0 for no limit).
+// Errors: sandbox.ErrInvalidArgument outside MinPidsLimit..MaxPidsLimit.
+func (m *Manager) pidsLimit(want, memoryMiB int) (int, error) {
 	if want == 0 {
-		return max(m.cfg.Limits.PidsLimit, 0), nil
+		if m.cfg.Limits.PidsLimit < 0 {
+			return 0, nil
+		}
+		return min(m.cfg.Limits.PidsLimit, DefaultPidsFor(memoryMiB)), nil
 	}
 	if want < MinPidsLimit || want > MaxPidsLimit {
 		return 0, invalid("pids_limit %d: must be between %d and %d", want, MinPidsLimit, MaxPidsLimit)

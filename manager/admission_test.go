@@ -94,14 +94,21 @@ func TestAdmissionConcurrent(t *testing.T) {
 	}
 }
 
-// TestPidsLimit: a sandbox gets the server's default pids limit or the one
-// its spec asks for (in range), and its clones keep it.
+// TestPidsLimit: a sandbox that asks for none gets one task per MiBPerPid
+// MiB of its memory, capped by the server's configured pids limit, or the
+// limit its spec asks for (in range), and its clones keep it.
 func TestPidsLimit(t *testing.T) {
 	ctx := context.Background()
 	h := newHost(t, hostOpts{limits: manager.LimitsConfig{PidsLimit: 300}})
-	def := h.create()
-	if def.PidsLimit != 300 || h.record(def.ID).PidsLimit != 300 {
-		t.Errorf("default pids limit %d (record %d), want 300", def.PidsLimit, h.record(def.ID).PidsLimit)
+	for mib, want := range map[int]int{64: 32, 256: 128, 512: 256, 1024: 300, 4096: 300} {
+		def, err := h.m.Create(ctx, sandbox.Spec{Image: "tiny", MemoryMiB: mib})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if def.PidsLimit != want || h.record(def.ID).PidsLimit != want {
+			t.Errorf("default pids limit of %d MiB under a cap of 300: %d (record %d), want %d", mib, def.PidsLimit, h.record(def.ID).PidsLimit, want)
+		}
+		h.m.Delete(ctx, def.ID)
 	}
 	own, err := h.m.Create(ctx, sandbox.Spec{Image: "tiny", MemoryMiB: 64, PidsLimit: 64})
 	if err != nil || own.PidsLimit != 64 {
@@ -116,8 +123,12 @@ func TestPidsLimit(t *testing.T) {
 			t.Errorf("pids_limit %d: %v, want invalid argument", bad, err)
 		}
 	}
-	if d := newHost(t, hostOpts{}).create(); d.PidsLimit != manager.DefaultPidsLimit {
-		t.Errorf("pids limit without a configured default: %d, want %d", d.PidsLimit, manager.DefaultPidsLimit)
+	h2 := newHost(t, hostOpts{})
+	if d, err := h2.m.Create(ctx, sandbox.Spec{Image: "tiny", MemoryMiB: 4096}); err != nil || d.PidsLimit != manager.DefaultPidsLimit {
+		t.Errorf("pids limit of 4096 MiB without a configured cap: %d (%v), want %d", d.PidsLimit, err, manager.DefaultPidsLimit)
+	}
+	if d, err := newHost(t, hostOpts{limits: manager.LimitsConfig{PidsLimit: -1}}).m.Create(ctx, sandbox.Spec{Image: "tiny", MemoryMiB: 64}); err != nil || d.PidsLimit != 0 {
+		t.Errorf("pids limit with none configured: %d (%v), want 0 (none)", d.PidsLimit, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/torpor/torpor/engine"
+	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -84,4 +85,34 @@ func (m *Manager) snapshotRoom(op string, s *metadata.Sandbox, dir string) error
 		Err: fmt.Errorf("the data directory's disk is full: %s has %d MiB free; the snapshot needs about %d MiB (%d × the sandbox's %d MiB of memory in use, and %d MiB to spare); the sandbox is unchanged",
 			dir, free>>20, need>>20, snapshotRoomFactor, used>>20, snapshotHeadroom>>20),
 		Hint: "free space on that disk and try again"}
+}
+
+// ErrSandboxFull is in the chain of a file write into a sandbox that found
+// the sandbox's own file system full (ENOSPC inside it): its writable layer
+// or its /tmp, both bounded in sandbox memory (WritableMiB, tmpMiB), not the
+// host's disk. It comes as sandbox.InsufficientStorage naming the bound.
+var ErrSandboxFull = errors.New("no space left in the sandbox")
+
+// sandboxFull returns the error of a write of path into sandbox s that the
+// guest answered with ENOSPC (or EDQUOT) from its own file system: the
+// writable layer of its root file system, or its /tmp, each with its bound.
+// A write into a volume (a host directory) or any other error gives nil.
+func sandboxFull(s *metadata.Sandbox, path string, err error) error {
+	var ae *agentclient.Error
+	if !errors.As(err, &ae) || !NoSpace(errors.New(ae.Message)) {
+		return nil
+	}
+	for _, v := range s.Volumes {
+		if path == v.Path || strings.HasPrefix(path, strings.TrimSuffix(v.Path, "/")+"/") {
+			return nil // a host directory: the host's disk
+		}
+	}
+	where, mib, share := "the writable layer of its root file system", WritableMiB(s.MemoryMiB), "half"
+	if path == "/tmp" || strings.HasPrefix(path, "/tmp/") {
+		where, mib, share = "its /tmp", tmpMiB(s.MemoryMiB), "a quarter"
+	}
+	return &sandbox.Error{Kind: sandbox.InsufficientStorage, Op: "write " + path, SandboxID: s.ID,
+		Err: fmt.Errorf("%w: %s is full (bounded at %d MiB, %s of the sandbox's memory limit of %d MiB, which it lives in; the host's disk is not full): %s",
+			ErrSandboxFull, where, mib, share, s.MemoryMiB, ae.Message),
+		Hint: "free space in the sandbox, create it with more memory, or write to a volume"}
 }

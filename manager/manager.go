@@ -535,7 +535,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := checkMetadata(req.Metadata); err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	pids, err := m.pidsLimit(req.PidsLimit)
+	pids, err := m.pidsLimit(req.PidsLimit, req.MemoryMiB)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
@@ -1490,6 +1490,13 @@ func (m *Manager) WriteFile(ctx context.Context, id, path string, r io.Reader, s
 			return sandboxConflict(id, "sandbox %s stopped during the upload of %s and is in state error: %s; nothing was written", id, path, s.Error)
 		}
 		return sandboxConflict(id, "sandbox %s was hibernated or stopped during the upload of %s; nothing was written: retry", id, path)
+	}
+	if err != nil {
+		if s, gerr := m.get(context.WithoutCancel(ctx), id); gerr == nil {
+			if full := sandboxFull(s, path, err); full != nil {
+				return full
+			}
+		}
 	}
 	return agentErr(path, err)
 }

@@ -120,6 +120,12 @@ func (m *Manager) createPolicy(ctx context.Context, req sandbox.Spec) (sandbox.P
 	if err := checkExpiry(req.ExpiresAt); err != nil {
 		return p, err
 	}
+	if req.ExpiresAt != nil && !req.ExpiresAt.After(time.Now()) {
+		// On create a past time can only be a mistake: the sandbox would be
+		// deleted at its first hibernate. (PATCH may set one: that is how a
+		// caller asks retention to delete a sandbox once it is hibernated.)
+		return p, invalid("expires_at %s: in the past; give a future time, or omit it for never", req.ExpiresAt.UTC().Format(time.RFC3339))
+	}
 	if req.IdleTimeoutS != nil {
 		p.IdleTimeoutS = *req.IdleTimeoutS
 	}

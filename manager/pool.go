@@ -475,7 +475,7 @@ func (m *Manager) poolClone(ctx context.Context, p metadata.Pool, man snapshot.M
 		GuestDigest: man.Spec.GuestDigest, MemoryMiB: man.Spec.MemoryMiB, CPUs: man.Spec.CPUs, Env: man.Spec.Env,
 		SnapshotID: p.SnapshotID, Seq: 1, Instance: instanceID(id, 1)}
 	var err error
-	if c.PidsLimit, err = m.pidsLimit(0); err != nil {
+	if c.PidsLimit, err = m.pidsLimit(0, c.MemoryMiB); err != nil {
 		return nil, err
 	}
 	if c.Network, err = m.createNetwork(sandbox.Spec{}); err != nil {
@@ -520,7 +520,7 @@ func (m *Manager) imageTemplate(ctx context.Context, p metadata.Pool) (metadata.
 	s := &metadata.Sandbox{ID: NewSandboxID(), State: sandbox.StateCreating, Image: p.Name, ImageDigest: img.Digest,
 		GuestDigest: m.guestDigest, MemoryMiB: DefaultMemoryMiB, CPUs: DefaultCPUs, CreatedAt: now, StateChangedAt: now, Seq: 1}
 	s.Instance = instanceID(s.ID, 1)
-	if s.PidsLimit, err = m.pidsLimit(0); err != nil {
+	if s.PidsLimit, err = m.pidsLimit(0, s.MemoryMiB); err != nil {
 		return p, err
 	}
 	if s.Network, err = m.createNetwork(sandbox.Spec{}); err != nil {

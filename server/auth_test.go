@@ -252,8 +252,8 @@ func TestAuthSandboxAndProxy(t *testing.T) {
 }
 
 // TestAuthRevocation: a key removed from the database by another process
-// (as `torpor key rm` does) is refused within the verifier's cache bound,
-// and a key made the same way works at once.
+// (as `torpor key rm` does) is refused by the next call, and a key made the
+// same way works at once.
 func TestAuthRevocation(t *testing.T) {
 	a := startAuthServer(t)
 	ctx := context.Background()
@@ -275,29 +275,16 @@ func TestAuthRevocation(t *testing.T) {
 	if err := other.DeleteAPIKey(ctx, a.keyID); err != nil {
 		t.Fatal(err)
 	}
-	removed := time.Now()
-	const bound = 5 * time.Second // apikey.Config.CacheTTL's default
-	for {
-		_, err := a.client.ListSandboxes(ctx)
-		if client.IsUnauthenticated(err) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if time.Since(removed) > bound+time.Second {
-			t.Fatalf("a removed key still works %v after its removal", time.Since(removed))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if _, err := a.client.ListSandboxes(ctx); !client.IsUnauthenticated(err) {
+		t.Fatalf("the call right after the removal: %v, want 401", err)
 	}
-	t.Logf("removed key refused after %v", time.Since(removed).Round(time.Millisecond))
 	if resp, _ := a.do(t, "GET", "/v1/sandboxes", "Bearer "+fresh); resp.StatusCode != 200 {
 		t.Errorf("the other key after the removal: %d", resp.StatusCode)
 	}
 }
 
 // TestAuthRateLimited: an address that keeps presenting wrong keys gets 429
-// with Retry-After, before its key is looked at.
+// with Retry-After for them; a good key from it is still admitted.
 func TestAuthRateLimited(t *testing.T) {
 	a := startAuthServer(t)
 	wrong, _ := apikey.Generate()
@@ -311,10 +298,14 @@ func TestAuthRateLimited(t *testing.T) {
 	if last.StatusCode != 429 || last.Header.Get("Retry-After") == "" {
 		t.Fatalf("20 wrong keys: last answer %d, Retry-After %q; want 429 with Retry-After", last.StatusCode, last.Header.Get("Retry-After"))
 	}
-	resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+a.key)
+	resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+wrong)
 	var eb apiv1.ErrorBody
 	if resp.StatusCode != 429 || json.Unmarshal([]byte(body), &eb) != nil || eb.Error.Code != apiv1.CodeRateLimited {
-		t.Fatalf("the good key from the limited address: %d %s, want 429 rate_limited", resp.StatusCode, body)
+		t.Fatalf("a wrong key from the limited address: %d %s, want 429 rate_limited", resp.StatusCode, body)
+	}
+	// Only failed attempts are throttled: the good key passes.
+	if resp, body := a.do(t, "GET", "/v1/sandboxes", "Bearer "+a.key); resp.StatusCode != 200 {
+		t.Fatalf("the good key from the limited address: %d %s, want 200", resp.StatusCode, body)
 	}
 	if resp, _ := a.do(t, "GET", "/healthz", ""); resp.StatusCode != 200 {
 		t.Errorf("/healthz from the limited address: %d", resp.StatusCode)

@@ -322,6 +322,7 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 			pr.Out.Header.Set(HeaderForwarded, self)
 		},
 		FlushInterval: -1, // exec streams and the port proxy's answers as they come
+		ErrorLog:      f.s.ErrorLog(),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var op *net.OpError
 			if next, ok := r.Context().Value(fallbackKey{}).(http.Handler); ok && errors.As(err, &op) && op.Op == "dial" {

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,7 +75,52 @@ func (s *Server) routes() http.Handler {
 		}
 		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return checkQuery(mux)
+}
+
+// queryParams are the query parameters of the /v1 routes that take any, by
+// mux pattern; every other /v1 route takes none.
+var queryParams = map[string][]string{
+	"GET /v1/sandboxes/{id}/files": {"path"},
+	"PUT /v1/sandboxes/{id}/files": {"path"},
+	"POST /v1/images/import":       {"name", "replace"},
+}
+
+// checkQuery refuses, with 400 invalid_argument naming it, a /v1 call with a
+// query parameter its route does not take, so that one the route does not
+// have (GET /v1/sandboxes?limit=10) is not silently ignored. The port proxy
+// (/v1/sandboxes/{id}/ports/…) passes its query to the sandbox and is not
+// checked; nor are routes outside /v1 (the E2B API checks its own).
+func checkQuery(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		_, pattern := mux.Handler(r)
+		if pattern == "/" || strings.Contains(pattern, "/ports/") {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, fmt.Sprintf("malformed query string: %v", err))
+			return
+		}
+		allowed := queryParams[pattern]
+		for _, name := range slices.Sorted(maps.Keys(q)) {
+			if !slices.Contains(allowed, name) {
+				takes := "no query parameters"
+				if len(allowed) > 0 {
+					takes = "only " + strings.Join(allowed, ", ")
+				}
+				writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument,
+					fmt.Sprintf("query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, takes))
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // allowedMethods returns the methods for which mux has a route (other than the
@@ -163,7 +211,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	setRetryAfter(w, err)
 	msg := err.Error()
-	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) {
+	if status == http.StatusInsufficientStorage && !strings.Contains(msg, s.dataDir) && !errors.Is(err, manager.ErrSandboxFull) {
 		// A write that found the disk full below the manager (the database,
 		// an image import): the answer names the disk.
 		msg = fmt.Sprintf("the data directory's disk is full (%s): %s; free space on that disk and try again", s.dataDir, msg)
@@ -226,6 +274,9 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var req apiv1.CreateSandboxRequest
 	body, err := decodeBody(r, &req, true)
+	if err == nil {
+		err = checkCreateZeros(body)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -243,6 +294,30 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			sb, _ := s.Manager.Get(ctx, ids[0])
 			return wireSandbox(sb)
 		}})
+}
+
+// checkCreateZeros refuses a create body that gives memory_mib, cpus or
+// pids_limit as 0: absent means the default, and 0 given is more likely a
+// caller's "unlimited" (as in other container tools) than a wish for it.
+// The error names the field and its range.
+func checkCreateZeros(body []byte) error {
+	var given struct {
+		MemoryMiB *int     `json:"memory_mib"`
+		CPUs      *float64 `json:"cpus"`
+		PidsLimit *int     `json:"pids_limit"`
+	}
+	if len(bytes.TrimSpace(body)) == 0 || json.Unmarshal(body, &given) != nil {
+		return nil // decodeBody has judged the body
+	}
+	switch {
+	case given.MemoryMiB != nil && *given.MemoryMiB == 0:
+		return invalidArgument("memory_mib 0: must be between %d and %d; omit it for the default (%d)", manager.MinMemoryMiB, manager.MaxMemoryMiB, manager.DefaultMemoryMiB)
+	case given.CPUs != nil && *given.CPUs == 0:
+		return invalidArgument("cpus 0: must be between %g and %d; omit it for the default (%d)", manager.MinCPUs, manager.MaxCPUs, manager.DefaultCPUs)
+	case given.PidsLimit != nil && *given.PidsLimit == 0:
+		return invalidArgument("pids_limit 0: must be between %d and %d; there is no unlimited, omit it for the server's default", manager.MinPidsLimit, manager.MaxPidsLimit)
+	}
+	return nil
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {

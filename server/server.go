@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -168,6 +169,16 @@ type Server struct {
 // New opens the data directory, reconciles the host with the database (see
 // manager.Reconcile) and returns a server ready to serve. Errors name the part
 // that failed (database, runsc, agent binary).
+// defaultLogger is the server's log without Config.Logger: slog's text
+// format on stderr.
+func defaultLogger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)) }
+
+// ErrorLog is a *log.Logger for the net/http parts that take one
+// (http.Server.ErrorLog, httputil.ReverseProxy.ErrorLog: TLS handshake
+// errors, a proxied body cut): their lines go to the server's slog logger
+// at level WARN, in its format, instead of Go's plain log format.
+func (s *Server) ErrorLog() *log.Logger { return slog.NewLogLogger(s.log.Handler(), slog.LevelWarn) }
+
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	authRequired, err := ResolveAuth(cfg.Auth, cfg.Listen)
 	if err != nil {
@@ -178,10 +189,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.DataDir = "/var/lib/torpor"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		cfg.Logger = defaultLogger()
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
+		return nil, err
+	}
+	// What can be checked without writing is checked before the data
+	// directory is made or touched.
+	if cfg.Node == "" {
+		cfg.Node = node.DefaultName()
+	}
+	if err := node.CheckName(cfg.Node); err != nil {
+		return nil, err
+	}
+	if err := checkStoreConfig(dir, cfg.Store); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -189,13 +211,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
-		return nil, err
-	}
-	if cfg.Node == "" {
-		cfg.Node = node.DefaultName()
-	}
-	if err := node.CheckName(cfg.Node); err != nil {
-		lock.Close()
 		return nil, err
 	}
 	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
@@ -303,7 +318,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return fail(err)
 		}
 	}
-	s.ingress = ingress.New()
+	s.ingress = ingress.New(s.ErrorLog())
 	var e2bKeys *apikey.Verifier
 	if authRequired {
 		e2bKeys = s.keys
@@ -488,6 +503,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
 	}
+	if cfg.Logger == nil {
+		// Before the certificate reloader, which would log through
+		// slog.Default (Go's plain log format) without one.
+		cfg.Logger = defaultLogger()
+	}
 	// The address first: a server that cannot listen (the port is taken)
 	// fails before it creates or changes anything in the data directory.
 	if _, err := ResolveAuth(cfg.Auth, cfg.Listen); err != nil {
@@ -523,7 +543,7 @@ func Run(ctx context.Context, cfg Config) error {
 		auth = "required"
 	}
 	scheme := "http"
-	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: s.ErrorLog()}
 	if certs != nil {
 		scheme = "https"
 		hs.TLSConfig = certs.TLSConfig()

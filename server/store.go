@@ -262,14 +262,11 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := cfg.checkKind(); err != nil {
+		return nil, nil, err
+	}
 	switch cfg.Kind {
 	case "plain":
-		if cfg.AsyncUpload {
-			return nil, nil, fmt.Errorf("snapshot store plain: --async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
-		}
-		if key != nil || len(oldKeys) > 0 {
-			return nil, nil, fmt.Errorf("snapshot store plain: --snapshot-key needs --store chunked or s3 (the plain store keeps the engine's files as they are)")
-		}
 		s, err := local.New(filepath.Join(dataDir, "snapshots"))
 		return s, nop, err
 	case "chunked", "local":
@@ -317,6 +314,41 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 	default:
 		return nil, nil, fmt.Errorf("snapshot store %q: want plain, chunked or s3", cfg.Kind)
 	}
+}
+
+// checkKind refuses the options c's resolved Kind cannot have: the plain
+// store has no durable tier (AsyncUpload) and keeps the engine's files as
+// they are (KeyFile, OldKeyFiles).
+func (c StoreConfig) checkKind() error {
+	if c.Kind != "plain" {
+		return nil
+	}
+	if c.AsyncUpload {
+		return fmt.Errorf("snapshot store plain: --async-upload needs --store chunked or s3 (the plain store has no durable tier to upload to)")
+	}
+	if c.KeyFile != "" || len(c.OldKeyFiles) > 0 {
+		return fmt.Errorf("snapshot store plain: --snapshot-key needs --store chunked or s3 (the plain store keeps the engine's files as they are)")
+	}
+	return nil
+}
+
+// checkStoreConfig checks cfg against data directory dir without writing
+// anything, so that a refused configuration leaves no data directory (or
+// database, or store) behind: the store kind (ResolveStoreKind, which only
+// reads dir's record), the options the kind cannot have (checkKind), and the
+// key files (loadKeys).
+func checkStoreConfig(dir string, cfg StoreConfig) error {
+	cfg = withRecordedS3(dir, cfg)
+	kind, err := ResolveStoreKind(dir, cfg)
+	if err != nil {
+		return err
+	}
+	cfg.Kind = kind
+	if err := cfg.checkKind(); err != nil {
+		return err
+	}
+	_, _, err = cfg.loadKeys()
+	return err
 }
 
 // loadKeys reads KeyFile and OldKeyFiles (chunked.LoadKey); nil without

@@ -73,11 +73,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.BaseImage == "" {
 		cfg.BaseImage = image.E2BBaseName
 	}
-	if cfg.Ingress == nil {
-		cfg.Ingress = ingress.New()
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Ingress == nil {
+		cfg.Ingress = ingress.New(slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn))
 	}
 	return &Service{cfg: cfg, log: cfg.Logger}, nil
 }

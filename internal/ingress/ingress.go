@@ -8,9 +8,13 @@ package ingress
 
 import (
 	"context"
+	"errors"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"syscall"
 )
 
 // Target is where one request goes: Dial connects to the server in the
@@ -35,9 +39,11 @@ type Proxy struct {
 	rp *httputil.ReverseProxy
 }
 
-// New returns a Proxy.
-func New() *Proxy {
+// New returns a Proxy whose own errors (a body cut while it is copied) go to
+// errorLog (nil: the log package's standard logger).
+func New(errorLog *log.Logger) *Proxy {
 	return &Proxy{rp: &httputil.ReverseProxy{
+		ErrorLog: errorLog,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(Target)
 			pr.Out.URL.Scheme = "http"
@@ -47,12 +53,12 @@ func New() *Proxy {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		Transport: &http.Transport{
+		Transport: retryOnce{&http.Transport{
 			DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return ctx.Value(targetKey{}).(Target).Dial(ctx)
 			},
-		},
+		}},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			r.Context().Value(targetKey{}).(Target).Fail(w, r, err)
@@ -63,4 +69,40 @@ func New() *Proxy {
 // Serve forwards r to t and copies the answer to w.
 func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, t Target) {
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// retryOnce sends a request again, once, on a new connection (a new
+// Target.Dial, which waits for the sandbox to be running again) when its
+// connection was lost before an answer came — closed under it, reset, or
+// ended — and the request can be sent twice: a GET, HEAD or OPTIONS without
+// a body. A request racing a hibernate, pause or resume of its sandbox is so
+// answered rather than failed with 502 (issue 18: "use of closed network
+// connection"). A refused dial (nothing listens on the port) is not retried.
+type retryOnce struct{ t *http.Transport }
+
+func (rt retryOnce) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := rt.t.RoundTrip(req)
+	if err == nil || !replayable(req) || !connectionLost(err) || req.Context().Err() != nil {
+		return resp, err
+	}
+	return rt.t.RoundTrip(req)
+}
+
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return req.Body == nil || req.Body == http.NoBody
+	}
+	return false
+}
+
+// connectionLost reports an error of a connection that was made and then
+// lost (not a dial's).
+func connectionLost(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }

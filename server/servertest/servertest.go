@@ -249,7 +249,7 @@ func (s *Server) start(t testing.TB) {
 	if s.APIKey != "" {
 		s.Client.APIKey = s.APIKey
 	}
-	s.hs = &http.Server{Handler: srv.Handler()}
+	s.hs = &http.Server{Handler: srv.Handler(), ErrorLog: srv.ErrorLog()}
 	go s.hs.Serve(ln)
 }
 
