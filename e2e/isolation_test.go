@@ -138,6 +138,42 @@ func TestIsolation(t *testing.T) {
 		}
 	})
 
+	t.Run("guest agent refuses processes inside", func(t *testing.T) {
+		a := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+		// Each call goes to the agent's own API, as an unprivileged user would
+		// to run a command as root or fake a restore; the last one binds the
+		// guest's address and calls loopback.
+		const probe = `import http.client, socket, sys
+def call(host, src=None):
+    try:
+        c = http.client.HTTPConnection(host, 49983, timeout=10, source_address=(src, 0) if src else None)
+        c.request("POST", "/exec", body='{"cmd":["id","-u"]}', headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return "answered %d %r" % (r.status, r.read()[:80])
+    except Exception as e:
+        return "refused " + type(e).__name__
+for host, src in [("127.0.0.1", None), ("10.213.0.2", None), ("127.0.0.1", "10.213.0.2")]:
+    print(host, src, call(host, src))`
+		out, errb, code := run(t, c, a.ID, apiv1.ExecRequest{Cmd: []string{"python3", "-c", probe}, TimeoutS: 60})
+		if code != 0 {
+			t.Fatalf("probe: exit %d: %s", code, errb)
+		}
+		t.Logf("calls to the agent from inside:\n%s", out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) < 3 {
+			t.Fatalf("probe printed %q", out)
+		}
+		for _, l := range lines[len(lines)-3:] {
+			if !strings.Contains(l, "refused") {
+				t.Errorf("a process inside the sandbox reached the agent: %s", l)
+			}
+		}
+		// The host still reaches it.
+		if got := strings.TrimSpace(sh(t, c, a.ID, "id -u")); got != "0" {
+			t.Errorf("exec from the host after the probes: %q", got)
+		}
+	})
+
 	t.Run("memory limit", func(t *testing.T) {
 		m := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 128})
 		meminfo := sh(t, c, m.ID, "head -n 2 /proc/meminfo")

@@ -63,7 +63,8 @@ type Options struct {
 }
 
 // Run listens on addr (":49983" in a sandbox), appends its log to LogPath, and serves
-// the agent API until ctx is cancelled; then it returns nil. It returns an error if
+// the agent API to the host only (hostOnly: connections from inside the sandbox
+// are refused) until ctx is cancelled; then it returns nil. It returns an error if
 // it cannot listen or serving fails.
 func Run(ctx context.Context, addr string) error {
 	var lg *log.Logger
@@ -88,7 +89,7 @@ func Run(ctx context.Context, addr string) error {
 	if err := os.Chmod(DevShm, os.ModeSticky|0o777); err != nil && lg != nil && !errors.Is(err, os.ErrNotExist) {
 		lg.Printf("chmod %s: %v", DevShm, err)
 	}
-	return Serve(ctx, ln, Options{Log: lg, RunDir: RunDir, HooksDir: HooksDir})
+	return Serve(ctx, hostOnly{Listener: ln, log: lg}, Options{Log: lg, RunDir: RunDir, HooksDir: HooksDir})
 }
 
 // Serve answers the agent API on ln until ctx is cancelled, then closes ln and returns
