@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"io"
@@ -126,6 +127,26 @@ func TestEnvd(t *testing.T) {
 		// torpor's own API sees the same file.
 		if got := string(readFile(t, c, id, "/tmp/envd/hello.txt")); got != "hello envd" {
 			t.Fatalf("torpor read %q", got)
+		}
+	})
+
+	t.Run("files into a full sandbox", func(t *testing.T) {
+		// /tmp is a quarter of the 256 MiB: 64 MiB; the upload is larger.
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape("/tmp/full.bin"), bytes.NewReader(make([]byte, 96<<20)))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("POST /files of 96 MiB into /tmp: %d %s", resp.StatusCode, b)
+		if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), "the sandbox's file system of") ||
+			!strings.Contains(string(b), "the host's disk is not full") {
+			t.Errorf("upload beyond /tmp's bound: %d %s, want 507 naming the sandbox's own file system", resp.StatusCode, b)
+		}
+		if out := sh(t, c, id, "ls /tmp/full.bin 2>&1 || true"); !strings.Contains(out, "No such file") {
+			t.Errorf("the cut upload left its part: %s", out)
 		}
 	})
 

@@ -307,9 +307,11 @@ func (e *envd) writeAs(hp string, src io.Reader, u *envdUser, md map[string]stri
 	if err := mkdirAllAs(filepath.Dir(hp), u); err != nil {
 		return err
 	}
-	if st, err := os.Stat(hp); err == nil && st.IsDir() {
+	st, err := os.Stat(hp)
+	if err == nil && st.IsDir() {
 		return &fs.PathError{Op: "write", Path: hp, Err: syscall.EISDIR}
 	}
+	existed := err == nil
 	f, err := os.OpenFile(hp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
 	if err != nil {
 		return err
@@ -320,13 +322,13 @@ func (e *envd) writeAs(hp string, src io.Reader, u *envdUser, md map[string]stri
 	}
 	// Without its ReadFrom, f cannot take the copy over from the buffer.
 	bw := bufio.NewWriterSize(struct{ io.Writer }{f}, envdIOChunk)
-	if _, err := io.Copy(bw, src); err != nil {
-		f.Close()
-		return err
+	_, err = io.Copy(bw, src)
+	if err == nil {
+		err = bw.Flush()
 	}
-	if err := bw.Flush(); err != nil {
+	if err != nil {
 		f.Close()
-		return err
+		return e.writeFailed(hp, existed, err)
 	}
 	if err := setMetadata(f, md); err != nil {
 		if !xattrUnsupported(err) {
@@ -336,4 +338,26 @@ func (e *envd) writeAs(hp string, src io.Reader, u *envdUser, md map[string]stri
 		e.srv.log.Printf("envd: %v: the file is written without its metadata", err)
 	}
 	return f.Close()
+}
+
+// writeFailed is the error of an upload to hp cut by err: the part written
+// is not left to fill the sandbox (a file the write made is removed, one it
+// truncated is left empty), and a full file system is named as the
+// sandbox's own (its writable layer or /tmp lives in sandbox memory and has
+// its size; the host's disk is not the one that is full).
+func (e *envd) writeFailed(hp string, existed bool, err error) error {
+	if existed {
+		os.Truncate(hp, 0)
+	} else {
+		os.Remove(hp)
+	}
+	if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+		return err
+	}
+	var sfs syscall.Statfs_t
+	size := ""
+	if syscall.Statfs(filepath.Dir(hp), &sfs) == nil {
+		size = fmt.Sprintf(" of %d MiB", uint64(sfs.Blocks)*uint64(sfs.Bsize)>>20)
+	}
+	return fmt.Errorf("write %s: the sandbox's file system%s is full (the writable layer and /tmp live in sandbox memory; the host's disk is not full); nothing of this upload was kept: free space in the sandbox or create it with more memory: %w", hp, size, err)
 }
