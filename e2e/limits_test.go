@@ -233,6 +233,16 @@ func TestFileWriteIntoFullSandbox(t *testing.T) {
 		}
 		sh(t, c, sb.ID, "rm -f "+d.path)
 	}
+	// Through the Go client (torpor cp), streaming: the 507 reaches it, not a
+	// connection reset while it still sends.
+	for i := range 3 {
+		err := c.WriteFile(ctxFor(t, 2*time.Minute), sb.ID, "/root/big", io.LimitReader(zeros{}, 200<<20))
+		var ae *client.APIError
+		if !errors.As(err, &ae) || ae.Status != http.StatusInsufficientStorage {
+			t.Errorf("client upload %d of 200 MiB into a full sandbox: %v, want the API's 507", i, err)
+		}
+		sh(t, c, sb.ID, "rm -f /root/big")
+	}
 	writeFile(t, c, sb.ID, "/root/small", []byte("fits"))
 	if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
 		t.Errorf("sandbox in state %s (%s) after the writes, want running", st.State, st.Error)
@@ -295,4 +305,12 @@ func TestAdmissionOnHost(t *testing.T) {
 	if _, err := c.Resume(ctx, first.ID); err != nil {
 		t.Errorf("resume once memory is free: %v", err)
 	}
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

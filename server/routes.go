@@ -497,15 +497,29 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	io.Copy(w, rc)
 }
 
+// What a refused upload reads of its body's rest before it answers (writeFile).
+const (
+	uploadDrainMax  = 4 << 30 // bytes
+	uploadDrainWait = 5 * time.Second
+)
+
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
-		// An upload cut short leaves its body unread, perhaps by a client that
-		// sends nothing more: end that read now. A read ended so cancels the
-		// connection's context (net/http's connReader), and every later
-		// request on it would start cancelled (503 "context canceled" after a
-		// refused PUT, found by TestFileErrorsOfThePath): close it.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
-		w.Header().Set("Connection", "close")
+		// An upload cut short leaves its body unread. The rest is read and
+		// dropped first (up to uploadDrainMax bytes, for up to
+		// uploadDrainWait), so that a client still sending gets the answer
+		// and not a connection reset mid-body (torpor cp of 200 MB into a
+		// full sandbox said "cannot reach the server" 2 times in 3). A client
+		// that sends nothing more is cut at the deadline; a read ended so
+		// cancels the connection's context (net/http's connReader), and every
+		// later request on it would start cancelled (503 "context canceled"
+		// after a refused PUT, found by TestFileErrorsOfThePath): close it.
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(uploadDrainWait))
+		if n, derr := io.Copy(io.Discard, io.LimitReader(r.Body, uploadDrainMax)); derr != nil || n == uploadDrainMax {
+			_ = rc.SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+		}
 		s.fail(w, r, err)
 		return
 	}
