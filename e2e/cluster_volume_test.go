@@ -26,8 +26,8 @@ func TestClusterVolume(t *testing.T) {
 	ctx := ctxFor(t, 15*time.Minute)
 	cl := startCluster(t, ctx)
 	a, b := cl.nodes["cl-a"], cl.nodes["cl-b"]
-	if _, err := a.c.CreateVolume(ctx, "vol-a"); err != nil {
-		t.Fatal(err)
+	if v, err := a.c.CreateVolume(ctx, "vol-a"); err != nil || v.Node != "cl-a" {
+		t.Fatalf("create volume through cl-a: %+v %v, want node cl-a", v, err)
 	}
 	sb := create(t, b.c, apiv1.CreateSandboxRequest{MemoryMiB: 256, Volumes: []apiv1.VolumeMount{{Name: "vol-a", Path: "/data"}}})
 	id := sb.ID

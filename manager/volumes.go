@@ -102,7 +102,7 @@ func (m *Manager) createVolume(ctx context.Context, name, from string) (sandbox.
 		_ = os.RemoveAll(dir)
 		return sandbox.Volume{}, err
 	}
-	return sandbox.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from}, nil
+	return sandbox.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from, Node: v.Node}, nil
 }
 
 // usedBy maps volume names to the sandboxes that mount them.
@@ -132,7 +132,7 @@ func (m *Manager) ListVolumes(ctx context.Context) ([]sandbox.Volume, error) {
 	}
 	out := make([]sandbox.Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]})
+		out = append(out, sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, Node: v.Node, UsedBy: used[v.Name]})
 	}
 	return out, nil
 }
@@ -150,7 +150,7 @@ func (m *Manager) GetVolume(ctx context.Context, name string) (sandbox.Volume, e
 	if err != nil {
 		return sandbox.Volume{}, err
 	}
-	return sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]}, nil
+	return sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, Node: v.Node, UsedBy: used[v.Name]}, nil
 }
 
 // DeleteVolume deletes a volume and its data. Errors: sandbox.ErrNotFound; sandbox.ErrConflict
