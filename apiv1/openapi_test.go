@@ -135,7 +135,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 			InternetAccess: new(bool), AllowOut: []string{"10.0.0.0/8"}, DenyOut: []string{"1.2.3.4"}},
 		"UpdateSandboxRequest": UpdateSandboxRequest{IdleTimeoutS: new(int), PauseAfterS: new(int), TimeoutS: new(int), OnTimeout: new(string), HibernationMode: new(string), OnResume: &[]string{}, ExpiresAt: ExpireNever},
 		"VolumeMount":          VolumeMount{}, "Hibernation": Hibernation{}, "Usage": Usage{},
-		"Volume": Volume{CopiedFrom: "v", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
+		"Volume": Volume{CopiedFrom: "v", Node: "n", UsedBy: []string{"s"}}, "CreateVolumeRequest": CreateVolumeRequest{}, "ListVolumesResponse": ListVolumesResponse{},
 		"Sandbox":               fullSandbox(),
 		"Snapshot":              Snapshot{Parent: new(string), UsedBy: []string{"s"}},
 		"ListSnapshotsResponse": ListSnapshotsResponse{}, "VerifySnapshotResponse": VerifySnapshotResponse{},

@@ -170,6 +170,10 @@ type Volume struct {
 	CreatedAt time.Time `json:"created_at"`
 	// CopiedFrom names the volume this one was copied from (fork with volumes "copy").
 	CopiedFrom string `json:"copied_from,omitempty"`
+	// Node is the node whose data directory holds it (the node that created
+	// it), where every sandbox that mounts it runs; absent on volumes from
+	// before nodes were recorded.
+	Node string `json:"node,omitempty"`
 	// UsedBy lists the sandboxes (running or hibernated) that mount it.
 	UsedBy []string `json:"used_by,omitempty"`
 }

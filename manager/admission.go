@@ -160,9 +160,17 @@ type AdmissionError struct {
 	// then those of the node with the most room (0 without nodes).
 	Placement bool
 	Nodes     int
+	// Volume, when set, is the named volume the sandbox mounts, which lives
+	// on node VolumeNode alone: placement refused the call because that node
+	// is VolumeNodeState ("lost", "draining", "unknown" or "full").
+	Volume, VolumeNode, VolumeNodeState string
 }
 
 func (e *AdmissionError) Error() string {
+	if e.Volume != "" {
+		return fmt.Sprintf("volume %s is on node %s, which is %s: a sandbox that mounts it runs only on that node (%d MiB needed)",
+			e.Volume, e.VolumeNode, e.VolumeNodeState, e.NeedMiB)
+	}
 	if e.Placement {
 		return fmt.Sprintf("host memory full on every node: %d MiB more fit none of the %d active nodes (each admits its memory × its overcommit ratio; the one with the most room has %d of %d MiB committed)",
 			e.NeedMiB, e.Nodes, e.UsedMiB, e.CapMiB)

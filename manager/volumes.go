@@ -34,6 +34,14 @@ import (
 // <name>-<12 characters of the clone's id> holding a copy (cp -a) of the volume as
 // it is right after the fork's checkpoint, mounted at the same path. The copies
 // are ordinary volumes: they outlive the clone.
+//
+// Nodes: a volume's record names the node that created it (Config.Node; on a
+// single-node SQLite server its node name, which may be ""). Its directory is
+// on that node alone, so the cluster front (server/cluster.go) places every
+// create, resume and fork of a sandbox that mounts it there, and refuses
+// (503) when that node is lost, draining or full rather than placing
+// elsewhere. A clone's copies are made on the source's node, so they are
+// recorded there too.
 
 var volumeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,49}$`)
 
@@ -71,7 +79,7 @@ func (m *Manager) CreateVolume(ctx context.Context, name string) (sandbox.Volume
 }
 
 func (m *Manager) createVolume(ctx context.Context, name, from string) (sandbox.Volume, error) {
-	v := metadata.Volume{Name: name, CreatedAt: time.Now().UTC(), CopiedFrom: from}
+	v := metadata.Volume{Name: name, CreatedAt: time.Now().UTC(), CopiedFrom: from, Node: m.cfg.Node}
 	if err := m.cfg.DB.CreateVolume(ctx, v); err != nil {
 		if errors.Is(err, metadata.ErrExists) {
 			return sandbox.Volume{}, conflict("volume %s already exists", name)
@@ -94,7 +102,7 @@ func (m *Manager) createVolume(ctx context.Context, name, from string) (sandbox.
 		_ = os.RemoveAll(dir)
 		return sandbox.Volume{}, err
 	}
-	return sandbox.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from}, nil
+	return sandbox.Volume{Name: name, CreatedAt: v.CreatedAt, CopiedFrom: from, Node: v.Node}, nil
 }
 
 // usedBy maps volume names to the sandboxes that mount them.
@@ -124,7 +132,7 @@ func (m *Manager) ListVolumes(ctx context.Context) ([]sandbox.Volume, error) {
 	}
 	out := make([]sandbox.Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]})
+		out = append(out, sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, Node: v.Node, UsedBy: used[v.Name]})
 	}
 	return out, nil
 }
@@ -142,7 +150,7 @@ func (m *Manager) GetVolume(ctx context.Context, name string) (sandbox.Volume, e
 	if err != nil {
 		return sandbox.Volume{}, err
 	}
-	return sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, UsedBy: used[v.Name]}, nil
+	return sandbox.Volume{Name: v.Name, CreatedAt: v.CreatedAt, CopiedFrom: v.CopiedFrom, Node: v.Node, UsedBy: used[v.Name]}, nil
 }
 
 // DeleteVolume deletes a volume and its data. Errors: sandbox.ErrNotFound; sandbox.ErrConflict

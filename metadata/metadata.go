@@ -463,4 +463,9 @@ type Volume struct {
 	Name       string
 	CreatedAt  time.Time
 	CopiedFrom string
+	// Node is the name of the node whose data directory holds the volume
+	// (the node that created it): sandboxes that mount it start and resume
+	// only there. "" on a record from before nodes were recorded (version
+	// 14): such a volume is on whichever node serves, as with one node.
+	Node string
 }

@@ -182,6 +182,8 @@ type Volume struct {
 	CreatedAt time.Time
 	// CopiedFrom names the volume this one was copied from (a fork's copy).
 	CopiedFrom string
+	// Node is the node whose data directory holds it ("" if not recorded).
+	Node string
 	// UsedBy lists the sandboxes (running or hibernated) that mount it.
 	UsedBy []string
 }

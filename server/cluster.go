@@ -59,6 +59,8 @@ type call struct {
 	// in state error); record: it reads the record alone; create: it makes
 	// a sandbox.
 	wakes, record, create, resume bool
+	// fork: it forks the sandbox.
+	fork bool
 	// keep: its body may be kept to be sent again.
 	keep bool
 }
@@ -92,6 +94,8 @@ func classifyCall(r *http.Request, domain string) call {
 		c.wakes = true
 	case "resume":
 		c.wakes, c.resume = true, true
+	case "fork":
+		c.fork = true
 	}
 	return c
 }
@@ -159,17 +163,27 @@ func (e errReader) Read([]byte) (int, error) {
 }
 
 // target is the node that serves call c (request r), nil for this one;
-// placed says that placement picked it (no node owns the sandbox). Errors:
-// Place's refusal when no node has room; the database's.
+// placed says that placement picked it (no node owns the sandbox). A
+// sandbox that mounts a volume recorded on a node is placed on that node
+// only (create, resume, and a fork of a sandbox no node owns), never served
+// elsewhere as a fallback. Errors: Place's refusal when no node (or not the
+// volume's node) has room; the database's.
 func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (target *url.URL, placed bool, err error) {
 	s := f.s
 	if c.create {
-		self, err := s.db.GetNode(ctx, s.node)
-		if err != nil || !self.Draining {
+		mib, vols := createRequest(r)
+		p := Placement{Op: "create", MiB: mib}
+		if p.Volume, p.VolumeNode, err = f.volumeNode(ctx, vols); err != nil {
 			return nil, false, err
 		}
-		u, err := f.placeURL(ctx, "create", "", createMiB(r), "")
-		return u, true, err
+		if p.VolumeNode == "" {
+			self, err := s.db.GetNode(ctx, s.node)
+			if err != nil || !self.Draining {
+				return nil, false, err
+			}
+		}
+		u, err := f.placeURL(ctx, p)
+		return u, p.VolumeNode == "", err
 	}
 	rec, err := s.db.GetSandbox(ctx, c.id)
 	if err != nil || rec.Owner == s.node {
@@ -186,38 +200,77 @@ func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (tar
 		u, err := url.Parse(n.Advertise)
 		return u, false, err
 	}
+	p := Placement{Op: "resume", SandboxID: rec.ID, MiB: rec.MemoryMiB, Prefer: rec.SnapshotNode}
+	if p.Volume, p.VolumeNode, err = f.volumeNode(ctx, rec.Volumes); err != nil {
+		return nil, false, err
+	}
+	if c.fork && p.VolumeNode != "" {
+		// The clones' copies of the volumes are made from its directory.
+		p.Op, p.Prefer = "fork", ""
+		u, err := f.placeURL(ctx, p)
+		return u, false, err
+	}
 	if !c.wakes || !(rec.State == sandbox.StateHibernated || (c.resume && rec.State == sandbox.StateError)) {
 		return nil, false, nil
 	}
-	u, err := f.placeURL(ctx, "resume", rec.ID, rec.MemoryMiB, rec.SnapshotNode)
-	return u, true, err
+	u, err := f.placeURL(ctx, p)
+	return u, p.VolumeNode == "", err
 }
 
-// createMiB is the memory of the sandbox create request r makes: REST v1's
-// memory_mib from its kept body, else manager.DefaultMemoryMiB (E2B's
-// creates, whose memory is their template's, and bodies not kept or not
-// read: the node that serves the call checks them).
-func createMiB(r *http.Request) int {
+// volumeNode is the first of vols whose record names a node, and that
+// node ("", "" if none does; a volume without a record is the serving
+// node's to refuse).
+func (f *clusterFront) volumeNode(ctx context.Context, vols []sandbox.VolumeMount) (name, nodeName string, err error) {
+	for _, vm := range vols {
+		v, err := f.s.db.GetVolume(ctx, vm.Name)
+		if errors.Is(err, metadata.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", "", err
+		}
+		if v.Node != "" {
+			return v.Name, v.Node, nil
+		}
+	}
+	return "", "", nil
+}
+
+// createRequest is the memory and the volumes of the sandbox create request
+// r makes: REST v1's memory_mib and volumes from its kept body, else
+// manager.DefaultMemoryMiB and none (E2B's creates, whose memory is their
+// template's, and bodies not kept or not read: the node that serves the
+// call checks them).
+func createRequest(r *http.Request) (mib int, vols []sandbox.VolumeMount) {
 	var req struct {
 		MemoryMiB int `json:"memory_mib"`
+		Volumes   []struct {
+			Name string `json:"name"`
+		} `json:"volumes"`
 	}
+	mib = manager.DefaultMemoryMiB
 	if strings.HasPrefix(r.URL.Path, "/v1/") && r.GetBody != nil {
 		if body, err := r.GetBody(); err == nil {
-			if json.NewDecoder(body).Decode(&req) == nil && req.MemoryMiB > 0 {
-				return req.MemoryMiB
+			if json.NewDecoder(body).Decode(&req) == nil {
+				if req.MemoryMiB > 0 {
+					mib = req.MemoryMiB
+				}
+				for _, v := range req.Volumes {
+					vols = append(vols, sandbox.VolumeMount{Name: v.Name})
+				}
 			}
 		}
 	}
-	return manager.DefaultMemoryMiB
+	return mib, vols
 }
 
-// placeURL is the URL of the node Place picks for call c of sandbox id
-// (op "create" or "resume"), nil for this node; this node's room is judged
-// by its manager's committed memory now, the others' by their records.
-func (f *clusterFront) placeURL(ctx context.Context, op, id string, mib int, prefer string) (*url.URL, error) {
+// placeURL is the URL of the node Place picks for p, nil for this node;
+// this node's room is judged by its manager's committed memory now, the
+// others' by their records.
+func (f *clusterFront) placeURL(ctx context.Context, p Placement) (*url.URL, error) {
 	s := f.s
-	n, err := Place(ctx, s.db, Placement{Op: op, SandboxID: id, MiB: mib, Prefer: prefer, Self: s.node,
-		SelfCommitted: s.Manager.CommittedMiB, RetryAfter: s.Manager.Limits().RetryAfter}, time.Now())
+	p.Self, p.SelfCommitted, p.RetryAfter = s.node, s.Manager.CommittedMiB, s.Manager.Limits().RetryAfter
+	n, err := Place(ctx, s.db, p, time.Now())
 	if err != nil || n.Name == s.node {
 		return nil, err
 	}
@@ -231,6 +284,10 @@ type Placement struct {
 	MiB           int
 	// Prefer is the node that holds the snapshot's local copy ("": none).
 	Prefer, Self string
+	// Volume and VolumeNode, when VolumeNode is set: the sandbox mounts the
+	// named volume Volume, whose directory is on node VolumeNode alone; the
+	// sandbox is placed there or nowhere.
+	Volume, VolumeNode string
 	// SelfCommitted, if set, is Self's committed memory now (MiB), judged
 	// in place of its record's load (as of its last heartbeat).
 	SelfCommitted func(context.Context) (int64, error)
@@ -244,6 +301,9 @@ type Placement struct {
 // committed, plus p.MiB within its memory × its registered overcommit
 // ratio), p.Prefer if it is one (the node that holds the snapshot's local
 // copy), else p.Self, else the one with the most room (by name on a tie).
+// A sandbox that mounts a volume (p.VolumeNode set) goes to the volume's
+// node only: if it is lost, draining, unknown or has no room, the refusal
+// (503, Retry-After) names the volume and its node.
 // Nodes asked at once may pick differently: the sandbox's lease
 // (metadata.ClaimSandbox) lets one resume it, and the picked node's own
 // admission control decides. Errors: a *sandbox.Error of kind Unavailable
@@ -256,6 +316,21 @@ func Place(ctx context.Context, nodes metadata.Nodes, p Placement, now time.Time
 	}
 	room := func(n metadata.Node) int64 {
 		return node.AdmittedMiB(n.Capacity.MemoryMiB, n.MemoryOvercommit) - n.Load.MemoryMiB
+	}
+	if p.VolumeNode != "" {
+		state := "unknown"
+		for i := range all {
+			if all[i].Name == p.VolumeNode {
+				all, state = all[i:i+1], string(node.StateOf(all[i], now))
+				break
+			}
+		}
+		if state == "unknown" {
+			all = nil
+		}
+		if state != string(node.StateActive) {
+			return nil, volumeRefusal(p, state)
+		}
 	}
 	var fit []metadata.Node
 	var best *metadata.Node
@@ -276,6 +351,9 @@ func Place(ctx context.Context, nodes metadata.Nodes, p Placement, now time.Time
 		if node.HasRoom(n.Load.MemoryMiB, int64(p.MiB), n.Capacity.MemoryMiB, n.MemoryOvercommit) {
 			fit = append(fit, n)
 		}
+	}
+	if len(fit) == 0 && p.VolumeNode != "" {
+		return nil, volumeRefusal(p, "full")
 	}
 	if len(fit) == 0 {
 		ae := &manager.AdmissionError{Placement: true, Nodes: active, NeedMiB: int64(p.MiB), Retry: p.RetryAfter}
@@ -299,6 +377,15 @@ func Place(ctx context.Context, nodes metadata.Nodes, p Placement, now time.Time
 		return fit[i].Name < fit[j].Name
 	})
 	return &fit[0], nil
+}
+
+// volumeRefusal is Place's refusal of p, whose volume's node is in state
+// state.
+func volumeRefusal(p Placement, state string) error {
+	ae := &manager.AdmissionError{Placement: true, Nodes: 1, NeedMiB: int64(p.MiB), Retry: p.RetryAfter,
+		Volume: p.Volume, VolumeNode: p.VolumeNode, VolumeNodeState: state}
+	return (&sandbox.Error{Kind: sandbox.Unavailable, Op: p.Op, SandboxID: p.SandboxID, Err: ae}).
+		WithHint("retry once node " + p.VolumeNode + " is back, undrained (torpor node undrain) or has room; the volume's data is on that node only")
 }
 
 // forward sends r to the node at base and copies its answer back, streamed.

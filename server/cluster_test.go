@@ -22,7 +22,9 @@ import (
 // rule (committed + need ≤ memory × the node's overcommit ratio, its
 // record's load or, for the asking node, its committed memory now); the
 // snapshot's node first, then the asking node, then the most room, by name
-// on a tie; with none, a 503 refusal with Retry-After. On SQLite and on
+// on a tie; with none, a 503 refusal with Retry-After; a sandbox that
+// mounts a volume on the volume's node only, else a 503 naming the volume,
+// its node and why (lost, draining, unknown, full). On SQLite and on
 // PostgreSQL (a private cluster).
 func TestPlace(t *testing.T) {
 	t.Run("SQLite", func(t *testing.T) {
@@ -107,6 +109,39 @@ func testPlace(t *testing.T, db metadata.Nodes) {
 			t.Errorf("Place(%d MiB, prefer %q, self %q) = %q %v, want %q", tc.mib, tc.prefer, tc.self, got, err, tc.want)
 		}
 	}
+	// A sandbox that mounts a volume goes to the volume's node or nowhere.
+	for _, tc := range []struct {
+		mib                  int
+		prefer, self, volume string
+		want, refused        string
+	}{
+		{512, "c", "c", "f", "f", ""},  // the volume's node over the snapshot's and the asking one
+		{512, "", "", "h", "h", ""},    // full to the MiB
+		{513, "", "", "h", "", "full"}, // one MiB more than h has: not elsewhere
+		{512, "", "c", "a", "", "draining"},
+		{512, "", "c", "e", "", "lost"},
+		{512, "", "c", "zz", "", "unknown"}, // no record
+		{512, "", "c", "b", "", "full"},
+	} {
+		n, err := Place(ctx, db, Placement{Op: "resume", SandboxID: "sbx-1", MiB: tc.mib, Prefer: tc.prefer, Self: tc.self,
+			Volume: "data", VolumeNode: tc.volume, RetryAfter: 7 * time.Second}, now)
+		got := ""
+		if n != nil {
+			got = n.Name
+		}
+		if tc.refused != "" {
+			var ae *manager.AdmissionError
+			want := "volume data is on node " + tc.volume + ", which is " + tc.refused
+			if n != nil || !errors.As(err, &ae) || ae.VolumeNode != tc.volume || sandbox.KindOf(err) != sandbox.Unavailable ||
+				manager.RetryAfterSeconds(err) != 7 || !strings.Contains(err.Error(), want) {
+				t.Errorf("Place(volume on %s, %d MiB) = %q %v; want a refusal %q, retry after 7 s", tc.volume, tc.mib, got, err, want)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Place(volume on %s, %d MiB) = %q %v, want %q", tc.volume, tc.mib, got, err, tc.want)
+		}
+	}
 }
 
 // TestClassifyCall: which sandbox a request is about, whether it wakes it,
@@ -128,6 +163,7 @@ func TestClassifyCall(t *testing.T) {
 		{"POST", "/v1/sandboxes", nil, call{create: true, keep: true}},
 		{"GET", "/v1/sandboxes", nil, call{}},
 		{"GET", "/v1/nodes", nil, call{}},
+		{"POST", "/v1/sandboxes/sbx-1/fork", nil, call{id: "sbx-1", fork: true, keep: true}},
 		{"POST", "/sandboxes", nil, call{create: true, keep: true}},
 		{"POST", "/sandboxes/sbx-1/connect", nil, call{id: "sbx-1", wakes: true, keep: true}},
 		{"POST", "/v2/sandboxes/sbx-1/connect", nil, call{id: "sbx-1", wakes: true, keep: true}},

@@ -560,7 +560,7 @@ func testKeptSnapshots(t *testing.T, st metadata.Store) {
 
 // testVolumes: create, ErrExists, get, list by name, delete, not found.
 func testVolumes(t *testing.T, st metadata.Store) {
-	for _, v := range []metadata.Volume{{Name: "data", CreatedAt: at(1)}, {Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache"},
+	for _, v := range []metadata.Volume{{Name: "data", CreatedAt: at(1)}, {Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache", Node: "node-b"},
 		{Name: "b", CreatedAt: at(3)}} {
 		if err := st.CreateVolume(ctx, v); err != nil {
 			t.Fatal(err)
@@ -570,14 +570,14 @@ func testVolumes(t *testing.T, st metadata.Store) {
 		t.Errorf("create of a taken name: %v", err)
 	}
 	v, err := st.GetVolume(ctx, "cache-x")
-	if err != nil || !equal(v, metadata.Volume{Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache"}) {
+	if err != nil || !equal(v, metadata.Volume{Name: "cache-x", CreatedAt: at(2).Add(time.Millisecond), CopiedFrom: "cache", Node: "node-b"}) {
 		t.Errorf("get: %+v %v", v, err)
 	}
 	if v, _ := st.GetVolume(ctx, "data"); !v.CreatedAt.Equal(at(1)) {
 		t.Errorf("a refused create changed the volume: %+v", v)
 	}
 	all, err := st.ListVolumes(ctx)
-	if err != nil || len(all) != 3 || all[0].Name != "b" || all[1].Name != "cache-x" || all[2].Name != "data" {
+	if err != nil || len(all) != 3 || all[0].Name != "b" || all[1].Name != "cache-x" || all[1].Node != "node-b" || all[2].Name != "data" || all[2].Node != "" {
 		t.Errorf("list: %+v %v", all, err)
 	}
 	if err := st.DeleteVolume(ctx, "data"); err != nil {

@@ -283,15 +283,15 @@ func (st *Store) ListImages(ctx context.Context) ([]sandbox.Image, error) {
 func scanVolume(r scanner) (metadata.Volume, error) {
 	var v metadata.Volume
 	var created string
-	err := r.Scan(&v.Name, &created, &v.CopiedFrom)
+	err := r.Scan(&v.Name, &created, &v.CopiedFrom, &v.Node)
 	v.CreatedAt = parseTS(created)
 	return v, err
 }
 
 // CreateVolume implements metadata.Volumes.
 func (st *Store) CreateVolume(ctx context.Context, v metadata.Volume) error {
-	res, err := st.exec(ctx, st.db, `INSERT INTO volumes (name, created_at, copied_from) VALUES (?,?,?) ON CONFLICT(name) DO NOTHING`,
-		v.Name, st.ts(v.CreatedAt), v.CopiedFrom)
+	res, err := st.exec(ctx, st.db, `INSERT INTO volumes (name, created_at, copied_from, node) VALUES (?,?,?,?) ON CONFLICT(name) DO NOTHING`,
+		v.Name, st.ts(v.CreatedAt), v.CopiedFrom, v.Node)
 	if err != nil {
 		return fmt.Errorf("metadata: create volume %s: %w", v.Name, err)
 	}
@@ -303,7 +303,7 @@ func (st *Store) CreateVolume(ctx context.Context, v metadata.Volume) error {
 
 // GetVolume implements metadata.Volumes.
 func (st *Store) GetVolume(ctx context.Context, name string) (metadata.Volume, error) {
-	v, err := scanVolume(st.row(ctx, st.db, `SELECT name, created_at, copied_from FROM volumes WHERE name = ?`, name))
+	v, err := scanVolume(st.row(ctx, st.db, `SELECT name, created_at, copied_from, node FROM volumes WHERE name = ?`, name))
 	if err != nil {
 		return metadata.Volume{}, notFound(err, "volume", name)
 	}
@@ -312,7 +312,7 @@ func (st *Store) GetVolume(ctx context.Context, name string) (metadata.Volume, e
 
 // ListVolumes implements metadata.Volumes.
 func (st *Store) ListVolumes(ctx context.Context) ([]metadata.Volume, error) {
-	return queryList(ctx, st, "list volumes", `SELECT name, created_at, copied_from FROM volumes ORDER BY name`, scanVolume)
+	return queryList(ctx, st, "list volumes", `SELECT name, created_at, copied_from, node FROM volumes ORDER BY name`, scanVolume)
 }
 
 // DeleteVolume implements metadata.Volumes.
