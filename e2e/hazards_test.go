@@ -87,11 +87,13 @@ func hzCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// hzCreate creates a sandbox that never idles out during the test.
+// hzCreate creates a sandbox that never idles out during the test: neither
+// hibernated nor paused (the paused tier's pause_after_s defaults to 5 s),
+// so that only the test's own hibernates, resumes and forks restore it.
 func hzCreate(t *testing.T, c *client.Client) apiv1.Sandbox {
 	t.Helper()
 	never := 0
-	sb, err := c.CreateSandbox(hzCtx(t, 5*time.Minute), apiv1.CreateSandboxRequest{IdleTimeoutS: &never})
+	sb, err := c.CreateSandbox(hzCtx(t, 5*time.Minute), apiv1.CreateSandboxRequest{IdleTimeoutS: &never, PauseAfterS: &never})
 	if err != nil {
 		t.Fatalf("create sandbox: %v", err)
 	}
