@@ -1,12 +1,20 @@
 package server
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"os"
 	"syscall"
 	"testing"
 
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/sandbox"
 
 	"github.com/torpor/torpor/snapshot"
@@ -33,5 +41,22 @@ func TestClassifyStoreErrors(t *testing.T) {
 		if got, _ := classify(c.err); got != c.status {
 			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.status)
 		}
+	}
+}
+
+// TestPortProxyNoAnswer: a port-proxy request whose server in the sandbox
+// closed the connection without answering is 502 bad_gateway (a new-user
+// trial got 500 internal "EOF") and is logged.
+func TestPortProxyNoAnswer(t *testing.T) {
+	var logs bytes.Buffer
+	s := &Server{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	rec := httptest.NewRecorder()
+	s.failPortProxy(rec, httptest.NewRequest(http.MethodGet, "/v1/sandboxes/sbx-1/ports/8002/reset", nil), fmt.Errorf("%w (%w)", ingress.ErrNoAnswer, io.EOF))
+	var body apiv1.ErrorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusBadGateway || body.Error.Code != apiv1.CodeBadGateway {
+		t.Fatalf("answer %d %s (%v), want 502 bad_gateway", rec.Code, rec.Body.String(), err)
+	}
+	if !strings.Contains(logs.String(), "without answering") {
+		t.Errorf("not logged: %q", logs.String())
 	}
 }

@@ -602,14 +602,6 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 // hibernated sandbox and waits out a hibernate or resume in progress, so such a
 // request is answered once the sandbox runs.
 func (s *Server) proxy() http.Handler {
-	fail := func(w http.ResponseWriter, r *http.Request, err error) {
-		status, code := classify(err)
-		if status == http.StatusInternalServerError && isDialError(err) {
-			status, code = http.StatusBadGateway, apiv1.CodeBadGateway
-		}
-		setRetryAfter(w, err)
-		writeError(w, status, code, err.Error())
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		port, err := strconv.Atoi(r.PathValue("port"))
 		if err != nil || port < 1 || port > 65535 {
@@ -628,9 +620,27 @@ func (s *Server) proxy() http.Handler {
 		s.ingress.Serve(w, r, ingress.Target{
 			Dial: func(ctx context.Context) (net.Conn, error) { return s.Manager.DialPort(ctx, id, port) },
 			Path: "/" + r.PathValue("path"),
-			Fail: fail,
+			Fail: s.failPortProxy,
 		})
 	})
+}
+
+// failPortProxy answers a port-proxy request that got no answer from the
+// sandbox: 502 bad_gateway when nothing listens on the port (the dial failed)
+// or the server there closed the connection without answering
+// (ingress.ErrNoAnswer), logged as a warning; other errors as classify says,
+// a 5xx logged as an error.
+func (s *Server) failPortProxy(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := classify(err)
+	switch {
+	case status == http.StatusInternalServerError && (isDialError(err) || errors.Is(err, ingress.ErrNoAnswer)):
+		status, code = http.StatusBadGateway, apiv1.CodeBadGateway
+		s.log.Warn("port proxy: no answer from the sandbox", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500 && manager.RetryAfterSeconds(err) == 0:
+		s.log.Error("port proxy request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	setRetryAfter(w, err)
+	writeError(w, status, code, err.Error())
 }
 
 func isDialError(err error) bool {
