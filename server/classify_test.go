@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -58,5 +58,23 @@ func TestPortProxyNoAnswer(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "without answering") {
 		t.Errorf("not logged: %q", logs.String())
+	}
+}
+
+// TestDecodeNamesTimeField: a create body whose expires_at is not an RFC 3339
+// time string is a 400 naming expires_at and the form wanted (a new-user
+// trial got time's own message, which names no field).
+func TestDecodeNamesTimeField(t *testing.T) {
+	for _, body := range []string{`{"expires_at":"yesterday"}`, `{"expires_at":12345}`, `{"image":"base","Expires_At":true}`} {
+		var req apiv1.CreateSandboxRequest
+		err := decode(httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(body)), &req, true)
+		status, _ := classify(err)
+		if err == nil || status != http.StatusBadRequest || !strings.Contains(err.Error(), "expires_at") || !strings.Contains(err.Error(), "RFC 3339") {
+			t.Errorf("%s: %d %v, want 400 naming expires_at and RFC 3339", body, status, err)
+		}
+	}
+	var req apiv1.CreateSandboxRequest
+	if err := decode(httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"expires_at":"2030-01-02T03:04:05Z"}`)), &req, true); err != nil || req.ExpiresAt == nil {
+		t.Errorf("a good expires_at: %v", err)
 	}
 }

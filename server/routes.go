@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -261,6 +262,9 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if name, raw, ok := badTimeField(b, v, err); ok {
+			return invalidArgument("%s: want an RFC 3339 time as a JSON string (e.g. \"2030-01-02T15:04:05Z\"), not %s", name, raw)
+		}
 		return invalidArgument("malformed JSON body: %v", err)
 	}
 	// Anything but white space after the object is an error; More alone
@@ -269,6 +273,47 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 		return invalidArgument("malformed JSON body: data after the object")
 	}
 	return nil
+}
+
+// badTimeField names the field of the JSON object b that made decoding it
+// into v (a pointer to a struct) fail with err, when err is time.Time's (a
+// *time.ParseError, or the value not a JSON string), which names no field: the
+// field's JSON name and its raw value, ok true. Only v's own fields of type
+// time.Time or *time.Time are looked at, their names matched
+// case-insensitively as encoding/json does.
+func badTimeField(b []byte, v any, err error) (name string, raw json.RawMessage, ok bool) {
+	var pe *time.ParseError
+	if !errors.As(err, &pe) && !strings.HasPrefix(err.Error(), "Time.UnmarshalJSON") {
+		return "", nil, false
+	}
+	t := reflect.TypeOf(v)
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return "", nil, false
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(b, &fields) != nil {
+		return "", nil, false
+	}
+	timeType := reflect.TypeFor[time.Time]()
+	for _, f := range reflect.VisibleFields(t.Elem()) {
+		if f.Type != timeType && f.Type != reflect.PointerTo(timeType) {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		for key, raw := range fields { // names match case-insensitively, as json's
+			if !strings.EqualFold(key, name) || (f.Type.Kind() == reflect.Pointer && string(raw) == "null") {
+				continue
+			}
+			var tm time.Time
+			if json.Unmarshal(raw, &tm) != nil {
+				return name, raw, true
+			}
+		}
+	}
+	return "", nil, false
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
