@@ -23,6 +23,14 @@ func (a *app) createCommand() *cobra.Command {
 		Short: "Create and start a sandbox; prints its id",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// 0 would be sent as "not given" and get the server's default: a
+			// limit asked for must be one.
+			if req.MemoryMiB <= 0 {
+				return usagef("--memory %d: want a memory limit of at least 1 MiB", req.MemoryMiB)
+			}
+			if req.CPUs <= 0 {
+				return usagef("--cpus %g: want a CPU limit above 0 cores", req.CPUs)
+			}
 			env, err := parseEnv(envs)
 			if err != nil {
 				return err

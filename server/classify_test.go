@@ -1,12 +1,20 @@
 package server
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/sandbox"
 
 	"github.com/torpor/torpor/snapshot"
@@ -33,5 +41,40 @@ func TestClassifyStoreErrors(t *testing.T) {
 		if got, _ := classify(c.err); got != c.status {
 			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.status)
 		}
+	}
+}
+
+// TestPortProxyNoAnswer: a port-proxy request whose server in the sandbox
+// closed the connection without answering is 502 bad_gateway (a new-user
+// trial got 500 internal "EOF") and is logged.
+func TestPortProxyNoAnswer(t *testing.T) {
+	var logs bytes.Buffer
+	s := &Server{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	rec := httptest.NewRecorder()
+	s.failPortProxy(rec, httptest.NewRequest(http.MethodGet, "/v1/sandboxes/sbx-1/ports/8002/reset", nil), fmt.Errorf("%w (%w)", ingress.ErrNoAnswer, io.EOF))
+	var body apiv1.ErrorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusBadGateway || body.Error.Code != apiv1.CodeBadGateway {
+		t.Fatalf("answer %d %s (%v), want 502 bad_gateway", rec.Code, rec.Body.String(), err)
+	}
+	if !strings.Contains(logs.String(), "without answering") {
+		t.Errorf("not logged: %q", logs.String())
+	}
+}
+
+// TestDecodeNamesTimeField: a create body whose expires_at is not an RFC 3339
+// time string is a 400 naming expires_at and the form wanted (a new-user
+// trial got time's own message, which names no field).
+func TestDecodeNamesTimeField(t *testing.T) {
+	for _, body := range []string{`{"expires_at":"yesterday"}`, `{"expires_at":12345}`, `{"image":"base","Expires_At":true}`} {
+		var req apiv1.CreateSandboxRequest
+		err := decode(httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(body)), &req, true)
+		status, _ := classify(err)
+		if err == nil || status != http.StatusBadRequest || !strings.Contains(err.Error(), "expires_at") || !strings.Contains(err.Error(), "RFC 3339") {
+			t.Errorf("%s: %d %v, want 400 naming expires_at and RFC 3339", body, status, err)
+		}
+	}
+	var req apiv1.CreateSandboxRequest
+	if err := decode(httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"expires_at":"2030-01-02T03:04:05Z"}`)), &req, true); err != nil || req.ExpiresAt == nil {
+		t.Errorf("a good expires_at: %v", err)
 	}
 }

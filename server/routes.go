@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -261,6 +262,9 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if name, raw, ok := badTimeField(b, v, err); ok {
+			return invalidArgument("%s: want an RFC 3339 time as a JSON string (e.g. \"2030-01-02T15:04:05Z\"), not %s", name, raw)
+		}
 		return invalidArgument("malformed JSON body: %v", err)
 	}
 	// Anything but white space after the object is an error; More alone
@@ -269,6 +273,47 @@ func decodeJSON(b []byte, v any, allowEmpty bool) error {
 		return invalidArgument("malformed JSON body: data after the object")
 	}
 	return nil
+}
+
+// badTimeField names the field of the JSON object b that made decoding it
+// into v (a pointer to a struct) fail with err, when err is time.Time's (a
+// *time.ParseError, or the value not a JSON string), which names no field: the
+// field's JSON name and its raw value, ok true. Only v's own fields of type
+// time.Time or *time.Time are looked at, their names matched
+// case-insensitively as encoding/json does.
+func badTimeField(b []byte, v any, err error) (name string, raw json.RawMessage, ok bool) {
+	var pe *time.ParseError
+	if !errors.As(err, &pe) && !strings.HasPrefix(err.Error(), "Time.UnmarshalJSON") {
+		return "", nil, false
+	}
+	t := reflect.TypeOf(v)
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return "", nil, false
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(b, &fields) != nil {
+		return "", nil, false
+	}
+	timeType := reflect.TypeFor[time.Time]()
+	for _, f := range reflect.VisibleFields(t.Elem()) {
+		if f.Type != timeType && f.Type != reflect.PointerTo(timeType) {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		for key, raw := range fields { // names match case-insensitively, as json's
+			if !strings.EqualFold(key, name) || (f.Type.Kind() == reflect.Pointer && string(raw) == "null") {
+				continue
+			}
+			var tm time.Time
+			if json.Unmarshal(raw, &tm) != nil {
+				return name, raw, true
+			}
+		}
+	}
+	return "", nil, false
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -616,14 +661,6 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 // hibernated sandbox and waits out a hibernate or resume in progress, so such a
 // request is answered once the sandbox runs.
 func (s *Server) proxy() http.Handler {
-	fail := func(w http.ResponseWriter, r *http.Request, err error) {
-		status, code := classify(err)
-		if status == http.StatusInternalServerError && isDialError(err) {
-			status, code = http.StatusBadGateway, apiv1.CodeBadGateway
-		}
-		setRetryAfter(w, err)
-		writeError(w, status, code, err.Error())
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		port, err := strconv.Atoi(r.PathValue("port"))
 		if err != nil || port < 1 || port > 65535 {
@@ -642,9 +679,27 @@ func (s *Server) proxy() http.Handler {
 		s.ingress.Serve(w, r, ingress.Target{
 			Dial: func(ctx context.Context) (net.Conn, error) { return s.Manager.DialPort(ctx, id, port) },
 			Path: "/" + r.PathValue("path"),
-			Fail: fail,
+			Fail: s.failPortProxy,
 		})
 	})
+}
+
+// failPortProxy answers a port-proxy request that got no answer from the
+// sandbox: 502 bad_gateway when nothing listens on the port (the dial failed)
+// or the server there closed the connection without answering
+// (ingress.ErrNoAnswer), logged as a warning; other errors as classify says,
+// a 5xx logged as an error.
+func (s *Server) failPortProxy(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := classify(err)
+	switch {
+	case status == http.StatusInternalServerError && (isDialError(err) || errors.Is(err, ingress.ErrNoAnswer)):
+		status, code = http.StatusBadGateway, apiv1.CodeBadGateway
+		s.log.Warn("port proxy: no answer from the sandbox", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500 && manager.RetryAfterSeconds(err) == 0:
+		s.log.Error("port proxy request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	setRetryAfter(w, err)
+	writeError(w, status, code, err.Error())
 }
 
 func isDialError(err error) bool {

@@ -129,6 +129,9 @@ func (s *Service) failInSandbox(w http.ResponseWriter, r *http.Request, err erro
 		refuse(w, r, http.StatusBadGateway, connect.CodeFailedPrecondition, err.Error())
 		return
 	}
+	if errors.Is(err, ingress.ErrNoAnswer) {
+		s.log.Warn("e2b: in-sandbox request got no answer", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
 	if !isEnvdRPC(r) {
 		s.fail(w, r, err)
 		return

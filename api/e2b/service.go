@@ -179,7 +179,9 @@ func replyError(w http.ResponseWriter, status int, msg string) {
 // StatusOf is the HTTP status of an error of the manager (or of this
 // package) in E2B's form: a sandbox.Error by its Kind (NotFound 404,
 // InvalidArgument 400, Conflict 409, SnapshotCorrupt 422, Unavailable 503);
-// an ended context 503; a refused dial into a sandbox 502; anything else 500.
+// an ended context 503; a refused dial into a sandbox, or a server there that
+// closed the connection without answering (ingress.ErrNoAnswer), 502;
+// anything else 500.
 func StatusOf(err error) int {
 	var se *sandbox.Error
 	switch {
@@ -200,7 +202,7 @@ func StatusOf(err error) int {
 		}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
-	case isDialError(err):
+	case isDialError(err), errors.Is(err, ingress.ErrNoAnswer):
 		return http.StatusBadGateway
 	}
 	return http.StatusInternalServerError

@@ -1,11 +1,16 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -163,10 +169,28 @@ func TestStatusOf(t *testing.T) {
 		{sandbox.Errorf(sandbox.Unavailable, "x"), http.StatusServiceUnavailable},
 		{context.Canceled, http.StatusServiceUnavailable},
 		{&net.OpError{Op: "dial", Err: errors.New("refused")}, http.StatusBadGateway},
+		{fmt.Errorf("%w (%w)", ingress.ErrNoAnswer, io.EOF), http.StatusBadGateway},
 		{errors.New("boom"), http.StatusInternalServerError},
 	} {
 		if got := StatusOf(c.err); got != c.want {
 			t.Errorf("StatusOf(%v) = %d, want %d", c.err, got, c.want)
 		}
+	}
+}
+
+// TestFailInSandboxNoAnswer: an in-sandbox request whose server closed the
+// connection without answering is 502 in E2B's body form (a new-user trial
+// got 500 {"code":500,"message":"EOF"}) and is logged.
+func TestFailInSandboxNoAnswer(t *testing.T) {
+	var logs bytes.Buffer
+	s := &Service{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	rec := httptest.NewRecorder()
+	s.failInSandbox(rec, httptest.NewRequest(http.MethodGet, "http://8002-sbx-1.e2b.local/reset", nil), fmt.Errorf("%w (%w)", ingress.ErrNoAnswer, io.EOF))
+	var body Error
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusBadGateway || body.Code != http.StatusBadGateway {
+		t.Fatalf("answer %d %s (%v), want 502 {\"code\":502}", rec.Code, rec.Body.String(), err)
+	}
+	if !strings.Contains(logs.String(), "no answer") {
+		t.Errorf("not logged: %q", logs.String())
 	}
 }

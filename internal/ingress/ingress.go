@@ -9,6 +9,7 @@ package ingress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -30,6 +31,12 @@ type Target struct {
 }
 
 type targetKey struct{}
+
+// ErrNoAnswer is wrapped by the error Target.Fail gets when the connection to
+// the server in the sandbox was made and then lost (closed, reset or ended by
+// that server) before an answer came, after the one retry a GET, HEAD or
+// OPTIONS gets. It is a bad gateway (502), not an error of torpor's.
+var ErrNoAnswer = errors.New("the server in the sandbox closed the connection without answering")
 
 // Proxy is a reverse proxy to Targets. Every answer is flushed as it comes
 // (FlushInterval -1: server-sent events and Connect streams pass frame by
@@ -61,6 +68,9 @@ func New(errorLog *log.Logger) *Proxy {
 		}},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if connectionLost(err) && r.Context().Err() == nil {
+				err = fmt.Errorf("%w (%w)", ErrNoAnswer, err)
+			}
 			r.Context().Value(targetKey{}).(Target).Fail(w, r, err)
 		},
 	}}

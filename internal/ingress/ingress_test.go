@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -60,5 +61,45 @@ func TestRetryOnceOnLostConnection(t *testing.T) {
 		if rec.Code != tc.wantStatus || dials.Load() != tc.wantDials {
 			t.Errorf("%s (refused %v): %d %q after %d dials, want %d after %d", tc.method, tc.refused, rec.Code, rec.Body.String(), dials.Load(), tc.wantStatus, tc.wantDials)
 		}
+	}
+}
+
+// TestNoAnswer: a server in the sandbox that reads a GET and closes the
+// connection without answering gets the GET twice (the one retry), and Fail
+// then gets an error wrapping ErrNoAnswer (a 502 for its callers, not a 500
+// "EOF").
+func TestNoAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Read(make([]byte, 4096))
+			c.Close()
+		}
+	}()
+	var dials atomic.Int64
+	var failErr error
+	target := Target{
+		Path: "/reset",
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			dials.Add(1)
+			return (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
+		},
+		Fail: func(w http.ResponseWriter, r *http.Request, err error) {
+			failErr = err
+			http.Error(w, err.Error(), http.StatusBadGateway)
+		},
+	}
+	rec := httptest.NewRecorder()
+	New(nil).Serve(rec, httptest.NewRequest(http.MethodGet, "http://front/reset", nil), target)
+	if !errors.Is(failErr, ErrNoAnswer) || dials.Load() != 2 {
+		t.Fatalf("Fail got %v after %d dials, want ErrNoAnswer after 2", failErr, dials.Load())
 	}
 }
