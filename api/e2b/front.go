@@ -13,6 +13,7 @@ import (
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process/processconnect"
 	"github.com/torpor/torpor/internal/ingress"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -56,26 +57,24 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 			fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
 		return
 	}
-	// The sandbox's record alone: each in-sandbox request reads it (Get's
-	// views would cost several reads more), and the manager reads it again
-	// under the sandbox's lock.
-	st, err := s.cfg.Manager.RequestStateOf(r.Context(), id)
-	if err == nil {
-		err = known(id, st.State, st.Error)
-	}
-	if err == nil && st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
-		err = sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
-	}
-	if err != nil {
-		s.failInSandbox(w, r, err)
-		return
-	}
 	// The routing headers and the token stay on this side.
 	r.Header.Del(HeaderSandboxID)
 	r.Header.Del(HeaderSandboxPort)
 	r.Header.Del(HeaderAccessToken)
 	if route.Port == EnvdPort {
+		// The manager checks the sandbox (reachable) on its record as it
+		// reads it under the sandbox's lock, the request's one read of it.
 		s.serveEnvd(w, r, id)
+		return
+	}
+	// The sandbox's record alone (Get's views would cost several reads
+	// more); the manager reads it again under the sandbox's lock.
+	st, err := s.cfg.Manager.RequestStateOf(r.Context(), id)
+	if err == nil {
+		err = reachable(id, st)
+	}
+	if err != nil {
+		s.failInSandbox(w, r, err)
 		return
 	}
 	port := route.Port
@@ -84,6 +83,19 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 		Dial: func(ctx context.Context) (net.Conn, error) { return s.cfg.Manager.DialPort(ctx, id, port) },
 		Fail: s.failInSandbox,
 	})
+}
+
+// reachable is nil when an in-sandbox request may go on to sandbox id in
+// state st: known's error for a sandbox in state error, sandbox.Conflict for
+// one paused without autoResume.
+func reachable(id string, st manager.RequestState) error {
+	if err := known(id, st.State, st.Error); err != nil {
+		return err
+	}
+	if st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
+		return sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
+	}
+	return nil
 }
 
 // failInSandbox answers an in-sandbox request that could not reach the
