@@ -29,11 +29,15 @@ import (
 // checkpoint. A request in flight is cut when the sandbox hibernates
 // (after the drain) or stops.
 //
-// Errors: those of lockRunning; agentclient.ErrNoEnvd when the sandbox's
-// agent predates envd; the transport's.
-func (m *Manager) EnvdRoundTrip(id string, req *http.Request) (*http.Response, error) {
+// check, when not nil, is called first on the sandbox's RequestState as read
+// under the lock (the one read of its record; a front need not read it
+// before), and its error is returned with nothing sent.
+//
+// Errors: check's; those of lockRunning; agentclient.ErrNoEnvd when the
+// sandbox's agent predates envd; the transport's.
+func (m *Manager) EnvdRoundTrip(id string, req *http.Request, check func(RequestState) error) (*http.Response, error) {
 	ctx := req.Context()
-	_, ac, unlock, err := m.lockEnvd(ctx, id)
+	_, ac, unlock, err := m.lockEnvd(ctx, id, check)
 	if err != nil {
 		return nil, err
 	}
@@ -51,12 +55,12 @@ func (m *Manager) EnvdRoundTrip(id string, req *http.Request) (*http.Response, e
 	return resp, nil
 }
 
-// lockEnvd is lockRunning for a request to sandbox id's envd: it also returns
-// the live agent client, with the lock held. Errors: lockRunning's;
-// sandbox.ErrConflict without an agent connection; agentclient.ErrNoEnvd
-// when the agent predates envd.
-func (m *Manager) lockEnvd(ctx context.Context, id string) (*metadata.Sandbox, *agentclient.Client, func(), error) {
-	s, unlock, err := m.lockRunning(ctx, id)
+// lockEnvd is lockRunningChecked (check may be nil) for a request to sandbox
+// id's envd: it also returns the live agent client, with the lock held.
+// Errors: lockRunningChecked's; sandbox.ErrConflict without an agent
+// connection; agentclient.ErrNoEnvd when the agent predates envd.
+func (m *Manager) lockEnvd(ctx context.Context, id string, check func(RequestState) error) (*metadata.Sandbox, *agentclient.Client, func(), error) {
+	s, unlock, err := m.lockRunningChecked(ctx, id, check)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -86,7 +90,7 @@ func (b *countedBody) Close() error {
 }
 
 // RequestState is what a front checks of a sandbox before it forwards a
-// request into it (RequestStateOf).
+// request into it (RequestStateOf, or EnvdRoundTrip's check).
 type RequestState struct {
 	State           sandbox.State
 	ResumeOnRequest bool
@@ -104,5 +108,9 @@ func (m *Manager) RequestStateOf(ctx context.Context, id string) (RequestState, 
 	if err != nil {
 		return RequestState{}, err
 	}
-	return RequestState{State: s.State, ResumeOnRequest: s.ResumeOnRequest, PrivateTraffic: s.Network.PrivateTraffic, Error: s.Error}, nil
+	return requestStateOf(s), nil
+}
+
+func requestStateOf(s *metadata.Sandbox) RequestState {
+	return RequestState{State: s.State, ResumeOnRequest: s.ResumeOnRequest, PrivateTraffic: s.Network.PrivateTraffic, Error: s.Error}
 }

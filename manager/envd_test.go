@@ -3,6 +3,7 @@ package manager_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,17 @@ import (
 // answer's status and body.
 func envdCall(t *testing.T, m *manager.Manager, id, method, target string, body []byte) (int, []byte) {
 	t.Helper()
+	return envdCallWith(t, m, id, method, target, body, nil)
+}
+
+// envdCallChecked sends GET /health through the manager with check.
+func envdCallChecked(t *testing.T, m *manager.Manager, id string, check func(manager.RequestState) error) (int, []byte) {
+	t.Helper()
+	return envdCallWith(t, m, id, "GET", "/health", nil, check)
+}
+
+func envdCallWith(t *testing.T, m *manager.Manager, id, method, target string, body []byte, check func(manager.RequestState) error) (int, []byte) {
+	t.Helper()
 	var r io.Reader
 	if body != nil {
 		r = bytes.NewReader(body)
@@ -30,7 +42,7 @@ func envdCall(t *testing.T, m *manager.Manager, id, method, target string, body 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
-	resp, err := m.EnvdRoundTrip(id, req)
+	resp, err := m.EnvdRoundTrip(id, req, check)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, target, err)
 	}
@@ -99,5 +111,52 @@ func TestEnvdHibernateAfterBurst(t *testing.T) {
 	}
 	if st := h.record(id).State; st != sandbox.StateRunning {
 		t.Errorf("state %s after an envd request to the hibernated sandbox, want running (resumed on request)", st)
+	}
+}
+
+// TestEnvdRoundTripCheck: EnvdRoundTrip's check sees the sandbox's state as
+// read under its lock, and its refusal is the call's error, before anything
+// else: a hibernated sandbox that resumes on request stays hibernated, and
+// nothing reaches its agent.
+func TestEnvdRoundTripCheck(t *testing.T) {
+	h := newHost(t, hostOpts{})
+	id := h.prepare(fromHibernated)
+	dials := h.eng.Calls(fake.Dial)
+	refused := errors.New("refused by the check")
+	var seen []manager.RequestState
+	req, err := http.NewRequestWithContext(context.Background(), "GET", "http://envd/health", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.m.EnvdRoundTrip(id, req, func(st manager.RequestState) error {
+		seen = append(seen, st)
+		return refused
+	})
+	if err == nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, refused) {
+		t.Fatalf("EnvdRoundTrip: %v, want the check's error", err)
+	}
+	if len(seen) != 1 || seen[0].State != sandbox.StateHibernated || !seen[0].ResumeOnRequest {
+		t.Fatalf("the check saw %+v, want once a hibernated sandbox that resumes on request", seen)
+	}
+	if st := h.record(id).State; st != sandbox.StateHibernated {
+		t.Fatalf("state %s after a refused envd request, want hibernated (not resumed)", st)
+	}
+	if n := h.eng.Calls(fake.Dial) - dials; n != 0 {
+		t.Fatalf("a refused envd request dialled the agent %d times", n)
+	}
+
+	// A check that lets it through: the sandbox resumes and answers.
+	seen = nil
+	if st, b := envdCallChecked(t, h.m, id, func(st manager.RequestState) error { seen = append(seen, st); return nil }); st != http.StatusNoContent {
+		t.Fatalf("GET /health: %d %s", st, b)
+	}
+	if len(seen) != 1 || seen[0].State != sandbox.StateHibernated {
+		t.Fatalf("the check saw %+v, want once the hibernated sandbox", seen)
+	}
+	if st := h.record(id).State; st != sandbox.StateRunning {
+		t.Fatalf("state %s after an envd request let through, want running", st)
 	}
 }

@@ -1323,11 +1323,21 @@ func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.S
 // is hibernating or resuming waits for that to finish. Errors: sandbox.ErrNotFound;
 // sandbox.ErrConflict for a sandbox in another state; the resume's errors.
 func (m *Manager) lockRunning(ctx context.Context, id string) (*metadata.Sandbox, func(), error) {
+	return m.lockRunningChecked(ctx, id, nil)
+}
+
+// lockRunningChecked is lockRunning that first calls check (when not nil) on
+// the sandbox's RequestState, as read under the lock, and returns its error,
+// the lock let go, instead of going on.
+func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(RequestState) error) (*metadata.Sandbox, func(), error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
 	s, err := m.get(ctx, id)
+	if err == nil && check != nil {
+		err = check(requestStateOf(s))
+	}
 	if err == nil {
 		switch s.State {
 		case sandbox.StateRunning:
@@ -1520,7 +1530,7 @@ func (b *releaseOnRead) Read(p []byte) (int, error) {
 // DialPort's do, and is cut when the sandbox hibernates. Errors: those of
 // lockRunning; agentclient.ErrNoEnvd when the sandbox's agent predates envd.
 func (m *Manager) DialAgent(ctx context.Context, id string) (net.Conn, error) {
-	s, _, unlock, err := m.lockEnvd(ctx, id)
+	s, _, unlock, err := m.lockEnvd(ctx, id, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -13,11 +13,13 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/torpor/torpor/guest/agentclient"
+	"github.com/torpor/torpor/manager"
 )
 
 // serveEnvd forwards an envd request (the SDK's own paths: "/files",
 // "/process.Process/Start", …) to sandbox id's guest agent, which serves envd.
-// The manager's EnvdRoundTrip sends it (it wakes a hibernated sandbox that
+// The manager's EnvdRoundTrip sends it (it checks the sandbox is reachable on
+// the record it reads under the sandbox's lock, wakes a hibernated sandbox that
 // resumes on request and sends after the resume contract), over the agent
 // client's envd connections, kept alive between requests; an idle one holds
 // no hibernate (EnvdRoundTrip counts a request in flight until its answer is
@@ -50,7 +52,7 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 			pr.SetXForwarded()
 		},
 		Transport: roundTripper(func(req *http.Request) (*http.Response, error) {
-			return s.cfg.Manager.EnvdRoundTrip(id, req)
+			return s.cfg.Manager.EnvdRoundTrip(id, req, func(st manager.RequestState) error { return reachable(id, st) })
 		}),
 		BufferPool: envdBuffers,
 		// A stream cut by pause or a hibernate is not worth more than a debug line.

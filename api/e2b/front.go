@@ -13,6 +13,7 @@ import (
 	"github.com/torpor/torpor/api/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/torpor/torpor/api/e2b/envd/gen/process/processconnect"
 	"github.com/torpor/torpor/internal/ingress"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -59,34 +60,38 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 			fmt.Sprintf("sandbox %s: missing or wrong %s (the envdAccessToken of create or connect)", id, HeaderAccessToken))
 		return
 	}
-	// The sandbox's record alone: each in-sandbox request reads it (Get's
-	// views would cost several reads more), and the manager reads it again
-	// under the sandbox's lock.
-	st, err := s.cfg.Manager.RequestStateOf(r.Context(), id)
-	if err == nil {
-		err = known(id, st.State, st.Error)
-	}
-	if err == nil && route.Port != EnvdPort && st.PrivateTraffic {
-		if msg, ok := s.trafficRefusal(id, r.Header.Get(HeaderTrafficToken)); !ok {
-			s.log.Debug("e2b: in-sandbox request refused: traffic token", "sandbox", id, "port", route.Port, "why", msg)
-			reply(w, http.StatusForbidden, TrafficRefusal{SandboxID: id, Message: msg, Code: http.StatusForbidden})
-			return
-		}
-	}
-	if err == nil && st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
-		err = sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
-	}
-	if err != nil {
-		s.failInSandbox(w, r, err)
-		return
-	}
+	traffic := r.Header.Get(HeaderTrafficToken)
 	// The routing headers and the tokens stay on this side.
 	r.Header.Del(HeaderSandboxID)
 	r.Header.Del(HeaderSandboxPort)
 	r.Header.Del(HeaderAccessToken)
 	r.Header.Del(HeaderTrafficToken)
 	if route.Port == EnvdPort {
+		// The manager checks the sandbox (reachable) on its record as it
+		// reads it under the sandbox's lock, the request's one read of it.
 		s.serveEnvd(w, r, id)
+		return
+	}
+	// The sandbox's record alone (Get's views would cost several reads
+	// more); the manager reads it again under the sandbox's lock.
+	st, err := s.cfg.Manager.RequestStateOf(r.Context(), id)
+	if err == nil {
+		err = known(id, st.State, st.Error)
+	}
+	if err == nil && st.PrivateTraffic {
+		// Checked before anything else of the sandbox: a refused request
+		// wakes nothing and changes nothing.
+		if msg, ok := s.trafficRefusal(id, traffic); !ok {
+			s.log.Debug("e2b: in-sandbox request refused: traffic token", "sandbox", id, "port", route.Port, "why", msg)
+			reply(w, http.StatusForbidden, TrafficRefusal{SandboxID: id, Message: msg, Code: http.StatusForbidden})
+			return
+		}
+	}
+	if err == nil {
+		err = reachable(id, st)
+	}
+	if err != nil {
+		s.failInSandbox(w, r, err)
 		return
 	}
 	port := route.Port
@@ -108,6 +113,19 @@ func (s *Service) trafficRefusal(id, token string) (msg string, ok bool) {
 		return "Sandbox is secured with traffic access token. Provided token is invalid.", false
 	}
 	return "", true
+}
+
+// reachable is nil when an in-sandbox request may go on to sandbox id in
+// state st: known's error for a sandbox in state error, sandbox.Conflict for
+// one paused without autoResume.
+func reachable(id string, st manager.RequestState) error {
+	if err := known(id, st.State, st.Error); err != nil {
+		return err
+	}
+	if st.State == sandbox.StateHibernated && !st.ResumeOnRequest {
+		return sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused and was created without autoResume: Sandbox.connect resumes it", id)
+	}
+	return nil
 }
 
 // failInSandbox answers an in-sandbox request that could not reach the

@@ -46,3 +46,59 @@ func TestUserCache(t *testing.T) {
 		t.Fatalf("names(0, 0) = %s %s, want %s %s", o1, g1, o2, g2)
 	}
 }
+
+// TestDirWatch: a watch says changed once after each change in its
+// directory (a new file, a write, a rename into it) and not otherwise, and
+// always once its directory is gone; the user cache asked right after a
+// change made through a watched directory reads the file again.
+func TestDirWatch(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "passwd")
+	w := watchDirs([]string{f})
+	t.Cleanup(func() {
+		if w.fd >= 0 {
+			w.stop()
+		}
+	})
+	if w.fd < 0 {
+		t.Fatal("no inotify watch of a temporary directory")
+	}
+	if w.changed() {
+		t.Fatal("changed before any change")
+	}
+	for name, change := range map[string]func() error{
+		"create": func() error { return os.WriteFile(f, []byte("a\n"), 0o644) },
+		"write": func() error {
+			fh, err := os.OpenFile(f, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				return err
+			}
+			defer fh.Close()
+			_, err = fh.Write([]byte("b\n"))
+			return err
+		},
+		"rename": func() error {
+			tmp := filepath.Join(dir, "passwd+")
+			if err := os.WriteFile(tmp, []byte("c\n"), 0o644); err != nil {
+				return err
+			}
+			return os.Rename(tmp, f)
+		},
+	} {
+		if err := change(); err != nil {
+			t.Fatal(err)
+		}
+		if !w.changed() {
+			t.Fatalf("%s: not changed", name)
+		}
+		if w.changed() {
+			t.Fatalf("%s: changed twice", name)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if !w.changed() || !w.changed() {
+		t.Fatal("not changed, and for good, with the directory gone")
+	}
+}

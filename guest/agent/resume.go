@@ -271,6 +271,8 @@ func (s *server) handleResume(w http.ResponseWriter, req *http.Request) {
 		if n := s.envd.cutStreams(); n > 0 {
 			s.log.Printf("resume: cut %d envd streams opened before the hibernate", n)
 		}
+		// Nor is the user cache's inotify watch trusted across one.
+		userDB.forget()
 	}
 	if s.resume == nil {
 		writeError(w, http.StatusNotFound, proto.CodeNotFound, "resume contract not enabled (no run dir)")

@@ -1,13 +1,17 @@
 package agentclient_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -333,5 +337,136 @@ func TestEnvdTransportUploadStreamed(t *testing.T) {
 	resp.Body.Close()
 	if string(b) != "first" {
 		t.Fatalf("the agent read %q first, want %q", b, "first")
+	}
+}
+
+// rawChunks serves one connection at a time on a loopback listener, reading
+// each request's chunked body frame by frame: it sends the sizes of a
+// request's chunks, and whether the body ended with its last (0) chunk, on the
+// returned channel, and answers 204.
+func rawChunks(t *testing.T) (addr string, bodies <-chan chunkedBody) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan chunkedBody, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			for {
+				tp := textproto.NewReader(br)
+				if _, err := tp.ReadLine(); err != nil {
+					break
+				}
+				if _, err := tp.ReadMIMEHeader(); err != nil {
+					break
+				}
+				var b chunkedBody
+				for {
+					line, err := tp.ReadLine()
+					if err != nil {
+						break
+					}
+					n, err := strconv.ParseInt(line, 16, 64)
+					if err != nil {
+						break
+					}
+					if n == 0 {
+						tp.ReadLine()
+						b.ended = true
+						break
+					}
+					data := make([]byte, n+2)
+					if _, err := io.ReadFull(br, data); err != nil {
+						break
+					}
+					b.sizes = append(b.sizes, int(n))
+					b.data = append(b.data, data[:n]...)
+				}
+				ch <- b
+				if !b.ended {
+					break
+				}
+				io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().String(), ch
+}
+
+type chunkedBody struct {
+	sizes []int
+	data  []byte
+	ended bool
+}
+
+// trickle is a body of unknown length read in pieces of at most 16 KiB (as a
+// front reads a client's chunked upload), ending with err after its bytes.
+type trickle struct {
+	b   []byte
+	err error
+}
+
+func (r *trickle) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, r.err
+	}
+	n := copy(p[:min(len(p), 16<<10)], r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// TestEnvdTransportUnsizedUpload: an upload to envd's /files of unknown length
+// reaches the agent whole, in chunks of at least 64 KiB but the last (not one
+// per read of the body), and one cut short by its client is not ended as if
+// it were whole.
+func TestEnvdTransportUnsizedUpload(t *testing.T) {
+	addr, bodies := rawChunks(t)
+	tr := agentclient.NewEnvdTransport(agentclient.TCPDialer(addr))
+	t.Cleanup(tr.CloseIdleConnections)
+	up := make([]byte, 1<<20+12345)
+	for i := range up {
+		up[i] = byte(i * 7)
+	}
+	send := func(body io.Reader) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://envd/files?path=/tmp/up", io.NopCloser(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = -1
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := send(&trickle{b: up, err: io.EOF}); err != nil {
+		t.Fatal(err)
+	}
+	b := <-bodies
+	if !b.ended || !bytes.Equal(b.data, up) {
+		t.Fatalf("the agent got %d bytes (ended %v), want the %d sent", len(b.data), b.ended, len(up))
+	}
+	for i, n := range b.sizes[:len(b.sizes)-1] {
+		if n < 64<<10 {
+			t.Fatalf("chunk %d of %d is %d bytes, want at least 64 KiB: %v", i, len(b.sizes), n, b.sizes)
+		}
+	}
+
+	if err := send(&trickle{b: up[:100<<10], err: io.ErrUnexpectedEOF}); err == nil {
+		t.Error("an upload cut short was answered")
+	}
+	if b := <-bodies; b.ended {
+		t.Fatalf("an upload cut short after %d bytes reached the agent as a whole body", len(b.data))
 	}
 }
