@@ -90,8 +90,8 @@ func TestForkBombContained(t *testing.T) {
 	}
 	cg := pidsCgroup(t, srv, bomb.ID)
 	backstop := readInt(t, filepath.Join(cg, "pids.max"))
-	if backstop != 4*64+256 {
-		t.Errorf("host pids.max %d, want %d", backstop, 4*64+256)
+	if backstop != 4*64+512 {
+		t.Errorf("host pids.max %d, want %d", backstop, 4*64+512)
 	}
 
 	if _, err := c.ExecBackground(ctx, bomb.ID, apiv1.ExecRequest{Cmd: []string{"bash", "-c", ":(){ :|:& };:"}}); err != nil {

@@ -41,9 +41,13 @@ type limitsRecord struct {
 }
 
 // hostPidsLimit is the host cgroup's pids.max for a sandbox whose users may
-// each have pidsLimit tasks: room for two host tasks per task and the
-// sentry's and gofer's own threads, with a second user's share.
-func hostPidsLimit(pidsLimit int) int64 { return 4*int64(pidsLimit) + 256 }
+// each have pidsLimit tasks: room for two host tasks per task, with a second
+// user's share, and 512 for the sentry's and gofer's own threads. Those are
+// many right after a restore: its page loaders (up to 128 at this runsc) each
+// hold an OS thread while they read, and the Go runtime of a sentry that
+// cannot make a thread exits; with 256 a fork bomb started right after a
+// resume on a loaded host once ended the sandbox (TestForkBombContained).
+func hostPidsLimit(pidsLimit int) int64 { return 4*int64(pidsLimit) + 512 }
 
 // writeLimits records spec's limits in bundle directory b.
 func writeLimits(b string, spec engine.Spec) error {
