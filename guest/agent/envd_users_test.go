@@ -66,9 +66,13 @@ func TestDirWatch(t *testing.T) {
 	if w.changed() {
 		t.Fatal("changed before any change")
 	}
-	for name, change := range map[string]func() error{
-		"create": func() error { return os.WriteFile(f, []byte("a\n"), 0o644) },
-		"write": func() error {
+	// In this order: a map's would be random, and "write" needs the file.
+	for _, c := range []struct {
+		name   string
+		change func() error
+	}{
+		{"create", func() error { return os.WriteFile(f, []byte("a\n"), 0o644) }},
+		{"write", func() error {
 			fh, err := os.OpenFile(f, os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				return err
@@ -76,16 +80,17 @@ func TestDirWatch(t *testing.T) {
 			defer fh.Close()
 			_, err = fh.Write([]byte("b\n"))
 			return err
-		},
-		"rename": func() error {
+		}},
+		{"rename", func() error {
 			tmp := filepath.Join(dir, "passwd+")
 			if err := os.WriteFile(tmp, []byte("c\n"), 0o644); err != nil {
 				return err
 			}
 			return os.Rename(tmp, f)
-		},
+		}},
 	} {
-		if err := change(); err != nil {
+		name := c.name
+		if err := c.change(); err != nil {
 			t.Fatal(err)
 		}
 		if !w.changed() {
