@@ -103,19 +103,27 @@ func TestEnvd(t *testing.T) {
 		}
 	})
 
-	t.Run("files", func(t *testing.T) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape("/tmp/envd/hello.txt"), strings.NewReader("hello envd"))
+	// upload POSTs body to envd's /files at path (octet-stream) and returns
+	// the answer's status and body.
+	upload := func(t *testing.T, path string, body io.Reader) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape(path), body)
 		req.Header.Set("Content-Type", "application/octet-stream")
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(b), `"path":"/tmp/envd/hello.txt"`) {
-			t.Fatalf("POST /files: %d %s", resp.StatusCode, b)
+		return resp.StatusCode, b
+	}
+
+	t.Run("files", func(t *testing.T) {
+		status, b := upload(t, "/tmp/envd/hello.txt", strings.NewReader("hello envd"))
+		if status != 200 || !strings.Contains(string(b), `"path":"/tmp/envd/hello.txt"`) {
+			t.Fatalf("POST /files: %d %s", status, b)
 		}
-		resp, err = hc.Get(base + "/files?path=" + url.QueryEscape("/tmp/envd/hello.txt"))
+		resp, err := hc.Get(base + "/files?path=" + url.QueryEscape("/tmp/envd/hello.txt"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,18 +140,11 @@ func TestEnvd(t *testing.T) {
 
 	t.Run("files into a full sandbox", func(t *testing.T) {
 		// /tmp is a quarter of the 256 MiB: 64 MiB; the upload is larger.
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/files?path="+url.QueryEscape("/tmp/full.bin"), bytes.NewReader(make([]byte, 96<<20)))
-		req.Header.Set("Content-Type", "application/octet-stream")
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		t.Logf("POST /files of 96 MiB into /tmp: %d %s", resp.StatusCode, b)
-		if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(string(b), "the sandbox's file system of") ||
+		status, b := upload(t, "/tmp/full.bin", bytes.NewReader(make([]byte, 96<<20)))
+		t.Logf("POST /files of 96 MiB into /tmp: %d %s", status, b)
+		if status != http.StatusInsufficientStorage || !strings.Contains(string(b), "the sandbox's file system of") ||
 			!strings.Contains(string(b), "the host's disk is not full") {
-			t.Errorf("upload beyond /tmp's bound: %d %s, want 507 naming the sandbox's own file system", resp.StatusCode, b)
+			t.Errorf("upload beyond /tmp's bound: %d %s, want 507 naming the sandbox's own file system", status, b)
 		}
 		if out := sh(t, c, id, "ls /tmp/full.bin 2>&1 || true"); !strings.Contains(out, "No such file") {
 			t.Errorf("the cut upload left its part: %s", out)
