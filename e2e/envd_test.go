@@ -177,7 +177,7 @@ func TestEnvd(t *testing.T) {
 	t.Run("background survives hibernate", func(t *testing.T) {
 		sctx, cancel := context.WithCancel(ctx)
 		s, pid := startCmd(sctx, &process.StartRequest{Tag: ptrTo("counter"), Stdin: new(bool), Process: &process.ProcessConfig{Cmd: "/bin/sh",
-			Args: []string{"-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo $i; sleep 0.1; done`}}})
+			Args: []string{"-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; echo $i; sleep 0.1; done`}}})
 		collect(s, func() *process.ProcessEvent { return s.Msg().GetEvent() }, func(o string) bool { return strings.Count(o, "\n") >= 3 })
 		cancel() // detach: the process goes on
 		s.Close()
@@ -260,7 +260,7 @@ func TestEnvd(t *testing.T) {
 		})
 		spc := processconnect.NewProcessClient(&http.Client{Transport: rootUser{str}}, base, connect.WithProtoJSON())
 		s, err := spc.Start(ctx, connect.NewRequest(&process.StartRequest{Stdin: new(bool), Process: &process.ProcessConfig{Cmd: "/bin/sh",
-			Args: []string{"-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count2; echo $i; sleep 0.1; done`}}}))
+			Args: []string{"-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count2.new; mv -f /tmp/count2.new /tmp/count2; echo $i; sleep 0.1; done`}}}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -243,7 +243,9 @@ await check("files: watchDir sees a file written after the watch started", async
 await check("pause, connect: a counting process goes on and a Python process keeps its value", async () => {
   const m = await Sandbox.create("base", { timeoutMs: 300_000 });
   try {
-    const counter = await m.commands.run('i=0; while :; do i=$((i+1)); echo "$$ $i" > /tmp/count; sleep 0.05; done', { background: true });
+    // Each count goes to a new file renamed over the old one: a read never
+    // sees the file between the shell's truncation and its write.
+    const counter = await m.commands.run('i=0; while :; do i=$((i+1)); echo "$$ $i" > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done', { background: true });
     // [pid of the counting shell, its count]
     const readCount = async (s) => (await s.files.read("/tmp/count")).trim().split(" ").map(Number);
     let py = "";
