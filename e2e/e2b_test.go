@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -546,6 +547,14 @@ func TestE2BTimeouts(t *testing.T) {
 			t.Fatalf("after the timeouts: kill %d, wake %s, stay %s", k.Status, w.State, s.State)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// A health probe (the SDKs' isRunning, and their check after pause cut a
+	// stream) never wakes it, autoResume or not: 502, still hibernated.
+	probe := e2bCall(t, srv, "GET", "/health", nil, e2b.HeaderSandboxID, wake.SandboxID,
+		e2b.HeaderSandboxPort, strconv.Itoa(e2b.EnvdPort), e2b.HeaderAccessToken, wake.EnvdAccessToken)
+	probe.wantError(t, "GET /health of a paused sandbox with autoResume", http.StatusBadGateway, "paused")
+	if st := get(t, srv.Client, wake.SandboxID).State; st != apiv1.StateHibernated {
+		t.Errorf("after GET /health: %s, want hibernated (a probe wakes nothing)", st)
 	}
 	// autoResume: a request wakes it, its server continues.
 	a := e2bCall(t, srv, "GET", "/count", nil, "Host", fmt.Sprintf("%d-%s.%s", workload.Port, wake.SandboxID, e2bDomain))

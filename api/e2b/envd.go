@@ -14,6 +14,7 @@ import (
 
 	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/sandbox"
 )
 
 // serveEnvd forwards an envd request (the SDK's own paths: "/files",
@@ -37,6 +38,10 @@ import (
 func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer s.envd.add(id, cancel)()
+	check := func(st manager.RequestState) error { return reachable(id, st) }
+	if isHealthProbe(r) {
+		check = func(st manager.RequestState) error { return probed(id, st) }
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// The transport sets the path and ignores the host name.
@@ -52,7 +57,7 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 			pr.SetXForwarded()
 		},
 		Transport: roundTripper(func(req *http.Request) (*http.Response, error) {
-			return s.cfg.Manager.EnvdRoundTrip(id, req, func(st manager.RequestState) error { return reachable(id, st) })
+			return s.cfg.Manager.EnvdRoundTrip(id, req, check)
 		}),
 		BufferPool: envdBuffers,
 		// A stream cut by pause or a hibernate is not worth more than a debug line.
@@ -71,6 +76,29 @@ func (s *Service) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		},
 	}
 	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// isHealthProbe reports whether r is envd's GET /health: the SDKs' probe of
+// whether a sandbox runs (Sandbox.isRunning, and the check they make after a
+// stream was cut, to tell a killed sandbox from a dropped connection).
+func isHealthProbe(r *http.Request) bool {
+	return r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+}
+
+// probed is reachable for a health probe: a probe never wakes a sandbox,
+// autoResume or not. A paused sandbox (torpor's hibernated or paused) is
+// sandbox.ErrConflict, which failInSandbox answers 502 (isRunning is false).
+// A probe that races a pause waits on the sandbox's lock and then finds it
+// paused: E2B's SDK sends one when pause cuts a background command's stream,
+// and a probe that resumed the sandbox would undo the pause it asked for.
+func probed(id string, st manager.RequestState) error {
+	if err := known(id, st.State, st.Error); err != nil {
+		return err
+	}
+	if st.State == sandbox.StateHibernated || st.State == sandbox.StatePaused {
+		return sandbox.Errorf(sandbox.Conflict, "sandbox %s is paused; a health check does not resume it (Sandbox.connect or, with autoResume, any other request does)", id)
+	}
+	return nil
 }
 
 // roundTripper is an http.RoundTripper of a function.

@@ -411,6 +411,22 @@ await check("timeout with onTimeout pause: paused; with autoResume a request wak
   await s.kill();
 });
 
+await check("with autoResume, pause() holding a background command stays paused; isRunning() wakes nothing", async () => {
+  const s = await Sandbox.create("base", { lifecycle: { onTimeout: "pause", autoResume: true } });
+  try {
+    await s.commands.run("sleep 1000", { background: true, timeoutMs: 0 });
+    // The pause cuts the command's stream; the SDK then probes GET /health,
+    // which must not resume the sandbox it was asked to pause.
+    assert((await s.pause()) === true, "pause did not return true");
+    await sleep(1_500);
+    assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "the sandbox is running again after pause()");
+    assert((await s.isRunning()) === false, "isRunning() of a paused sandbox was not false");
+    assert((await Sandbox.getInfo(s.sandboxId)).state === "paused", "isRunning() woke the sandbox");
+  } finally {
+    await s.kill();
+  }
+});
+
 await check("network allowPublicTraffic false: trafficAccessToken; getHost(port) needs it, also paused (not woken without it)", async () => {
   const s = await Sandbox.create("base", { network: { allowPublicTraffic: false }, lifecycle: { onTimeout: "pause", autoResume: true } });
   try {
