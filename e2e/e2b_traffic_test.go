@@ -127,8 +127,10 @@ socketserver.TCPServer(("0.0.0.0", ` + fmt.Sprint(echoPort) + `), H).serve_forev
 		a := e2bCall(t, srv, "GET", "/", nil, echoHost...)
 		var got map[string]string
 		if a.Status == http.StatusOK && json.Unmarshal(a.Body, &got) == nil {
-			if _, leaked := got[strings.ToLower(e2b.HeaderTrafficToken)]; leaked || got["x-app"] != "kept" {
-				t.Errorf("the sandbox's server got headers %v: want X-App, not %s", got, e2b.HeaderTrafficToken)
+			_, leaked := got[strings.ToLower(e2b.HeaderTrafficToken)]
+			_, keyLeaked := got[strings.ToLower(e2b.HeaderAPIKey)] // e2bCall sends the API key on every request
+			if leaked || keyLeaked || got["x-app"] != "kept" {
+				t.Errorf("the sandbox's server got headers %v: want X-App, not %s nor %s", got, e2b.HeaderTrafficToken, e2b.HeaderAPIKey)
 			}
 			break
 		}
@@ -193,6 +195,22 @@ socketserver.TCPServer(("0.0.0.0", ` + fmt.Sprint(echoPort) + `), H).serve_forev
 	srv.Restart(t)
 	refused("after a restart", id, wrong...)
 	last = reached("after a restart", id, token, byHeaders(id))
+
+	// A sandbox made through torpor's own API (whose port proxy needs a key)
+	// is not public on E2B's routing either: its ports need its traffic
+	// token, which E2B's connect answers to a key holder.
+	v1 := create(t, srv.Client, apiv1.CreateSandboxRequest{})
+	refused("made through /v1", v1.ID, token)
+	if d := e2bInfo(t, srv, v1.ID); d.Network == nil || d.Network.AllowPublicTraffic == nil || *d.Network.AllowPublicTraffic {
+		t.Errorf("info of a /v1 sandbox: network %+v, want allowPublicTraffic false", d.Network)
+	}
+	var v1conn e2b.Sandbox
+	e2bCall(t, srv, "POST", "/v2/sandboxes/"+v1.ID+"/connect", nil).decode(t, &v1conn)
+	if v1conn.TrafficAccessToken == nil {
+		t.Fatalf("connect of a /v1 sandbox: %+v, want a trafficAccessToken", v1conn)
+	}
+	e2bCall(t, srv, "GET", "/", nil, append(byHost(v1.ID), e2b.HeaderTrafficToken, *v1conn.TrafficAccessToken)...).
+		wantError(t, "a /v1 sandbox's port nothing listens on, with its token", http.StatusBadGateway)
 
 	// Public traffic, left out or true: no token, none needed (the port
 	// itself is TestE2BControlPlane's).

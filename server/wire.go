@@ -88,6 +88,11 @@ func specFromWire(r apiv1.CreateSandboxRequest) sandbox.Spec {
 		ExpiresAt:      r.ExpiresAt,
 		Volumes:        mapList(r.Volumes, func(v apiv1.VolumeMount) sandbox.VolumeMount { return sandbox.VolumeMount(v) }),
 		InternetAccess: r.InternetAccess, AllowOut: r.AllowOut, DenyOut: r.DenyOut,
+		// Its ports need an API key through torpor's port proxy; through
+		// E2B's in-sandbox routing (which takes no key) they need its traffic
+		// access token, as for E2B's allowPublicTraffic false: a sandbox made
+		// through this API is never public there.
+		PrivateTraffic: true,
 	}
 }
 

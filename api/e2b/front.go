@@ -61,7 +61,8 @@ func (s *Service) inSandbox(w http.ResponseWriter, r *http.Request, route Route)
 		return
 	}
 	traffic := r.Header.Get(HeaderTrafficToken)
-	// The routing headers and the tokens stay on this side.
+	// The routing headers, the tokens and an API key stay on this side.
+	r.Header.Del(HeaderAPIKey)
 	r.Header.Del(HeaderSandboxID)
 	r.Header.Del(HeaderSandboxPort)
 	r.Header.Del(HeaderAccessToken)
