@@ -378,7 +378,11 @@ func TestE2BControlPlane(t *testing.T) {
 			t.Errorf("GET /count with %v: %d %s", hdr, a.Status, a.Body)
 		}
 	}
-	e2bCall(t, srv, "GET", "/", nil, "Host", "9999-"+id+"."+e2bDomain).wantError(t, "a port nothing listens on", http.StatusBadGateway)
+	noServer := e2bCall(t, srv, "GET", "/", nil, "Host", "9999-"+id+"."+e2bDomain)
+	noServer.wantError(t, "a port nothing listens on", http.StatusBadGateway, "no server listens")
+	if strings.Contains(string(noServer.Body), "dial") || strings.Contains(string(noServer.Body), "10.") {
+		t.Errorf("a port nothing listens on: %s, want no address or instance in the answer (the route takes no key)", noServer.Body)
+	}
 	e2bCall(t, srv, "GET", "/", nil, "Host", "8080-sbx-000000000000."+e2bDomain).wantError(t, "an unknown sandbox", http.StatusBadGateway, "not found")
 
 	// Snapshot, a sandbox from it, each with its own later writes.

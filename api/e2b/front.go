@@ -151,6 +151,13 @@ func (s *Service) failInSandbox(w http.ResponseWriter, r *http.Request, err erro
 	if errors.Is(err, ingress.ErrNoAnswer) {
 		s.log.Warn("e2b: in-sandbox request got no answer", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	if isDialError(err) {
+		// The dial's own words name the sandbox's address and instance: they
+		// stay in the log (this route takes no key).
+		s.log.Debug("e2b: in-sandbox request: the port refused the connection", "path", r.URL.Path, "err", err)
+		refuse(w, r, http.StatusBadGateway, connect.CodeUnavailable, "nothing answers on this port of the sandbox (the connection was refused: no server listens on it)")
+		return
+	}
 	if !isEnvdRPC(r) {
 		s.fail(w, r, err)
 		return
