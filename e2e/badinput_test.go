@@ -96,6 +96,10 @@ func TestBadInput(t *testing.T) {
 	addNamed("limit", "GET", "/v1/sandboxes?limit=10", "", "")
 	addNamed("state", "GET", "/v1/snapshots?state=running", "", "")
 	addNamed("offset", "GET", "/v1/sandboxes/"+run.ID+"/files?path=/etc/hostname&offset=3", "", "")
+	addNamed("path", "GET", "/v1/sandboxes/"+run.ID+"/files?path=/etc/hostname&path=/etc/passwd", "", "")
+	// A NUL byte in an environment value (the process would see it cut there).
+	addNamed("env", "POST", "/v1/sandboxes", j, `{"env": {"A": "x\u0000y"}}`)
+	addNamed("env", "POST", "/v1/sandboxes/"+run.ID+"/exec", j, `{"cmd":["true"],"env":{"A":"x\u0000y"}}`)
 
 	// Calls on the running and on the hibernated sandbox: none may wake or change it.
 	for _, id := range []string{run.ID, hib.ID} {

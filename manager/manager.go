@@ -1381,8 +1381,9 @@ func (m *Manager) acquire(ctx context.Context, id string) (*agentclient.Client, 
 }
 
 // checkEnv checks environment variables for a sandbox or a command: each key
-// matches envKeyRE and each value is at most MaxEnvValueBytes bytes. The error
-// is InvalidArgument naming the first bad key.
+// matches envKeyRE and each value is at most MaxEnvValueBytes bytes with no NUL
+// byte (a process's environment is NUL-terminated strings: the value would be
+// cut there). The error is InvalidArgument naming the first bad key.
 func checkEnv(env map[string]string) error {
 	for k, v := range env {
 		if !envKeyRE.MatchString(k) {
@@ -1390,6 +1391,9 @@ func checkEnv(env map[string]string) error {
 		}
 		if len(v) > MaxEnvValueBytes {
 			return invalid("env %s: value of %d bytes is longer than %d", k, len(v), MaxEnvValueBytes)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("env %s: the value holds a NUL byte, which an environment cannot carry", k)
 		}
 	}
 	return nil

@@ -88,7 +88,7 @@ var queryParams = map[string][]string{
 }
 
 // checkQuery refuses, with 400 invalid_argument naming it, a /v1 call with a
-// query parameter its route does not take, so that one the route does not
+// query parameter its route does not take, or one given more than once, so that one the route does not
 // have (GET /v1/sandboxes?limit=10) is not silently ignored. The port proxy
 // (/v1/sandboxes/{id}/ports/…) passes its query to the sandbox and is not
 // checked; nor are routes outside /v1 (the E2B API checks its own).
@@ -117,6 +117,11 @@ func checkQuery(mux *http.ServeMux) http.Handler {
 				}
 				writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument,
 					fmt.Sprintf("query parameter %q: %s %s takes %s", name, r.Method, r.URL.Path, takes))
+				return
+			}
+			if len(q[name]) > 1 {
+				writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument,
+					fmt.Sprintf("query parameter %q given %d times: %s %s takes it once", name, len(q[name]), r.Method, r.URL.Path))
 				return
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,11 @@ func (c *CertReloader) Reload() error {
 	c.cert.Store(cert)
 	attrs := []any{"cert", c.certFile}
 	if l := cert.Leaf; l != nil {
-		attrs = append(attrs, "names", strings.Join(l.DNSNames, ","), "not_after", l.NotAfter.UTC().Format(time.RFC3339))
+		names := slices.Clone(l.DNSNames)
+		for _, ip := range l.IPAddresses {
+			names = append(names, ip.String())
+		}
+		attrs = append(attrs, "names", strings.Join(names, ","), "not_after", l.NotAfter.UTC().Format(time.RFC3339))
 	}
 	c.log.Info("TLS certificate reloaded", attrs...)
 	return nil

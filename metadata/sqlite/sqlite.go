@@ -8,7 +8,10 @@ package sqlite
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"time"
 
@@ -39,6 +42,9 @@ var dialect = sqlstore.Dialect{
 // migration failed (nothing of it is applied), or the database was written
 // by a newer torpor (its schema version is higher than this one knows).
 func Open(path string) (*DB, error) {
+	if err := private(path); err != nil {
+		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -52,4 +58,23 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("metadata: %s: %w", path, err)
 	}
 	return &DB{Store: sqlstore.New(db, dialect), sql: db}, nil
+}
+
+// private makes the database file at path (created empty if missing, as
+// SQLite would) readable by its owner only, and its -wal and -shm files if
+// they exist: it holds the hashes of API keys and the environment given to
+// sandboxes. SQLite gives the files it creates beside a database the
+// database file's mode. Errors: the file system's.
+func private(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
