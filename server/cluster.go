@@ -518,6 +518,9 @@ func every(period time.Duration, stop <-chan struct{}, f func()) {
 }
 
 func (s *Server) clusterTick(ctx context.Context) {
+	if s.fence.lockTaken() {
+		return // not this node any more (nodeLockTaken)
+	}
 	nodes, err := s.db.ListNodes(ctx)
 	if err != nil {
 		s.log.Warn("cluster: list nodes", "err", err)
