@@ -205,13 +205,17 @@ func (s *Server) keepNodeLock(ctx context.Context, now time.Time) error {
 
 // nodeLockTaken makes a server whose node lock another server took stop
 // being the node: its heartbeat ends (the other server writes the node's
-// record), its instances are stopped (without the database: the sandboxes
+// record), so do its lifecycle policies and warm pools, its instances are
+// stopped (without the database: the sandboxes
 // are the other server's now), every sandbox call is refused (fenced) and
 // Run returns err, wrapped, so that the process exits non-zero.
 func (s *Server) nodeLockTaken(err error) {
 	s.log.Error("cluster: another torpor server holds this node's lock in the database: two servers must not be one node; this one stops its heartbeat and its instances, serves no sandbox and exits",
 		"node", s.node, "err", err)
 	s.heartbeat.Stop()
+	if s.stopLC != nil {
+		s.stopLC() // no idle, timeout or warm-pool action as the node either
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	stopped := s.Manager.StopInstances(ctx)
 	cancel()
