@@ -2,18 +2,23 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/metadata/postgres"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/workload"
 )
@@ -27,9 +32,15 @@ import (
 // then put the sandbox in error; resumed through cl-a it continues from its
 // snapshot on another node. The proxy restored, cl-c heartbeats again, runs
 // no instance, and serves the sandbox's calls again (forwarded to the new
-// owner). A second, short cut (the database back as soon as the instance
-// stopped): the sandbox ends in error with no owner either way (cl-c gives
-// it up, or the others declared cl-c lost) and resumes from its snapshot.
+// owner); it took its node lock again before that (a second server as
+// cl-c is refused at start), and takes it again when only the lock's
+// session is ended (pg_terminate_backend). A second, short cut (the
+// database back as soon as the instance stopped): the sandbox ends in
+// error with no owner either way (cl-c gives it up, or the others declared
+// cl-c lost) and resumes from its snapshot. A third cut, during which a
+// second server as cl-c takes the node's lock: cl-c, back on the database,
+// answers no sandbox call and exits with status 1 naming the other
+// server's lock; the other server is cl-c.
 func TestClusterSelfFence(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -151,6 +162,16 @@ func TestClusterSelfFence(t *testing.T) {
 	if err != nil || cnt.Count != before.Count+2 {
 		t.Fatalf("through %s after its return: %+v %v; want count %d", c.name, cnt, err, before.Count+2)
 	}
+	// It took its node lock again before serving: a second server as cl-c
+	// is refused at start.
+	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "node lock taken again") {
+		t.Errorf("%s's log does not say it took its node lock again", c.name)
+	}
+	refusedAsNode(t, cl.bin, cl.dbURL, c.name)
+	// Its lock's session ended while it serves (no cut): it takes the lock
+	// again on a new session.
+	lockRetaken(t, ctx, cl.dbURL, c.name)
+	refusedAsNode(t, cl.bin, cl.dbURL, c.name)
 
 	// A short cut: the database back as soon as cl-c has stopped its
 	// instance, likely before the others declare it lost. Either way cl-c
@@ -201,6 +222,134 @@ func TestClusterSelfFence(t *testing.T) {
 	if err != nil || cnt.Pid != before2.Pid || cnt.Count != before2.Count+1 {
 		t.Fatalf("resumed after the short cut: %+v %v; want pid %d count %d", cnt, err, before2.Pid, before2.Count+1)
 	}
+
+	// A third cut, during which a second server as cl-c (straight to the
+	// database, its own data directory) takes the node's lock: cl-c, back
+	// on the database, must not serve as cl-c. It exits non-zero naming the
+	// other server's lock, never answering a sandbox call meanwhile.
+	px.cut()
+	cut = time.Now()
+	sandboxURL := c.proc.url + "/v1/sandboxes/" + id
+	for {
+		// Until it fences itself a call may wait on the database: a short
+		// timeout each.
+		code, body, err := quickGet(sandboxURL)
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "fenced itself") {
+			break
+		}
+		if time.Since(cut) > node.LeaseTime {
+			t.Fatalf("%v after the third cut %s answers %d %s %v; want 503 fenced", time.Since(cut).Round(time.Second), c.name, code, body, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	pg, err := postgres.Open(ctx, cl.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	for {
+		pid, err := pg.ServerLockHolder(ctx, c.name)
+		if err == nil && pid == 0 {
+			break // the cut ended cl-c's lock session
+		}
+		if time.Since(cut) > 2*node.LeaseTime {
+			t.Fatalf("%v after the third cut %s's lock is held by backend %d (%v)", time.Since(cut).Round(time.Second), c.name, pid, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	other := cl.add(c.name)
+	cl.start(other)
+	px.restore()
+	restored := time.Now()
+	var exit error
+	for exited := false; !exited; {
+		select {
+		case exit = <-c.proc.done:
+			c.proc.done, exited = nil, true
+			continue
+		case <-time.After(250 * time.Millisecond):
+		}
+		if code, body, err := quickGet(sandboxURL); err == nil && code != http.StatusServiceUnavailable {
+			t.Fatalf("%s back on the database while another server holds its lock answers %d %s; want 503 until it exits", c.name, code, body)
+		}
+		if time.Since(restored) > 2*time.Minute {
+			t.Fatalf("%s still runs 2 min after the database came back with another server holding its lock", c.name)
+		}
+	}
+	var ee *exec.ExitError
+	if !errors.As(exit, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("%s exited with %v; want exit status 1", c.name, exit)
+	}
+	log, _ := os.ReadFile(c.log)
+	if !strings.Contains(string(log), "another torpor server uses this database as node "+c.name) || !strings.Contains(string(log), "two servers must not be one node") {
+		t.Errorf("%s's log does not name the other server's lock", c.name)
+	}
+	t.Logf("third cut: %s exited %v after the database came back (%v): %s", c.name, time.Since(restored).Round(100*time.Millisecond), exit, lastLine(log))
+	// The other server is cl-c now.
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool {
+		for _, n := range ns {
+			if n.Name == c.name {
+				return n.State == "active" && n.Advertise == other.proc.url
+			}
+		}
+		return false
+	})
+	if s := get(t, other.c, id); s.ID != id {
+		t.Errorf("through the second %s: %+v", c.name, s)
+	}
+}
+
+// lockRetaken ends the session that holds node name's server lock
+// (pg_terminate_backend) and waits until the node's server holds the lock
+// again on another session (within 30 s).
+func lockRetaken(t *testing.T, ctx context.Context, dbURL, name string) {
+	t.Helper()
+	pg, err := postgres.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	old, err := pg.ServerLockHolder(ctx, name)
+	if err != nil || old == 0 {
+		t.Fatalf("%s's lock: held by backend %d %v; want held", name, old, err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	for {
+		pid, err := pg.ServerLockHolder(ctx, name)
+		if err == nil && pid != 0 && pid != old {
+			t.Logf("%s's lock session %d ended: held again by %d after %v", name, old, pid, time.Since(ended).Round(10*time.Millisecond))
+			return
+		}
+		if time.Since(ended) > 30*time.Second {
+			t.Fatalf("30 s after its lock session %d ended %s's lock is held by %d (%v); want a new session", old, name, pid, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// quickGet GETs url with a 3 s timeout: its status and body.
+func quickGet(url string) (int, string, error) {
+	resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// lastLine is the last non-empty line of b.
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // stateOf is node name's state in ns ("" if it is not there).

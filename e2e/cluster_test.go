@@ -318,6 +318,9 @@ type cluster struct {
 	dbURL  string
 	s3     *s3test.Server
 	bucket string
+	// add makes another server's data directory (the cluster's store id)
+	// for node name, stopped and removed with the others; start starts it.
+	add func(name string) *clusterNode
 }
 
 // startCluster starts the three nodes of a cluster, each with serve's
@@ -338,7 +341,7 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 	// The nodes are one store under the bucket's prefix: one store id.
 	storeID := fmt.Sprintf("%032x", time.Now().UnixNano())
 	cl := &cluster{nodes: map[string]*clusterNode{}, bin: bin, pg: pg, dbURL: dbURL, s3: s3, bucket: bucket}
-	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
+	cl.add = func(name string) *clusterNode {
 		dir, err := os.MkdirTemp("", "torpor-e2e-cluster-")
 		if err != nil {
 			t.Fatal(err)
@@ -346,9 +349,12 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 		if err := os.WriteFile(filepath.Join(dir, "store-id"), []byte(storeID+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		n := &clusterNode{name: name, dir: dir, log: filepath.Join(t.TempDir(), name+".log")}
-		cl.nodes[name] = n
+		n := &clusterNode{name: name, dir: dir, log: filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", name, len(cl.order)))}
 		cl.order = append(cl.order, n)
+		return n
+	}
+	for _, name := range []string{"cl-a", "cl-b", "cl-c"} {
+		cl.nodes[name] = cl.add(name)
 	}
 	cl.start = func(n *clusterNode) {
 		db := cmp.Or(n.database, dbURL)

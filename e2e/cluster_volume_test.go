@@ -16,7 +16,8 @@ import (
 // TestClusterVolume: a volume created through cl-a lives on cl-a; a sandbox
 // created through cl-b that mounts it is placed on cl-a; hibernated and
 // resumed through cl-b it lands on cl-a again with the volume's file
-// intact; while cl-a drains, its resume through cl-b is refused with a 503
+// intact; a create through cl-c that mounts it and a volume of cl-b is
+// refused (409) naming both volumes and nodes; while cl-a drains, its resume through cl-b is refused with a 503
 // naming the volume and cl-a (it stays hibernated), and after the undrain it
 // resumes on cl-a.
 func TestClusterVolume(t *testing.T) {
@@ -42,6 +43,32 @@ func TestClusterVolume(t *testing.T) {
 	if sb.Node != "cl-a" {
 		t.Fatalf("created through cl-b mounting cl-a's volume: node %q, want cl-a", sb.Node)
 	}
+	// A second volume on cl-b: a sandbox mounting both can run on neither
+	// node, and its create is refused (409) naming both, making nothing.
+	if v, err := b.c.CreateVolume(ctx, "vol-b"); err != nil || v.Node != "cl-b" {
+		t.Fatalf("create volume through cl-b: %+v %v, want node cl-b", v, err)
+	}
+	t.Cleanup(func() {
+		if err := b.c.DeleteVolume(context.Background(), "vol-b"); err != nil {
+			t.Errorf("delete volume vol-b: %v", err)
+		}
+	})
+	c := cl.nodes["cl-c"]
+	listed, err := c.c.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{MemoryMiB: 256,
+		Volumes: []apiv1.VolumeMount{{Name: "vol-a", Path: "/a"}, {Name: "vol-b", Path: "/b"}}})
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusConflict ||
+		!strings.Contains(ae.Message, "volume vol-a is on node cl-a and volume vol-b on node cl-b") {
+		t.Fatalf("create through cl-c mounting vol-a (cl-a) and vol-b (cl-b): %v; want 409 naming both", err)
+	}
+	if now, err := c.c.ListSandboxes(ctx); err != nil || len(now) != len(listed) {
+		t.Fatalf("after the refused create: %d sandboxes %v, want %d", len(now), err, len(listed))
+	}
+
 	sh(t, b.c, id, "echo kept > /data/f && sync")
 	hibernate(t, b.c, id)
 	r, err := b.c.Resume(ctx, id)
@@ -68,7 +95,6 @@ func TestClusterVolume(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	_, err = b.c.Resume(ctx, id)
-	var ae *client.APIError
 	if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable ||
 		!strings.Contains(ae.Message, "volume vol-a is on node cl-a, which is draining") {
 		t.Fatalf("resume through cl-b while cl-a drains: %v; want 503 naming vol-a and cl-a", err)

@@ -69,6 +69,24 @@ func serve(t *testing.T, bin, logPath string, args ...string) *serveProcess {
 	}
 }
 
+// refusedAsNode checks that a server started as node name on database
+// dbURL (another data directory) is refused at start because another
+// server holds the node's lock: it exits non-zero, within 3 min, with
+// postgres.ErrLocked's message.
+func refusedAsNode(t *testing.T, bin, dbURL, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	other := exec.CommandContext(ctx, bin, "serve", "--listen", freeAddr(t), "--auth", "none", "--database", dbURL, "--node", name,
+		"--data-dir", dir, "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t))
+	out, err := other.CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "another torpor server uses this database as node "+name) {
+		t.Errorf("a second server as node %s on the database: %v (not refused at start if killed)\n%s", name, err, out)
+	}
+	removeDataDir(dir)
+}
+
 // stop stops the server as an operator would (SIGTERM) and waits for it.
 func (p *serveProcess) stop(t *testing.T) {
 	t.Helper()
@@ -176,12 +194,7 @@ func TestServePostgres(t *testing.T) {
 	// A second server on the same database as the same node (another data
 	// directory) is refused: it would take the first one's sandboxes for
 	// its own. (Servers with other names are other nodes: TestCluster.)
-	other := exec.Command(bin, "serve", "--listen", freeAddr(t), "--auth", "none", "--database", dbURL, "--node", "pg-a",
-		"--data-dir", t.TempDir(), "--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t))
-	out, err := other.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another torpor server uses this database") {
-		t.Errorf("a second server on the database: %v\n%s", err, out)
-	}
+	refusedAsNode(t, bin, dbURL, "pg-a")
 
 	srv.stop(t)
 	srv = serve(t, bin, logPath, append(args, "--node", "pg-b")...)

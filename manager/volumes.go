@@ -40,7 +40,8 @@ import (
 // on that node alone, so the cluster front (server/cluster.go) places every
 // create, resume and fork of a sandbox that mounts it there, and refuses
 // (503) when that node is lost, draining or full rather than placing
-// elsewhere. A clone's copies are made on the source's node, so they are
+// elsewhere; a sandbox that mounts volumes of two nodes it refuses (409). A
+// clone's copies are made on the source's node, so they are
 // recorded there too.
 
 var volumeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,49}$`)

@@ -113,8 +113,9 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 		keepBody(r)
 	}
 	target, placed, err := f.target(r.Context(), c, r)
-	if manager.RetryAfterSeconds(err) > 0 {
-		// No node has room: refused as admission control refuses (503).
+	if manager.RetryAfterSeconds(err) > 0 || sandbox.KindOf(err) == sandbox.Conflict {
+		// No node has room: refused as admission control refuses (503); or
+		// no node can serve it (409: volumes on two nodes).
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			f.s.fail(w, r, err)
 		} else {
@@ -167,13 +168,14 @@ func (e errReader) Read([]byte) (int, error) {
 // sandbox that mounts a volume recorded on a node is placed on that node
 // only (create, resume, and a fork of a sandbox no node owns), never served
 // elsewhere as a fallback. Errors: Place's refusal when no node (or not the
-// volume's node) has room; the database's.
+// volume's node) has room; volumeNode's conflict when the sandbox mounts
+// volumes of two nodes (a create, a resume, a fork); the database's.
 func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (target *url.URL, placed bool, err error) {
 	s := f.s
 	if c.create {
 		mib, vols := createRequest(r)
 		p := Placement{Op: "create", MiB: mib}
-		if p.Volume, p.VolumeNode, err = f.volumeNode(ctx, vols); err != nil {
+		if p.Volume, p.VolumeNode, err = volumeNode(ctx, s.db, p.Op, "", vols); err != nil {
 			return nil, false, err
 		}
 		if p.VolumeNode == "" {
@@ -186,8 +188,23 @@ func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (tar
 		return u, p.VolumeNode == "", err
 	}
 	rec, err := s.db.GetSandbox(ctx, c.id)
-	if err != nil || rec.Owner == s.node {
+	if err != nil {
 		return nil, false, nil // unknown ids are answered here
+	}
+	p := Placement{Op: "resume", SandboxID: rec.ID, MiB: rec.MemoryMiB, Prefer: rec.SnapshotNode}
+	if c.fork {
+		p.Op = "fork"
+	}
+	// placed: the call resumes a sandbox no node owns, on the node Place
+	// picks.
+	placed = rec.Owner == "" && c.wakes && (rec.State == sandbox.StateHibernated || (c.resume && rec.State == sandbox.StateError))
+	if c.fork || placed {
+		if p.Volume, p.VolumeNode, err = volumeNode(ctx, s.db, p.Op, rec.ID, rec.Volumes); err != nil {
+			return nil, false, err
+		}
+	}
+	if rec.Owner == s.node {
+		return nil, false, nil
 	}
 	if rec.Owner != "" {
 		if c.record {
@@ -200,40 +217,52 @@ func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (tar
 		u, err := url.Parse(n.Advertise)
 		return u, false, err
 	}
-	p := Placement{Op: "resume", SandboxID: rec.ID, MiB: rec.MemoryMiB, Prefer: rec.SnapshotNode}
-	if p.Volume, p.VolumeNode, err = f.volumeNode(ctx, rec.Volumes); err != nil {
-		return nil, false, err
-	}
 	if c.fork && p.VolumeNode != "" {
 		// The clones' copies of the volumes are made from its directory.
-		p.Op, p.Prefer = "fork", ""
+		p.Prefer = ""
 		u, err := f.placeURL(ctx, p)
 		return u, false, err
 	}
-	if !c.wakes || !(rec.State == sandbox.StateHibernated || (c.resume && rec.State == sandbox.StateError)) {
+	if !placed {
 		return nil, false, nil
 	}
 	u, err := f.placeURL(ctx, p)
 	return u, p.VolumeNode == "", err
 }
 
-// volumeNode is the first of vols whose record names a node, and that
-// node ("", "" if none does; a volume without a record is the serving
-// node's to refuse).
-func (f *clusterFront) volumeNode(ctx context.Context, vols []sandbox.VolumeMount) (name, nodeName string, err error) {
-	for _, vm := range vols {
-		v, err := f.s.db.GetVolume(ctx, vm.Name)
+// volumeNode is the first of the volumes mounts names whose record names a
+// node, and that node ("", "" if none does; a volume without a record is
+// the serving node's to refuse), for call op ("create", "resume", "fork")
+// of sandbox id ("" for a create). A volume's directory is on its node
+// alone, so a sandbox that mounts volumes of two nodes can run on neither.
+// Errors: a *sandbox.Error of kind Conflict (HTTP 409) naming two volumes
+// on different nodes and their nodes, when mounts has such; the database's.
+func volumeNode(ctx context.Context, vols metadata.Volumes, op, id string, mounts []sandbox.VolumeMount) (name, nodeName string, err error) {
+	for _, vm := range mounts {
+		v, err := vols.GetVolume(ctx, vm.Name)
 		if errors.Is(err, metadata.ErrNotFound) {
 			continue
 		}
 		if err != nil {
 			return "", "", err
 		}
-		if v.Node != "" {
-			return v.Name, v.Node, nil
+		switch {
+		case v.Node == "" || v.Node == nodeName:
+		case nodeName == "":
+			name, nodeName = v.Name, v.Node
+		default:
+			hint := "mount volumes of one node only (a volume is made on the node its create reaches: make them through the same node)"
+			what := "the sandbox would mount"
+			if id != "" {
+				hint = "no node can run it; delete it and create a sandbox that mounts volumes of one node"
+				what = "it mounts"
+			}
+			return "", "", (&sandbox.Error{Kind: sandbox.Conflict, Op: op, SandboxID: id,
+				Err: fmt.Errorf("%s volumes on two nodes: volume %s is on node %s and volume %s on node %s; a volume's directory is on its node alone, so a sandbox that mounts both runs on neither",
+					what, name, nodeName, v.Name, v.Node)}).WithHint(hint)
 		}
 	}
-	return "", "", nil
+	return name, nodeName, nil
 }
 
 // createRequest is the memory and the volumes of the sandbox create request
@@ -489,6 +518,9 @@ func every(period time.Duration, stop <-chan struct{}, f func()) {
 }
 
 func (s *Server) clusterTick(ctx context.Context) {
+	if s.fence.lockTaken() {
+		return // not this node any more (nodeLockTaken)
+	}
 	nodes, err := s.db.ListNodes(ctx)
 	if err != nil {
 		s.log.Warn("cluster: list nodes", "err", err)

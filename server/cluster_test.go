@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -24,8 +25,9 @@ import (
 // snapshot's node first, then the asking node, then the most room, by name
 // on a tie; with none, a 503 refusal with Retry-After; a sandbox that
 // mounts a volume on the volume's node only, else a 503 naming the volume,
-// its node and why (lost, draining, unknown, full). On SQLite and on
-// PostgreSQL (a private cluster).
+// its node and why (lost, draining, unknown, full); a sandbox that mounts
+// volumes of two nodes nowhere: a 409 naming both volumes and their nodes
+// (volumeNode). On SQLite and on PostgreSQL (a private cluster).
 func TestPlace(t *testing.T) {
 	t.Run("SQLite", func(t *testing.T) {
 		db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
@@ -46,7 +48,10 @@ func TestPlace(t *testing.T) {
 	})
 }
 
-func testPlace(t *testing.T, db metadata.Nodes) {
+func testPlace(t *testing.T, db interface {
+	metadata.Nodes
+	metadata.Volumes
+}) {
 	ctx := context.Background()
 	now := time.Now()
 	put := func(name string, capMiB, loadMiB int64, overcommit float64, beat time.Time, draining bool) {
@@ -142,6 +147,44 @@ func testPlace(t *testing.T, db metadata.Nodes) {
 			t.Errorf("Place(volume on %s, %d MiB) = %q %v, want %q", tc.volume, tc.mib, got, err, tc.want)
 		}
 	}
+	// The volumes' node: the first that records one; volumes on two nodes
+	// are refused, naming both.
+	for name, on := range map[string]string{"v-f": "f", "v-f2": "f", "v-h": "h", "v-old": ""} {
+		if err := db.CreateVolume(ctx, metadata.Volume{Name: name, CreatedAt: now, Node: on}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mounts := func(names ...string) []sandbox.VolumeMount {
+		var out []sandbox.VolumeMount
+		for i, n := range names {
+			out = append(out, sandbox.VolumeMount{Name: n, Path: fmt.Sprintf("/v%d", i)})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		op, id  string
+		volumes []string
+		want    string // the volume and its node, or the refusal's text
+	}{
+		{"create", "", nil, " on "},
+		{"create", "", []string{"v-old", "v-missing"}, " on "},
+		{"create", "", []string{"v-old", "v-f", "v-missing", "v-f2"}, "v-f on f"},
+		{"resume", "sbx-1", []string{"v-h"}, "v-h on h"},
+		{"create", "", []string{"v-f", "v-old", "v-h"}, "create: the sandbox would mount volumes on two nodes: volume v-f is on node f and volume v-h on node h"},
+		{"resume", "sbx-1", []string{"v-h", "v-f2", "v-f"}, "resume sbx-1: it mounts volumes on two nodes: volume v-h is on node h and volume v-f2 on node f"},
+		{"fork", "sbx-1", []string{"v-f2", "v-h"}, "fork sbx-1: it mounts volumes on two nodes: volume v-f2 is on node f and volume v-h on node h"},
+	} {
+		name, on, err := volumeNode(ctx, db, tc.op, tc.id, mounts(tc.volumes...))
+		if strings.Contains(tc.want, ":") {
+			if name != "" || on != "" || sandbox.KindOf(err) != sandbox.Conflict || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("volumeNode(%s %v) = %q %q %v; want a conflict %q", tc.op, tc.volumes, name, on, err, tc.want)
+			}
+			continue
+		}
+		if got := name + " on " + on; err != nil || got != tc.want {
+			t.Errorf("volumeNode(%s %v) = %q %v; want %q", tc.op, tc.volumes, got, err, tc.want)
+		}
+	}
 }
 
 // TestClassifyCall: which sandbox a request is about, whether it wakes it,
@@ -195,5 +238,57 @@ func TestForwardedServedHere(t *testing.T) {
 	f.ServeHTTP(httptest.NewRecorder(), r, next)
 	if served != 4 {
 		t.Errorf("served %d of 4 requests here", served)
+	}
+}
+
+// TestFrontVolumesOnTwoNodes: through the cluster front, a create that
+// mounts volumes of two nodes, and a resume, an exec (which resumes) and a
+// fork of a hibernated sandbox whose volumes are on two nodes, are answered
+// 409 conflict naming both volumes and their nodes, before any handler (so
+// nothing changes: the record is as it was). (One node's volumes are
+// placed there: TestPlace.)
+func TestFrontVolumesOnTwoNodes(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	now := time.Now()
+	for name, on := range map[string]string{"vol-a": "node-a", "vol-b": "node-b"} {
+		if err := db.CreateVolume(ctx, metadata.Volume{Name: name, CreatedAt: now, Node: on}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb := &metadata.Sandbox{ID: "sbx-two", State: sandbox.StateHibernated, Image: "base", MemoryMiB: 256, CreatedAt: now, StateChangedAt: now,
+		Policy: sandbox.Policy{Volumes: []sandbox.VolumeMount{{Name: "vol-a", Path: "/a"}, {Name: "vol-b", Path: "/b"}}}}
+	if err := db.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	before, err := db.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &clusterFront{s: &Server{db: db, node: "node-c", log: defaultLogger()}}
+	served := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/sandboxes", `{"volumes":[{"name":"vol-a","path":"/a"},{"name":"vol-b","path":"/b"}]}`,
+			"create: the sandbox would mount volumes on two nodes: volume vol-a is on node node-a and volume vol-b on node node-b"},
+		{"/v1/sandboxes/sbx-two/resume", `{}`, "resume sbx-two: it mounts volumes on two nodes: volume vol-a is on node node-a and volume vol-b on node node-b"},
+		{"/v1/sandboxes/sbx-two/exec", `{"cmd":["true"]}`, "resume sbx-two: it mounts volumes on two nodes"},
+		{"/v1/sandboxes/sbx-two/fork", `{"volumes":"copy"}`, "fork sbx-two: it mounts volumes on two nodes: volume vol-a is on node node-a and volume vol-b on node node-b"},
+	} {
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, httptest.NewRequest("POST", tc.path, strings.NewReader(tc.body)), next)
+		if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), `"conflict"`) || !strings.Contains(w.Body.String(), tc.want) {
+			t.Errorf("POST %s: %d %s; want 409 conflict with %q", tc.path, w.Code, w.Body, tc.want)
+		}
+	}
+	if served != 0 {
+		t.Errorf("%d refused calls reached the handler", served)
+	}
+	if after, err := db.GetSandbox(ctx, sb.ID); err != nil || after.Version != before.Version || after.State != sandbox.StateHibernated {
+		t.Errorf("after the refusals: %+v %v; want the record unchanged", after, err)
 	}
 }

@@ -159,6 +159,11 @@ type Server struct {
 	e2b         *e2b.Service
 	cluster     *clusterFront // forwarding between nodes (nil with SQLite: one node)
 	fence       selfFence     // self-fencing (with cluster; selffence.go)
+	// locker keeps the node's lock in a shared database (nil with SQLite);
+	// fatal receives the error a server that lost it to another server
+	// exits with (Run).
+	locker serverLocker
+	fatal  chan error
 
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
@@ -306,7 +311,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return failStarted(err)
 	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, dataDir: cfg.DataDir,
-		heartbeat: heartbeat, node: heartbeat.Name(),
+		heartbeat: heartbeat, node: heartbeat.Name(), fatal: make(chan error, 1),
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secretPath := filepath.Join(dir, "e2b-secret")
 	secret, err := e2b.LoadSecret(secretPath)
@@ -349,10 +354,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.stopLC = startLifecycle(mgr, cfg.DisableLifecycle)
 	if s.cluster != nil {
 		stop, done := make(chan struct{}), make(chan struct{})
-		fenceDone := make(chan struct{})
+		fenceDone, lockDone := make(chan struct{}), make(chan struct{})
+		s.locker, _ = db.(serverLocker)
 		go func() { defer close(done); s.clusterLoop(stop) }()
 		go func() { defer close(fenceDone); s.selfFenceLoop(stop) }()
-		s.stopCluster = func() { close(stop); <-done; <-fenceDone }
+		go func() { defer close(lockDone); s.nodeLockLoop(stop) }()
+		s.stopCluster = func() { close(stop); <-done; <-fenceDone; <-lockDone }
 	}
 	return s, nil
 }
@@ -498,7 +505,9 @@ func tuneGC() {
 // directory: an address it cannot listen on (in use) is an error with nothing
 // created there. With cfg.TLSCert and cfg.TLSKey it serves HTTPS and loads
 // the pair again on every SIGHUP (a pair that fails to load is logged and
-// the previous certificate kept).
+// the previous certificate kept). On a shared database it also ends, with
+// an error wrapping postgres.ErrLocked, when another server took this
+// node's lock while this one had lost it (docs/multi-host.md#one-server-per-node).
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
@@ -558,10 +567,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		errc <- hs.Serve(ln)
 	}()
+	var fatal error // this server is no longer its node (nodeLockTaken)
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	case fatal = <-s.fatal:
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -572,7 +583,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// only when none is left does the engine release its host mounts.
 	s.Manager.Wait()
 	s.CloseIdleEngines(sctx)
-	return nil
+	return fatal
 }
 
 // reloadOnSIGHUP reloads certs on every SIGHUP until the returned stop is

@@ -18,11 +18,13 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,10 +40,21 @@ import (
 type DB struct {
 	*sqlstore.Store
 	sql *sql.DB
-	// server is the session that holds the node lock (LockServer), node its
-	// name.
-	server *sql.Conn
-	node   string
+	// lockMu guards the node lock's fields: server is the session that
+	// holds it (LockServer; nil: none), node its name, session that
+	// session's backend (to tell it from another server's once the
+	// connection to it is lost).
+	lockMu  sync.Mutex
+	server  *sql.Conn
+	node    string
+	session backend
+}
+
+// backend names a server session: its process id and start time (a pid
+// alone may be reused).
+type backend struct {
+	pid   int64
+	start time.Time
 }
 
 var _ metadata.Store = (*DB)(nil)
@@ -133,6 +146,7 @@ func Describe(c *pgx.ConnConfig) string {
 
 // Close releases the server lock, if held, and closes the database.
 func (d *DB) Close() error {
+	d.lockMu.Lock()
 	if d.server != nil {
 		// Unlocked at once: a closed session's locks go only once its
 		// backend has noticed.
@@ -142,6 +156,7 @@ func (d *DB) Close() error {
 		cancel()
 		d.server = nil
 	}
+	d.lockMu.Unlock()
 	return d.Store.Close()
 }
 
@@ -155,34 +170,117 @@ var ErrLocked = errors.New("another torpor server uses this database")
 const serverLockKey = 0x746f7270
 
 // LockServer takes the database's lock of node: a session advisory lock on
-// one connection, held until Close (or until that session ends). A server
-// acts on the sandboxes its node owns and reattaches them at start, so two
-// servers must not be one node; servers with different node names share
-// the database. Errors: ErrLocked (wrapped, naming the node and the
-// holder's session) when another session holds it; a failure of the
-// database.
+// one connection, held until Close (or until that session ends: see
+// KeepServerLock). A server acts on the sandboxes its node owns and
+// reattaches them at start, so two servers must not be one node; servers
+// with different node names share the database. Errors: ErrLocked
+// (wrapped, naming the node and the holder's session) when another session
+// holds it; a failure of the database.
 func (d *DB) LockServer(ctx context.Context, node string) error {
+	d.lockMu.Lock()
+	defer d.lockMu.Unlock()
 	if d.server != nil {
 		return nil
 	}
-	conn, err := d.sql.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("metadata: server lock: %w", err)
-	}
-	var ok bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, int32(serverLockKey), node).Scan(&ok); err != nil {
+	return d.lockServer(ctx, node)
+}
+
+// lockServer is LockServer with lockMu held and no session. A holder that
+// is this store's own earlier session (its connection lost on this side
+// while the server still runs it: a cut network) is ended
+// (pg_terminate_backend) and the lock taken again, for up to 5 s.
+func (d *DB) lockServer(ctx context.Context, node string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		conn, err := d.sql.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("metadata: server lock: %w", err)
+		}
+		var ok bool
+		var self backend
+		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2)), pg_backend_pid(),
+			(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())`, int32(serverLockKey), node).Scan(&ok, &self.pid, &self.start); err != nil {
+			conn.Close()
+			return fmt.Errorf("metadata: server lock: %w", err)
+		}
+		if ok {
+			d.server, d.node, d.session = conn, node, self
+			return nil
+		}
 		conn.Close()
-		return fmt.Errorf("metadata: server lock: %w", err)
+		holder, from, _ := d.holder(ctx, node)
+		gone := holder.pid == 0 // released since the try
+		own := d.node == node && holder.pid == d.session.pid && holder.start.Equal(d.session.start)
+		if (!own && !gone) || time.Now().After(deadline) {
+			return fmt.Errorf("metadata: %w as node %s (its session: backend %d from %s, since %s)", ErrLocked, node, holder.pid, from,
+				holder.start.UTC().Format(time.RFC3339))
+		}
+		if gone {
+			continue
+		}
+		if _, err := d.sql.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, holder.pid); err != nil {
+			return fmt.Errorf("metadata: server lock: end this server's lost session (backend %d): %w", holder.pid, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("metadata: server lock: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if !ok {
-		conn.Close()
-		var holder string
-		_ = d.sql.QueryRowContext(ctx, `SELECT a.pid || ' from ' || coalesce(host(a.client_addr), 'the local socket')
-			FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = hashtext($2)::oid AND l.objsubid = 2 AND l.granted AND l.database =
-				(SELECT oid FROM pg_database WHERE datname = current_database())`, int64(serverLockKey), node).Scan(&holder)
-		return fmt.Errorf("metadata: %w as node %s (its session: backend %s)", ErrLocked, node, holder)
+}
+
+// holder is the session that holds node's lock (pid 0: none) and where it
+// comes from (a client address or "the local socket").
+func (d *DB) holder(ctx context.Context, node string) (b backend, from string, err error) {
+	err = d.sql.QueryRowContext(ctx, `SELECT a.pid, a.backend_start, coalesce(host(a.client_addr), 'the local socket')
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = hashtext($2)::oid AND l.objsubid = 2 AND l.granted AND l.database =
+			(SELECT oid FROM pg_database WHERE datname = current_database())`, int64(serverLockKey), node).Scan(&b.pid, &b.start, &from)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = nil
 	}
-	d.server, d.node = conn, node
-	return nil
+	return b, from, err
+}
+
+// ServerLockHolder is the backend process id of the session that holds
+// node's server lock (LockServer) in this database, 0 when none does (for
+// operators and tests: pg_terminate_backend ends it). Errors: the
+// database's.
+func (d *DB) ServerLockHolder(ctx context.Context, node string) (pid int64, err error) {
+	b, _, err := d.holder(ctx, node)
+	return b.pid, err
+}
+
+// KeepServerLock makes sure the store still holds the lock LockServer took:
+// it asks the lock's session whether it holds it, and when that session is
+// gone (its connection failed or was cut, the database restarted, the
+// backend was terminated) takes the lock again on a new session; retaken
+// says it did. A server calls it every second and before it serves again
+// after fencing itself. Errors: ErrLocked (wrapped, naming the node and the
+// holder's session) when another session took the lock meanwhile (another
+// server as this node: this one must stop acting as it); a failure of the
+// database (the lock is not held; call again); no LockServer before.
+func (d *DB) KeepServerLock(ctx context.Context) (retaken bool, err error) {
+	d.lockMu.Lock()
+	defer d.lockMu.Unlock()
+	if d.node == "" {
+		return false, errors.New("metadata: server lock: not taken (LockServer)")
+	}
+	if d.server != nil {
+		var held bool
+		err := d.server.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+			AND classid = $1 AND objid = hashtext($2)::oid AND objsubid = 2 AND granted)`, int64(serverLockKey), d.node).Scan(&held)
+		if err == nil && held {
+			return false, nil
+		}
+		// Gone, or not answering: never used again (closed, not returned
+		// to the pool, where it might hold the lock for another caller).
+		d.server.Raw(func(any) error { return driver.ErrBadConn })
+		d.server.Close()
+		d.server = nil
+	}
+	if err := d.lockServer(ctx, d.node); err != nil {
+		return false, err
+	}
+	return true, nil
 }

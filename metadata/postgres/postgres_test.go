@@ -30,6 +30,7 @@ func TestPostgres(t *testing.T) {
 		{"Conformance", testConformance},
 		{"Migrations", testMigrations},
 		{"ServerLock", testServerLock},
+		{"ServerLockKept", testServerLockKept},
 		{"StaleAcrossStores", testStaleAcrossStores},
 		{"APIKeysVerify", testAPIKeysVerify},
 		{"TimesInAnyZone", testTimesInAnyZone},
@@ -173,6 +174,112 @@ func testServerLock(t *testing.T, c *pgtest.Cluster) {
 	a.Close()
 	if err := b.LockServer(ctx, "node-a"); err != nil {
 		t.Errorf("lock after the holder closed: %v", err)
+	}
+}
+
+// lockHolder is the backend pid that holds node's server lock in db's
+// database (0: none).
+func lockHolder(t *testing.T, db *DB, node string) int64 {
+	t.Helper()
+	pid, err := db.ServerLockHolder(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// terminate ends backend pid (as another server's network cut or an
+// operator's pg_terminate_backend would) and waits until it is gone.
+func terminate(t *testing.T, db *DB, pid int64) {
+	t.Helper()
+	if _, err := db.sql.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := db.sql.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d still there 30 s after pg_terminate_backend", pid)
+		}
+	}
+}
+
+// testServerLockKept: KeepServerLock leaves a held lock alone; once the
+// lock's session is ended (pg_terminate_backend) it notices and takes the
+// lock again on a new session, which then refuses a second server; if
+// another server took the lock in the gap it fails with ErrLocked naming
+// that server's session; a session of its own that the store lost sight of
+// (its connection gone on this side only) but the database still runs is
+// ended and the lock taken again.
+func testServerLockKept(t *testing.T, c *pgtest.Cluster) {
+	url := c.NewDatabase(t)
+	a, b, watch := open(t, url), open(t, url), open(t, url)
+	if _, err := a.KeepServerLock(ctx); err == nil {
+		t.Errorf("KeepServerLock before LockServer: no error")
+	}
+	if err := a.LockServer(ctx, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if retaken, err := a.KeepServerLock(ctx); retaken || err != nil {
+		t.Fatalf("KeepServerLock of a held lock: retaken %v %v", retaken, err)
+	}
+	first := lockHolder(t, watch, "node-a")
+	terminate(t, watch, first)
+	if pid := lockHolder(t, watch, "node-a"); pid != 0 {
+		t.Fatalf("lock held by backend %d after its session ended", pid)
+	}
+	if retaken, err := a.KeepServerLock(ctx); !retaken || err != nil {
+		t.Fatalf("KeepServerLock after the session ended: retaken %v %v; want the lock taken again", retaken, err)
+	}
+	if pid := lockHolder(t, watch, "node-a"); pid == 0 || pid == first {
+		t.Fatalf("lock held by backend %d after the retake; want a new session (not %d)", pid, first)
+	}
+	if err := b.LockServer(ctx, "node-a"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a second server after the retake: %v, want ErrLocked", err)
+	}
+
+	// Another server takes the lock while a's session is gone.
+	terminate(t, watch, lockHolder(t, watch, "node-a"))
+	if err := b.LockServer(ctx, "node-a"); err != nil {
+		t.Fatalf("a second server while the first one's session is gone: %v", err)
+	}
+	taker := lockHolder(t, watch, "node-a")
+	_, err := a.KeepServerLock(ctx)
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("backend %d ", taker)) {
+		t.Fatalf("KeepServerLock with the lock taken by another server: %v; want ErrLocked naming backend %d", err, taker)
+	}
+	if pid := lockHolder(t, watch, "node-a"); pid != taker {
+		t.Fatalf("the other server's lock is held by %d, want %d: KeepServerLock must not take it", pid, taker)
+	}
+
+	// The store loses sight of its own session, which still holds the lock.
+	d := open(t, url)
+	if err := d.LockServer(ctx, "node-d"); err != nil {
+		t.Fatal(err)
+	}
+	stale := d.server
+	defer stale.Close()
+	held := lockHolder(t, watch, "node-d")
+	fresh, err := d.sql.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lockMu.Lock()
+	d.server = fresh // not holding the lock: as if the first connection was lost
+	d.lockMu.Unlock()
+	if retaken, err := d.KeepServerLock(ctx); !retaken || err != nil {
+		t.Fatalf("KeepServerLock with its own old session holding the lock: retaken %v %v", retaken, err)
+	}
+	if pid := lockHolder(t, watch, "node-d"); pid == 0 || pid == held {
+		t.Errorf("node-d's lock is held by %d; want a new session (not %d)", pid, held)
+	}
+	if err := stale.PingContext(ctx); err == nil {
+		t.Errorf("the old session still answers: it was not ended")
 	}
 }
 
