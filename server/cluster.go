@@ -178,12 +178,9 @@ func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (tar
 		if p.Volume, p.VolumeNode, err = volumeNode(ctx, s.db, p.Op, "", vols); err != nil {
 			return nil, false, err
 		}
-		if p.VolumeNode == "" {
-			self, err := s.db.GetNode(ctx, s.node)
-			if err != nil || !self.Draining {
-				return nil, false, err
-			}
-		}
+		// Place keeps it here when this node is active and has room, else
+		// picks the active node with the most room (a create asked of a full
+		// or draining node goes on to one with room).
 		u, err := f.placeURL(ctx, p)
 		return u, p.VolumeNode == "", err
 	}
