@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net"
@@ -211,16 +212,28 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := checkStoreConfig(dir, cfg.Store); err != nil {
 		return nil, err
 	}
+	// A data directory this start makes is removed again if the start fails
+	// (a database that cannot be reached, a refused node lock, …): a refused
+	// start leaves none behind.
+	_, statErr := os.Stat(dir)
+	made := errors.Is(statErr, fs.ErrNotExist)
+	unmake := func() {
+		if made {
+			os.RemoveAll(dir)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", dir, err)
 	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
+		unmake()
 		return nil, err
 	}
 	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
 	if err != nil {
 		lock.Close()
+		unmake()
 		return nil, err
 	}
 	var closeStore func() error
@@ -230,6 +243,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		db.Close()
 		lock.Close()
+		unmake()
 		return nil, err
 	}
 	images, err := image.Open(filepath.Join(dir, "images"), db)
