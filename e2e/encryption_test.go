@@ -33,9 +33,10 @@ while True:
 `
 
 // TestEncryptedSnapshots: a server with --snapshot-key (S3 store on
-// versitygw) hibernates a sandbox holding a marker in memory; neither the
-// data directory nor the bucket holds the marker afterwards, and the resume
-// brings it back. Restarted with another key, the resume fails with the
+// versitygw) forks, hibernates and resumes a sandbox holding a marker in
+// memory and fills a warm pool of its snapshot; neither the data directory
+// nor the bucket holds the marker afterwards (nor while the clones, the
+// resumed sandbox or the pool's clone run), and the resume brings it back. Restarted with another key, the resume fails with the
 // error naming both key ids and the sandbox stays hibernated; restarted with
 // the right key it resumes.
 func TestEncryptedSnapshots(t *testing.T) {
@@ -120,6 +121,16 @@ func TestEncryptedSnapshots(t *testing.T) {
 	absent("while the resumed sandbox runs")
 	snap := hibernate(t, c, sb.ID).Snapshot.ID
 	absent("after the second hibernate")
+	// A warm pool of the snapshot restores a clone ahead of time: its copy
+	// goes once the clone is restored, as a fork's.
+	if _, err := c.SetSnapshotPool(ctx, snap, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, c, "snapshot", snap, 1)
+	absent("with a warm pool's clone of the snapshot ready")
+	if _, err := c.SetSnapshotPool(ctx, snap, 0); err != nil {
+		t.Fatal(err)
+	}
 
 	// Another key: the resume fails, naming both ids, and changes nothing.
 	wrong := writeKey()
