@@ -117,7 +117,7 @@ func TestEncryptedSnapshots(t *testing.T) {
 	}
 	// The opened copy runsc restored from is removed once the restore
 	// returned: nothing on disk while it runs either (that the grep does
-	// see such a copy is shown by TestEncryptedResumeCrash).
+	// see such a copy is shown by TestEncryptedCrashes).
 	absent("while the resumed sandbox runs")
 	snap := hibernate(t, c, sb.ID).Snapshot.ID
 	absent("after the second hibernate")
@@ -168,13 +168,20 @@ func askHolder(t *testing.T, c *client.Client, id string) string {
 	return sh(t, c, id, `rm -f /tmp/answer; touch /tmp/ask; for i in $(seq 200); do [ -e /tmp/answer ] && break; sleep 0.05; done; cat /tmp/answer`)
 }
 
-// TestEncryptedResumeCrash: `torpor serve --snapshot-key` killed (SIGKILL)
-// during a resume, after the snapshot's plain copy was rebuilt in
-// chunks/open and before the restore: the copy holds the marker then (the
-// grep sees plain copies), and the restart's reconcile removes it; the
-// sandbox is hibernated, resumes with its memory, and after its next
-// hibernate no plain text is left in the data directory.
-func TestEncryptedResumeCrash(t *testing.T) {
+// TestEncryptedCrashes: `torpor serve --snapshot-key` killed (SIGKILL)
+//
+//   - during a resume, after the snapshot's plain copy was rebuilt in
+//     chunks/open and before the restore: the copy holds the marker then
+//     (the grep sees plain copies), and the restart's reconcile removes it;
+//     the sandbox is hibernated and resumes with its memory;
+//   - during a hibernate, after runsc wrote the checkpoint to chunks/staging
+//     and before the commit: the staged files hold the marker, and the
+//     restart commits the checkpoint (sealed) and removes them; the sandbox
+//     is hibernated and resumes with its memory.
+//
+// After each restart, and after the last hibernate, no file in the data
+// directory holds the marker.
+func TestEncryptedCrashes(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "snapshot.key")
 	raw := make([]byte, chunked.KeyBytes)
 	rand.Read(raw)
@@ -232,6 +239,29 @@ func TestEncryptedResumeCrash(t *testing.T) {
 	}
 	if got := askHolder(t, c, sb.ID); got != marker {
 		t.Fatalf("holder answers %q after the resume, want the marker", got)
+	}
+	p.stop() // the sandbox runs on; the next start reattaches it
+
+	p.start(manager.FaultEnv + "=hibernate-checkpointed")
+	if _, err := c.Hibernate(ctx, sb.ID); err == nil {
+		t.Fatal("the hibernate answered though the server was to be killed before its commit")
+	}
+	p.waitKilled()
+	if hits := filesWith(t, filepath.Join(chunks, "staging"), []byte(marker)); len(hits) == 0 {
+		t.Fatal("killed amid the hibernate, the staged checkpoint does not hold the marker: the grep for it cannot see it")
+	}
+	p.start()
+	if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {
+		t.Errorf("after the restart that finished the hibernate the marker is in plain text in %v", hits)
+	}
+	if st := get(t, c, sb.ID); st.State != apiv1.StateHibernated {
+		t.Fatalf("after the restart the sandbox is %s (%s), want hibernated", st.State, st.Error)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := askHolder(t, c, sb.ID); got != marker {
+		t.Fatalf("holder answers %q after the resume of the finished hibernate, want the marker", got)
 	}
 	hibernate(t, c, sb.ID)
 	if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {

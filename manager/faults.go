@@ -10,7 +10,8 @@ import (
 // The points: "create-recorded" (a create's record written, its instance not
 // started), "fork-clones-recorded" (a fork's clone records written, none
 // restored), "resume-restoring" (a resume's snapshot opened and its state
-// resuming recorded, its restore not begun), and the server's
+// resuming recorded, its restore not begun), "hibernate-checkpointed" (a
+// hibernate's checkpoint written to staging, not committed), and the server's
 // "idempotency-claimed" and "idempotency-recorded" (server/idempotency.go).
 const FaultEnv = "TORPOR_TEST_KILL_AT"
 

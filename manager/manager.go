@@ -827,6 +827,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err != nil {
 		return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: %w", s.ID, err)))
 	}
+	FaultPoint("hibernate-checkpointed")
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
 	man := m.manifestFor(s, eng, snapID, now)
