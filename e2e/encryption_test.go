@@ -219,50 +219,38 @@ func TestEncryptedCrashes(t *testing.T) {
 	hibernate(t, c, sb.ID)
 	p.stop()
 
-	p.start(manager.FaultEnv + "=resume-restoring")
-	if _, err := c.Resume(ctx, sb.ID); err == nil {
-		t.Fatal("the resume answered though the server was to be killed before its restore")
+	// crash kills the server at point amid call, checks that the plain
+	// files it cut short (in chunks/sub) hold the marker, restarts it and
+	// checks that none is left and the sandbox is hibernated and resumes
+	// with its memory.
+	crash := func(point, sub string, call func() error) {
+		t.Helper()
+		p.start(manager.FaultEnv + "=" + point)
+		if err := call(); err == nil {
+			t.Fatalf("kill at %s: the call answered though the server was to be killed", point)
+		}
+		p.waitKilled()
+		if hits := filesWith(t, filepath.Join(chunks, sub), []byte(marker)); len(hits) == 0 {
+			t.Fatalf("kill at %s: chunks/%s does not hold the marker: the grep for it cannot see a plain copy", point, sub)
+		}
+		p.start()
+		if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {
+			t.Errorf("kill at %s: after the restart the marker is in plain text in %v", point, hits)
+		}
+		if st := get(t, c, sb.ID); st.State != apiv1.StateHibernated {
+			t.Fatalf("kill at %s: after the restart the sandbox is %s (%s), want hibernated", point, st.State, st.Error)
+		}
+		if _, err := c.Resume(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := askHolder(t, c, sb.ID); got != marker {
+			t.Fatalf("kill at %s: holder answers %q after the resume, want the marker", point, got)
+		}
+		p.stop() // the sandbox runs on; the next start reattaches it
 	}
-	p.waitKilled()
-	if hits := filesWith(t, filepath.Join(chunks, "open"), []byte(marker)); len(hits) == 0 {
-		t.Fatal("killed amid the resume, the opened copy does not hold the marker: the grep for it cannot see a plain copy")
-	}
+	crash("resume-restoring", "open", func() error { _, err := c.Resume(ctx, sb.ID); return err })
+	crash("hibernate-checkpointed", "staging", func() error { _, err := c.Hibernate(ctx, sb.ID); return err })
 	p.start()
-	if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {
-		t.Errorf("after the restart the marker is in plain text in %v (the reconcile left the opened copy)", hits)
-	}
-	if st := get(t, c, sb.ID); st.State != apiv1.StateHibernated {
-		t.Fatalf("after the restart the sandbox is %s (%s), want hibernated", st.State, st.Error)
-	}
-	if _, err := c.Resume(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	if got := askHolder(t, c, sb.ID); got != marker {
-		t.Fatalf("holder answers %q after the resume, want the marker", got)
-	}
-	p.stop() // the sandbox runs on; the next start reattaches it
-
-	p.start(manager.FaultEnv + "=hibernate-checkpointed")
-	if _, err := c.Hibernate(ctx, sb.ID); err == nil {
-		t.Fatal("the hibernate answered though the server was to be killed before its commit")
-	}
-	p.waitKilled()
-	if hits := filesWith(t, filepath.Join(chunks, "staging"), []byte(marker)); len(hits) == 0 {
-		t.Fatal("killed amid the hibernate, the staged checkpoint does not hold the marker: the grep for it cannot see it")
-	}
-	p.start()
-	if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {
-		t.Errorf("after the restart that finished the hibernate the marker is in plain text in %v", hits)
-	}
-	if st := get(t, c, sb.ID); st.State != apiv1.StateHibernated {
-		t.Fatalf("after the restart the sandbox is %s (%s), want hibernated", st.State, st.Error)
-	}
-	if _, err := c.Resume(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	if got := askHolder(t, c, sb.ID); got != marker {
-		t.Fatalf("holder answers %q after the resume of the finished hibernate, want the marker", got)
-	}
 	hibernate(t, c, sb.ID)
 	if hits := filesWith(t, dataDir, []byte(marker)); len(hits) > 0 {
 		t.Errorf("after the hibernate the marker is in plain text in %v", hits)
