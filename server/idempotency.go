@@ -27,8 +27,10 @@ import (
 // A retry with the key gets the sandboxes of the record, as they are now,
 // with the recorded status: it waits for a call with the key still running
 // in this server; after a crash that cut the call (no status recorded) it
-// answers the sandboxes that exist, or, when none was made, runs the call
-// with the recorded ids. A call that failed without making any sandbox
+// answers the sandboxes that exist, once usable (salvage: a clone the crash
+// left in state error is resumed from the fork's snapshot, a create's
+// sandbox left so is removed), or, when none is left, runs the call with the
+// recorded ids. A call that failed without making any sandbox
 // removes its record, so a retry runs again (a refusal of admission control
 // is retried this way). The same key with another call (method, path or
 // body) is 422 idempotency_key_reused.
