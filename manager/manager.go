@@ -591,6 +591,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := m.cfg.DB.CreateSandbox(ctx, s); err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	FaultPoint("create-recorded")
 	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
 	eng := m.on(m.cfg.Engines.Default(), s)
 	if err := eng.Start(ctx, m.spec(s, path)); err != nil {
@@ -826,6 +827,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err != nil {
 		return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: %w", s.ID, err)))
 	}
+	FaultPoint("hibernate-checkpointed")
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
 	man := m.manifestFor(s, eng, snapID, now)
@@ -951,24 +953,31 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 	return as.CommitAsync(ctx, snapID, man)
 }
 
-// openSnapshot opens snapshot id for a restore (Store.Open: verified). A
-// snapshot that fails verification, or that the database records but the
-// store no longer has, is sandbox.ErrSnapshotCorrupt (422) naming it; errors start
-// with what ("resume sbx-…").
-func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (string, snapshot.Manifest, error) {
-	dir, man, err := m.cfg.Store.Open(ctx, id)
+// openSnapshot opens snapshot id for a restore (Store.Open: verified). The
+// caller calls done once the restores from dir have returned (or it gave up
+// before them): a store that encrypts then removes the plain files
+// (snapshot.Releaser); done is never nil. A snapshot that fails
+// verification, or that the database records but the store no longer has, is
+// sandbox.ErrSnapshotCorrupt (422) naming it; errors start with what
+// ("resume sbx-…").
+func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (dir string, man snapshot.Manifest, done func(), err error) {
+	done = func() {}
+	dir, man, err = m.cfg.Store.Open(ctx, id)
 	var ce *snapshot.CorruptError
 	switch {
 	case err == nil:
-		return dir, man, nil
+		if r, ok := m.cfg.Store.(snapshot.Releaser); ok {
+			done = sync.OnceFunc(func() { r.Release(id) })
+		}
+		return dir, man, done, nil
 	case errors.As(err, &ce):
-		return "", man, corrupt(op, sandboxID, err)
+		return "", man, done, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
-		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+		return "", man, done, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):
-		return "", man, wrongKey(op, sandboxID, err)
+		return "", man, done, wrongKey(op, sandboxID, err)
 	}
-	return "", man, fmt.Errorf("%s %s: %w", op, sandboxID, err)
+	return "", man, done, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }
 
 // manifestFor is the manifest of a memory snapshot snapID of s written by
@@ -1087,10 +1096,11 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	// sandbox stays hibernated, no generation is taken). Other calls on this
 	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
+	dir, man, done, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return err
 	}
+	defer done()
 	verifyDur := time.Since(tVerify)
 	e, err := m.restoreEngine(s.SnapshotID, man)
 	if err != nil {
@@ -1114,10 +1124,12 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	}
 	tRestore := time.Now()
 	eng := m.on(e, s)
+	FaultPoint("resume-restoring")
 	if err := eng.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
 		_ = eng.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
+	done() // the restored instance reads the files it opened
 	restoreDur := time.Since(tRestore)
 	tAgent := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
@@ -1222,9 +1234,11 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	var man snapshot.Manifest
 	var e engine.Engine
 	if len(pooled) < count {
-		if dir, man, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
+		var done func()
+		if dir, man, done, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
 			return nil, err
 		}
+		defer done() // after every clone's restore (wg.Wait below)
 		if e, err = m.restoreEngine(src.SnapshotID, man); err != nil {
 			return nil, err
 		}
@@ -1258,6 +1272,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		}
 		clones[i] = c
 	}
+	FaultPoint("fork-clones-recorded")
 	// Restore the clones two at a time (the machines have 2 cores).
 	launched = true
 	var wg sync.WaitGroup
