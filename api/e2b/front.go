@@ -45,6 +45,10 @@ func (s *Service) Front(next http.Handler) http.Handler {
 			refuse(w, r, http.StatusBadRequest, connect.CodeInvalidArgument, err.Error())
 			return
 		}
+		if !ok && s.cfg.Domain == "" && namesSandboxHost(r.Host) {
+			refuse(w, r, http.StatusNotFound, connect.CodeNotFound, fmt.Sprintf("host %q names a sandbox's port, but this server routes by host name only when started with `torpor serve --e2b-domain DOMAIN` (for hosts {port}-{id}.DOMAIN); or send the %s and %s headers (E2B_SANDBOX_URL)", r.Host, HeaderSandboxID, HeaderSandboxPort))
+			return
+		}
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
