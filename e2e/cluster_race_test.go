@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/node"
@@ -20,8 +21,30 @@ import (
 )
 
 // wakeKinds are the calls that wake a hibernated sandbox, as
-// TestClusterConcurrentWakes sends them.
-var wakeKinds = []string{"resume", "exec", "files", "port"}
+// TestClusterConcurrentWakes sends them: REST v1's resume, exec, GET files
+// and the port proxy; E2B's connect, an envd GET /files and a request to a
+// port (its in-sandbox routing by headers).
+var wakeKinds = []string{"resume", "exec", "files", "port", "e2b-connect", "e2b-envd", "e2b-port"}
+
+// e2bTokens are a sandbox's E2B envd access token and traffic access token
+// (connect's answer).
+type e2bTokens struct{ envd, traffic string }
+
+// e2bTokensOf connects to running sandbox id through E2B's API at c and
+// returns its tokens.
+func e2bTokensOf(t *testing.T, ctx context.Context, c *client.Client, id string) e2bTokens {
+	t.Helper()
+	resp, err := c.Do(ctx, "POST", "/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout":3600}`), http.Header{"Content-Type": {"application/json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sb e2b.Sandbox
+	if err := json.NewDecoder(resp.Body).Decode(&sb); err != nil || resp.StatusCode != http.StatusOK || sb.EnvdAccessToken == "" || sb.TrafficAccessToken == nil {
+		t.Fatalf("E2B connect to %s: %d %+v %v", id, resp.StatusCode, sb, err)
+	}
+	return e2bTokens{sb.EnvdAccessToken, *sb.TrafficAccessToken}
+}
 
 // raceAnswer is what one of several concurrent calls through node via got.
 type raceAnswer struct {
@@ -52,7 +75,7 @@ func atOnce(calls []func() raceAnswer) []raceAnswer {
 // wakeCall sends one call of kind (wakeKinds, or "delete") for sandbox id through c and
 // returns its status and what it answered (an exec's status is 200 only if
 // its stream ended with exit code 0).
-func wakeCall(ctx context.Context, c *client.Client, kind, id string) (int, string) {
+func wakeCall(ctx context.Context, c *client.Client, kind, id string, tok e2bTokens) (int, string) {
 	var resp *http.Response
 	var err error
 	switch kind {
@@ -67,6 +90,14 @@ func wakeCall(ctx context.Context, c *client.Client, kind, id string) (int, stri
 		resp, err = c.Do(ctx, "GET", fmt.Sprintf("/v1/sandboxes/%s/ports/%d/count", id, workload.Port), nil, nil)
 	case "delete":
 		resp, err = c.Do(ctx, "DELETE", "/v1/sandboxes/"+id, nil, nil)
+	case "e2b-connect":
+		resp, err = c.Do(ctx, "POST", "/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout":3600}`), http.Header{"Content-Type": {"application/json"}})
+	case "e2b-envd":
+		resp, err = c.Do(ctx, "GET", "/files?path=/etc/hostname&username=root", nil, http.Header{e2b.HeaderSandboxID: {id},
+			e2b.HeaderSandboxPort: {fmt.Sprint(e2b.EnvdPort)}, e2b.HeaderAccessToken: {tok.envd}})
+	case "e2b-port":
+		resp, err = c.Do(ctx, "GET", "/count", nil, http.Header{e2b.HeaderSandboxID: {id},
+			e2b.HeaderSandboxPort: {fmt.Sprint(workload.Port)}, e2b.HeaderTrafficToken: {tok.traffic}})
 	}
 	if err != nil {
 		return 0, err.Error()
@@ -93,8 +124,9 @@ func wakeCall(ctx context.Context, c *client.Client, kind, id string) (int, stri
 
 // TestClusterConcurrentWakes: a hibernated sandbox (its owner drained, so
 // that each node places a resume on itself or, the drained one, on another)
-// is woken by nine calls at once, three through each node, mixing resume,
-// exec, GET files and the port proxy: every call is answered 2xx, and
+// is woken by nine calls at once, three through each node, mixing REST v1's
+// resume, exec, GET files and the port proxy and E2B's connect, envd and
+// port requests (wakeKinds, in turn): every call is answered 2xx, and
 // exactly one resume happens (one generation step), in each of several
 // rounds (the drained node undrained after each). Before the cluster front
 // forwarded a call whose sandbox another node claimed meanwhile to that
@@ -113,7 +145,8 @@ func TestClusterConcurrentWakes(t *testing.T) {
 	if err := workload.Start(ctx, a.c, id, 16); err != nil {
 		t.Fatal(err)
 	}
-	const rounds = 4
+	tok := e2bTokensOf(t, ctx, a.c, id)
+	const rounds = 6
 	for round := range rounds {
 		// Hibernate it by draining its owner.
 		cur := get(t, a.c, id)
@@ -136,9 +169,9 @@ func TestClusterConcurrentWakes(t *testing.T) {
 		var calls []func() raceAnswer
 		for i, n := range cl.order[:3] {
 			for j := range 3 {
-				kind := wakeKinds[(round+i+j)%len(wakeKinds)]
+				kind := wakeKinds[(9*round+3*i+j)%len(wakeKinds)]
 				calls = append(calls, func() raceAnswer {
-					status, body := wakeCall(ctx, n.c, kind, id)
+					status, body := wakeCall(ctx, n.c, kind, id, tok)
 					return raceAnswer{n.name, kind, body, status}
 				})
 			}
@@ -168,6 +201,12 @@ func TestClusterConcurrentWakes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	referred := 0
+	for _, n := range cl.order[:3] {
+		b, _ := os.ReadFile(n.log)
+		referred += strings.Count(string(b), "another node claimed the sandbox meanwhile")
+	}
+	t.Logf("%d calls were sent on to the node that claimed the sandbox (referrals, in the nodes' logs)", referred)
 }
 
 // TestClusterConcurrentDeletes: a hibernated sandbox deleted through the
@@ -184,7 +223,7 @@ func TestClusterConcurrentDeletes(t *testing.T) {
 	ctx := ctxFor(t, 20*time.Minute)
 	cl := startCluster(t, ctx)
 	nodes := cl.order[:3]
-	const sandboxes = 4
+	const sandboxes = 6
 	for i := range sandboxes {
 		via := nodes[i%3]
 		sb := create(t, via.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
@@ -192,7 +231,7 @@ func TestClusterConcurrentDeletes(t *testing.T) {
 		var calls []func() raceAnswer
 		send := func(n *clusterNode, kind string) {
 			calls = append(calls, func() raceAnswer {
-				status, body := wakeCall(ctx, n.c, kind, sb.ID)
+				status, body := wakeCall(ctx, n.c, kind, sb.ID, e2bTokens{})
 				return raceAnswer{n.name, kind, body, status}
 			})
 		}
@@ -202,7 +241,9 @@ func TestClusterConcurrentDeletes(t *testing.T) {
 		send(nodes[(i+1)%3], "resume")
 		send(nodes[(i+2)%3], "exec")
 		deleted := 0
+		var got []string
 		for _, ans := range atOnce(calls) {
+			got = append(got, fmt.Sprintf("%s@%s %d", ans.kind, ans.via, ans.status))
 			switch {
 			case ans.kind == "delete" && ans.status == http.StatusNoContent:
 				deleted++
@@ -218,12 +259,23 @@ func TestClusterConcurrentDeletes(t *testing.T) {
 		if deleted != 1 {
 			t.Errorf("sandbox %d: %d DELETEs answered 204, want 1", i, deleted)
 		}
+		t.Logf("sandbox %d: %s", i, strings.Join(got, ", "))
 		for _, n := range nodes {
 			if _, err := n.c.GetSandbox(ctx, sb.ID); !client.IsNotFound(err) {
 				t.Errorf("sandbox %d: GET through %s after the deletes: %v, want not found", i, n.name, err)
 			}
-			if left := runscSandboxesOf(t, n.dir, sb.ID); left != 0 {
-				t.Errorf("sandbox %d: %d runsc sandboxes of it left on %s", i, left, n.name)
+			// The hibernate's node removes its stopped instance after the
+			// hibernate's answer (a delete waits for that only on the
+			// same node).
+			for waited := time.Now(); ; time.Sleep(250 * time.Millisecond) {
+				left := runscSandboxesOf(t, n.dir, sb.ID)
+				if left == 0 {
+					break
+				}
+				if time.Since(waited) > time.Minute {
+					t.Errorf("sandbox %d: %d runsc sandboxes of it left on %s", i, left, n.name)
+					break
+				}
 			}
 		}
 	}

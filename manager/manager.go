@@ -631,7 +631,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	return retryStale(id, func() error {
+	return m.retryStale(ctx, id, func() error {
 		s, err := m.get(ctx, id)
 		if err != nil {
 			return err
@@ -650,13 +650,21 @@ const staleRetries = 3
 // while it fails with metadata.ErrStale (nothing was written), up to
 // staleRetries times in all; a record changed under every try is a
 // sandbox.ErrConflict saying to retry (never the database's bare error).
-// metadata.ErrNotFound (the record went meanwhile) is sandbox.ErrNotFound.
-func retryStale(id string, f func() error) error {
+// metadata.ErrNotFound (the record went meanwhile) is sandbox.ErrNotFound;
+// metadata.ErrFenced of a write to a sandbox that another node claimed
+// meanwhile (a write of a record no node owned: its token changed) is a
+// *NotOwnerError naming that node.
+func (m *Manager) retryStale(ctx context.Context, id string, f func() error) error {
 	var err error
 	for range staleRetries {
 		err = f()
 		if !errors.Is(err, metadata.ErrStale) {
 			break
+		}
+	}
+	if errors.Is(err, metadata.ErrFenced) {
+		if cur, gerr := m.cfg.DB.GetSandbox(context.WithoutCancel(ctx), id); gerr == nil && m.foreign(cur) {
+			return notOwner(id, cur.Owner)
 		}
 	}
 	switch {
@@ -1048,7 +1056,7 @@ func (m *Manager) ResumeCall(ctx context.Context, id string) (sb sandbox.Sandbox
 	// A sandbox in state error no node owns may be recovered through two
 	// nodes at once: the one whose write lands recovers it, the other reads
 	// it again (now hibernated, or resuming on that node: told whose it is).
-	err = retryStale(id, func() (err error) {
+	err = m.retryStale(ctx, id, func() (err error) {
 		sb, unchanged, err = m.resumeCallLocked(ctx, id)
 		return err
 	})
@@ -1384,7 +1392,7 @@ func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(
 		return nil, nil, err
 	}
 	var s *metadata.Sandbox
-	err = retryStale(id, func() (err error) {
+	err = m.retryStale(ctx, id, func() (err error) {
 		s, err = m.runningLocked(ctx, id, check)
 		return err
 	})
