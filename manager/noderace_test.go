@@ -43,7 +43,8 @@ func (d *hookedDB) ClaimSandbox(ctx context.Context, s *metadata.Sandbox) error 
 // never with the database's bare error (a server's 500): a delete that
 // node-b deleted first, or marked first, is not found; a delete of a
 // sandbox node-b resumed first is told it is node-b's (the server forwards
-// it there); a resume of a sandbox node-b deleted first is not found; a
+// it there); a resume or an exec of a sandbox node-b deleted first is not
+// found; a policy update (PATCH) is told the owner or not found likewise; a
 // recovery (resume from state error) that node-b recovered first is told
 // it is node-b's. Each leaves one record (or none) as the winner left it.
 func TestNodeRaces(t *testing.T) {
@@ -89,6 +90,22 @@ func TestNodeRaces(t *testing.T) {
 			first: func(b *host, id string) error { return b.m.Delete(ctx, id) },
 			then: func(a *host, id string) error {
 				_, err := a.m.Exec(ctx, id, sandbox.ExecRequest{Cmd: []string{"true"}})
+				return err
+			}, wantKind: sandbox.NotFound},
+		{name: "update after a resume",
+			write: func(s *metadata.Sandbox) bool { return s.TimeoutS == 600 },
+			first: func(b *host, id string) error { _, err := b.m.Resume(ctx, id); return err },
+			then: func(a *host, id string) error {
+				secs := 600
+				_, err := a.m.Update(ctx, id, sandbox.PolicyUpdate{TimeoutS: &secs})
+				return err
+			}, wantKind: sandbox.Conflict, wantOwner: "node-b"},
+		{name: "update after a delete",
+			write: func(s *metadata.Sandbox) bool { return s.TimeoutS == 600 },
+			first: func(b *host, id string) error { return b.m.Delete(ctx, id) },
+			then: func(a *host, id string) error {
+				secs := 600
+				_, err := a.m.Update(ctx, id, sandbox.PolicyUpdate{TimeoutS: &secs})
 				return err
 			}, wantKind: sandbox.NotFound},
 		{name: "recovery after a recovery", fenced: true,

@@ -157,7 +157,8 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 	if placed {
 		// A placed call (no node owns the sandbox yet) that the picked node
 		// does not take (stopped since its last heartbeat) is served here.
-		r = r.WithContext(context.WithValue(r.Context(), fallbackKey{}, next))
+		here := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.serveHere(w, r, c, next) })
+		r = r.WithContext(context.WithValue(r.Context(), fallbackKey{}, http.Handler(here)))
 	}
 	f.forward(w, r, target)
 }
@@ -215,7 +216,9 @@ func (f *clusterFront) serveHere(w http.ResponseWriter, r *http.Request, c call,
 	if ref.to == nil {
 		return
 	}
-	out := r.Clone(r.Context())
+	// A referral whose owner does not answer is not served here again (a
+	// placed call's fallback): 502, and the caller retries.
+	out := r.Clone(context.WithValue(r.Context(), fallbackKey{}, nil))
 	out.Header = ref.header
 	switch {
 	case r.GetBody != nil:
