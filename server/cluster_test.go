@@ -399,3 +399,35 @@ func TestReferral(t *testing.T) {
 		t.Errorf("%d refused calls reached the owner", len(reached))
 	}
 }
+
+// TestForwardOwnerDown: a call for a sandbox whose owner (a live node by
+// its record) does not answer is 502 bad_gateway with Retry-After (the
+// owner counts as lost within the lease time and its sandboxes resume
+// elsewhere: a retry is the remedy), naming the node.
+func TestForwardOwnerDown(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // nothing listens there now
+	now := time.Now()
+	if err := db.PutNode(ctx, metadata.Node{Name: "node-b", Advertise: down.URL, StartedAt: now, HeartbeatAt: now, MemoryOvercommit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sb := &metadata.Sandbox{ID: "sbx-downowner01", State: sandbox.StateRunning, Owner: "node-b", Image: "base", MemoryMiB: 256, CreatedAt: now, StateChangedAt: now}
+	if err := db.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	f := &clusterFront{s: &Server{db: db, node: "node-c", log: defaultLogger()}}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Errorf("%s served here", r.URL.Path) })
+	w := httptest.NewRecorder()
+	f.ServeHTTP(w, httptest.NewRequest("GET", "/v1/sandboxes/"+sb.ID+"/files?path=/etc/hostname", nil), next)
+	if w.Code != http.StatusBadGateway || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), "bad_gateway") ||
+		!strings.Contains(w.Body.String(), strings.TrimPrefix(down.URL, "http://")) {
+		t.Errorf("forward to a node that does not answer: %d Retry-After %q %s; want 502 bad_gateway with Retry-After 5 naming it",
+			w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+}
