@@ -28,9 +28,10 @@ import (
 // twice more) keeps running when the proxy is cut (connections dropped, new
 // ones held unanswered). Within the lease time cl-c fences itself: it stops
 // the sandbox's instance before the other nodes declare it lost (checked at
-// every poll), and answers 503 with Retry-After for the sandbox. The others
-// then put the sandbox in error; resumed through cl-a it continues from its
-// snapshot on another node. The proxy restored, cl-c heartbeats again, runs
+// every poll), and answers 503 with Retry-After for the sandbox and for
+// /healthz (the others' /healthz: 200). The others then put the sandbox in
+// error; resumed through cl-a it continues from its snapshot on another
+// node. The proxy restored, cl-c heartbeats again, runs
 // no instance, and serves the sandbox's calls again (forwarded to the new
 // owner); it took its node lock again before that (a second server as
 // cl-c is refused at start), and takes it again when only the lock's
@@ -113,6 +114,13 @@ func TestClusterSelfFence(t *testing.T) {
 	res := rawCall(t, http.MethodGet, c.proc.url+"/v1/sandboxes/"+id, "", nil)
 	if res.Status != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" || !strings.Contains(res.Err.Message, "fenced itself") {
 		t.Errorf("GET the sandbox through the fenced %s: %d Retry-After %q %s; want 503 saying it fenced itself", c.name, res.Status, res.Header.Get("Retry-After"), res.Body)
+	}
+	// A load balancer's probe says so too (and /healthz of the others 200).
+	if code, body, err := quickGet(c.proc.url + "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "fenced itself") {
+		t.Errorf("/healthz of the fenced %s: %d %s %v; want 503 saying it fenced itself", c.name, code, body, err)
+	}
+	if code, body, err := quickGet(a.proc.url + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz of %s: %d %s %v; want 200", a.name, code, body, err)
 	}
 	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "fencing this node") {
 		t.Errorf("%s's log does not say it fenced itself", c.name)

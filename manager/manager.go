@@ -618,18 +618,63 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Delete stops the sandbox (if it runs), removes its snapshots that nothing else
 // uses and its record. Deleting an unknown id returns sandbox.ErrNotFound.
+//
+// A sandbox no node owns (hibernated, or in state error off a lost node)
+// can be deleted through any node, so deletes through several nodes race
+// on its record: the one whose mark (Deleting) is written deletes it; the
+// others read it again and are answered as for that record (sandbox.ErrNotFound
+// once it is marked or gone, a *NotOwnerError when a node resumed it
+// meanwhile, which the server forwards there), up to staleRetries times,
+// then a sandbox.ErrConflict saying to retry.
 func (m *Manager) Delete(ctx context.Context, id string) error {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	s, err := m.get(ctx, id)
-	if err != nil {
-		return err
+	return m.retryStale(ctx, id, func() error {
+		s, err := m.get(ctx, id)
+		if err != nil {
+			return err
+		}
+		return m.deleteLocked(context.WithoutCancel(ctx), s)
+	})
+}
+
+// staleRetries bounds how often a call on a sandbox that another node
+// changed since it was read (metadata.ErrStale: a delete, a resume or a
+// recovery of a sandbox no node owns, through two nodes at once) reads it
+// again and decides again.
+const staleRetries = 3
+
+// retryStale runs f, which reads sandbox id's record and acts on it, again
+// while it fails with metadata.ErrStale (nothing was written), up to
+// staleRetries times in all; a record changed under every try is a
+// sandbox.ErrConflict saying to retry (never the database's bare error).
+// metadata.ErrNotFound (the record went meanwhile) is sandbox.ErrNotFound;
+// metadata.ErrFenced of a write to a sandbox that another node claimed
+// meanwhile (a write of a record no node owned: its token changed) is a
+// *NotOwnerError naming that node.
+func (m *Manager) retryStale(ctx context.Context, id string, f func() error) error {
+	var err error
+	for range staleRetries {
+		err = f()
+		if !errors.Is(err, metadata.ErrStale) {
+			break
+		}
 	}
-	ctx = context.WithoutCancel(ctx)
-	return m.deleteLocked(ctx, s)
+	if errors.Is(err, metadata.ErrFenced) {
+		if cur, gerr := m.cfg.DB.GetSandbox(context.WithoutCancel(ctx), id); gerr == nil && m.foreign(cur) {
+			return notOwner(id, cur.Owner)
+		}
+	}
+	switch {
+	case errors.Is(err, metadata.ErrStale):
+		return sandboxConflict(id, "sandbox %s was changed on another node under each of %d tries: retry", id, staleRetries)
+	case errors.Is(err, metadata.ErrNotFound):
+		return notFound("sandbox", id)
+	}
+	return err
 }
 
 func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
@@ -1017,6 +1062,18 @@ func (m *Manager) ResumeCall(ctx context.Context, id string) (sb sandbox.Sandbox
 		return sandbox.Sandbox{}, false, err
 	}
 	defer unlock()
+	// A sandbox in state error no node owns may be recovered through two
+	// nodes at once: the one whose write lands recovers it, the other reads
+	// it again (now hibernated, or resuming on that node: told whose it is).
+	err = m.retryStale(ctx, id, func() (err error) {
+		sb, unchanged, err = m.resumeCallLocked(ctx, id)
+		return err
+	})
+	return sb, unchanged, err
+}
+
+// resumeCallLocked is ResumeCall under the sandbox's lock.
+func (m *Manager) resumeCallLocked(ctx context.Context, id string) (sb sandbox.Sandbox, unchanged bool, err error) {
 	s, err := m.get(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, false, err
@@ -1349,6 +1406,22 @@ func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(
 	if err != nil {
 		return nil, nil, err
 	}
+	var s *metadata.Sandbox
+	err = m.retryStale(ctx, id, func() (err error) {
+		s, err = m.runningLocked(ctx, id, check)
+		return err
+	})
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	m.touch(id)
+	return s, unlock, nil
+}
+
+// runningLocked is lockRunningChecked under the sandbox's lock: the record,
+// resumed or unpaused if it must be.
+func (m *Manager) runningLocked(ctx context.Context, id string, check func(RequestState) error) (*metadata.Sandbox, error) {
 	s, err := m.get(ctx, id)
 	if err == nil && check != nil {
 		err = check(requestStateOf(s))
@@ -1372,12 +1445,7 @@ func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(
 			err = sandboxConflict(id, "sandbox %s is in state %s", id, s.State)
 		}
 	}
-	if err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	m.touch(id)
-	return s, unlock, nil
+	return s, err
 }
 
 // acquire is lockRunning for a request to the guest agent: it returns the

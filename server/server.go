@@ -343,7 +343,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		e2bKeys = s.keys
 	}
 	if s.e2b, err = e2b.New(e2b.Config{Manager: mgr, Images: images, Keys: e2bKeys, Secret: secret,
-		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger}); err != nil {
+		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger, Refer: s.refer}); err != nil {
 		return fail(err)
 	}
 	s.handler = s.routes()

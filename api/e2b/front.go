@@ -142,6 +142,9 @@ func reachable(id string, st manager.RequestState) error {
 // (what the SDKs make of E2B's 502) and failed_precondition, with the
 // message, for a paused one. Other failures are answered as by fail.
 func (s *Service) failInSandbox(w http.ResponseWriter, r *http.Request, err error) {
+	if s.referred(r, err) {
+		return // another node owns the sandbox: the call goes there
+	}
 	switch sandbox.KindOf(err) {
 	case sandbox.NotFound:
 		s.log.Debug("e2b: in-sandbox request to a sandbox not running", "path", r.URL.Path, "err", err)
