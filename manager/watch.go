@@ -172,7 +172,7 @@ func exitCause(st engine.ExitStatus, memoryMiB int) string {
 	case st.PidsMax > 0:
 		return fmt.Sprintf("its host tasks reached their backstop limit (%d forks refused in its cgroup), which gVisor's kernel does not survive", st.PidsMax)
 	default:
-		return "it was not killed for its memory (no OOM kill and no refused task in its cgroup): its first process, " +
-			"the guest agent, or gVisor's kernel ended"
+		return "it was not killed for its memory (no OOM kill and no refused task in its cgroup): its guest agent " +
+			"(its first process) or gVisor's kernel ended, or a signal from the host ended it"
 	}
 }
