@@ -14,8 +14,8 @@ import (
 // A sandbox's limits are in its OCI spec three ways (ociSpec):
 //
 //   - PidsLimit as RLIMIT_NPROC of the first process, which gVisor's kernel
-//     enforces per user (fork and clone fail with EAGAIN; root inside has no
-//     CAP_SYS_RESOURCE to lift it), and, as a backstop, the cgroup's
+//     enforces per user (fork and clone fail with EAGAIN; a root command has
+//     no CAP_SYS_RESOURCE to lift it), and, as a backstop, the cgroup's
 //     pids.max at hostPidsLimit: on the systrap platform every process in
 //     the sandbox costs host tasks (two per process, measured), so tasks
 //     of several users together cannot exhaust the host's pids; reaching the
