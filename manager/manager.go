@@ -374,10 +374,12 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		Env:       s.Env,
 		Mounts:    m.volumeMounts(s),
 		// A restore gets the limits its snapshot was taken with (engine.Spec).
-		PidsLimit:   s.PidsLimit,
-		WritableMiB: WritableMiB(s.MemoryMiB),
-		TmpMiB:      tmpMiB(s.MemoryMiB),
-		Egress:      engineEgress(s.Network),
+		PidsLimit:       s.PidsLimit,
+		AgentPidsExempt: true,
+		WritableMiB:     WritableMiB(s.MemoryMiB),
+		TmpMiB:          tmpMiB(s.MemoryMiB),
+		ShmMiB:          shmMiB(s.MemoryMiB),
+		Egress:          engineEgress(s.Network),
 	}
 }
 

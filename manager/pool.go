@@ -619,7 +619,8 @@ func poolSpec(spec engine.Spec) engine.Spec {
 func sameSpec(a, b engine.Spec) bool {
 	if a.ID != b.ID || a.RootFS != b.RootFS || a.GuestDir != b.GuestDir || a.MemoryMiB != b.MemoryMiB || a.CPUs != b.CPUs ||
 		!maps.Equal(a.Env, b.Env) || !slices.Equal(a.Mounts, b.Mounts) || a.PidsLimit != b.PidsLimit ||
-		a.WritableMiB != b.WritableMiB || a.TmpMiB != b.TmpMiB || (a.Egress == nil) != (b.Egress == nil) {
+		a.AgentPidsExempt != b.AgentPidsExempt || a.WritableMiB != b.WritableMiB || a.TmpMiB != b.TmpMiB || a.ShmMiB != b.ShmMiB ||
+		(a.Egress == nil) != (b.Egress == nil) {
 		return false
 	}
 	return a.Egress == nil || (a.Egress.InternetAccess == b.Egress.InternetAccess &&
