@@ -465,6 +465,8 @@ func TestFiles(t *testing.T) {
 		{"write relative", c.WriteFile(ctx, "rel/path", strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
 		{"read missing", readErr(c, filepath.Join(dir, "missing")), 404, proto.CodeNotFound},
 		{"read directory", readErr(c, dir), 400, proto.CodeInvalidArgument},
+		// A named pipe with no writer: refused at once, not a read that waits.
+		{"read named pipe", readErr(c, mkfifo(t, filepath.Join(dir, "fifo"))), 400, proto.CodeInvalidArgument},
 		{"write directory", c.WriteFile(ctx, dir, strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
 	} {
 		if !errors.As(tc.err, &e) || e.Status != tc.status || e.Code != tc.code {
@@ -532,4 +534,13 @@ func TestExecLatency(t *testing.T) {
 	if d := dials.Load() - before; d != 0 {
 		t.Fatalf("%d new connections for %d sequential execs: keep-alive not reused", d, n)
 	}
+}
+
+// mkfifo makes a named pipe at p and returns p.
+func mkfifo(t *testing.T, p string) string {
+	t.Helper()
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
