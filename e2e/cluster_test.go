@@ -41,8 +41,9 @@ type clusterNode struct {
 // placement picks, its process's counter and 64 MiB of memory intact. The
 // owner killed (-9) is declared lost within the lease time and its sandbox
 // put in state error saying what was lost; resumed through another node it
-// continues from its last snapshot. The lost node, back, stops the instance
-// it no longer owns. Drained, the new owner hibernates the sandbox, which
+// continues from its last snapshot (its watchdog stopped its old instance
+// before: TestClusterWatchdog). The lost node, back, runs no instance it no
+// longer owns. Drained, the new owner hibernates the sandbox, which
 // resumes on another node on its next request.
 func TestCluster(t *testing.T) {
 	if os.Geteuid() != 0 {

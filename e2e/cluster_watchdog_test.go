@@ -116,6 +116,16 @@ func TestClusterWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	procs := instanceProcs(c.dir, sb2.ID)
+	// Killed just after a heartbeat, the restart has the whole self-fence
+	// time (less a second) to register: a loaded host's start-up fits.
+	waitNodes(t, a.c, func(ns []apiv1.Node) bool {
+		for _, n := range ns {
+			if n.Name == c.name {
+				return time.Since(n.HeartbeatAt) < time.Second
+			}
+		}
+		return false
+	})
 	c.proc.cmd.Process.Kill()
 	<-c.proc.done
 	c.proc.done = nil

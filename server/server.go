@@ -15,6 +15,8 @@
 //	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
 //	gvisor/          runsc state, bundles and logs
 //	e2b-secret       the key of the E2B envdAccessTokens' HMAC (api/e2b.LoadSecret)
+//	heartbeat, watchdog.lock, watchdog.log
+//	                 with a PostgreSQL Database: the node's watchdog's (package watchdog)
 package server
 
 import (

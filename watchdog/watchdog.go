@@ -358,7 +358,7 @@ func (w *watch) afterServer(clean bool, gone time.Time) error {
 	}
 	deadline := w.last.Add(node.SelfFenceAfter)
 	w.log.Warn("watchdog: the server is gone; its instances are stopped at the self-fence time unless a new server heartbeats before",
-		"last_heartbeat", w.last, "stop_at", deadline, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
+		"gone_at", gone, "last_heartbeat", w.last, "stop_at", deadline, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
 	for time.Now().Before(deadline) {
 		if ok, at, pid := w.handedOver(); ok {
 			w.log.Info("watchdog: a new server heartbeats for this data directory: it watches the instances now; exiting", "new_server_pid", pid, "heartbeat", at)
@@ -372,13 +372,18 @@ func (w *watch) afterServer(clean bool, gone time.Time) error {
 	if lerr != nil {
 		// A server registering holds it: it finishes too late and stops
 		// them itself; stopping them here as well does no harm.
-		w.log.Warn("watchdog: the handover lock is held (a new server registering late?): stopping the instances without it", "err", lerr)
+		w.log.Warn("watchdog: the handover lock was not taken (a new server registering late holds it?): stopping the instances without it", "wait", lockWait, "err", lerr)
 	} else {
 		defer unlock()
 	}
 	if ok, at, pid := w.handedOver(); ok {
 		w.log.Info("watchdog: a new server heartbeats for this data directory: it watches the instances now; exiting", "new_server_pid", pid, "heartbeat", at)
 		return nil
+	}
+	if _, err := os.Stat(filepath.Join(w.cfg.DataDir, "gvisor")); err != nil {
+		// Nothing of the engine to stop by (and nothing to make again).
+		w.log.Error("watchdog: the data directory's engine state is gone: no instance can be stopped by it", "err", err)
+		return err
 	}
 	return w.stopAll()
 }
