@@ -24,7 +24,9 @@ import (
 // sandbox; its server is killed and at once started again: the new server
 // heartbeats in time, the old watchdog leaves the instance to it (its log
 // says so), and the sandbox keeps running on cl-c, reattached, the same
-// process answering.
+// process answering. Last, cl-c's server is stopped (SIGTERM) with that
+// sandbox running and not started again: the watchdog stops the instance
+// before cl-c is declared lost.
 func TestClusterWatchdog(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -170,6 +172,16 @@ func TestClusterWatchdog(t *testing.T) {
 	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "reconcile: reattached") {
 		t.Errorf("%s's log does not say it reattached %s", c.name, sb2.ID)
 	}
+
+	// Stopped (SIGTERM) with the sandbox running and not started again:
+	// the watchdog stops the instance before cl-c is lost, too.
+	c.proc.stop(t)
+	stoppedAt := time.Now()
+	stopped, lost = stoppedBeforeLost(t, ctx, a, c, sb2.ID, stoppedAt, func() bool {
+		return runscSandboxesOf(t, c.dir, sb2.ID) == 0 && len(instanceProcs(c.dir, sb2.ID)) == 0
+	})
+	t.Logf("server stopped (SIGTERM): its watchdog stopped the instance %v after the stop; %s declared lost %v after it",
+		stopped.Sub(stoppedAt).Round(100*time.Millisecond), c.name, lost.Sub(stoppedAt).Round(100*time.Millisecond))
 }
 
 // stoppedBeforeLost polls every 250 ms, from since until node n is
