@@ -4,7 +4,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,7 +29,9 @@ import (
 // says so), and the sandbox keeps running on cl-c, reattached, the same
 // process answering. Last, cl-c's server is stopped (SIGTERM) with that
 // sandbox running and not started again: the watchdog stops the instance
-// before cl-c is declared lost.
+// before cl-c is declared lost. With its watchdog killed too, a server
+// started again after the self-fence time stops the instance itself before
+// it reconciles.
 func TestClusterWatchdog(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -182,6 +187,45 @@ func TestClusterWatchdog(t *testing.T) {
 	})
 	t.Logf("server stopped (SIGTERM): its watchdog stopped the instance %v after the stop; %s declared lost %v after it",
 		stopped.Sub(stoppedAt).Round(100*time.Millisecond), c.name, lost.Sub(stoppedAt).Round(100*time.Millisecond))
+
+	// No watchdog (killed first), the server killed and started again after
+	// the self-fence time: the new server stops the instance it finds
+	// before it reconciles, and the sandbox is in error.
+	cl.start(c)
+	sb3 := create(t, c.c, apiv1.CreateSandboxRequest{MemoryMiB: 256, IdleTimeoutS: &never, PauseAfterS: &never})
+	ids = append(ids, sb3.ID)
+	if n := runscSandboxesOf(t, c.dir, sb3.ID); n != 1 {
+		t.Fatalf("%s runs %d instances of %s; want 1", c.name, n, sb3.ID)
+	}
+	logb, _ := os.ReadFile(c.log)
+	m := regexp.MustCompile(`watchdog started.* watchdog_pid=(\d+)`).FindAllSubmatch(logb, -1)
+	if len(m) == 0 {
+		t.Fatalf("%s's log names no watchdog pid", c.name)
+	}
+	wpid, _ := strconv.Atoi(string(m[len(m)-1][1]))
+	if err := syscall.Kill(wpid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s's watchdog %d: %v", c.name, wpid, err)
+	}
+	waitDead(t, wpid)
+	c.proc.cmd.Process.Kill()
+	<-c.proc.done
+	c.proc.done = nil
+	killed = time.Now()
+	time.Sleep(node.SelfFenceAfter + time.Second)
+	if n := runscSandboxesOf(t, c.dir, sb3.ID); n != 1 {
+		t.Fatalf("with no watchdog %s's instance of %s is gone already (%d left)", c.name, sb3.ID, n)
+	}
+	cl.start(c)
+	if n := runscSandboxesOf(t, c.dir, sb3.ID); n != 0 || len(instanceProcs(c.dir, sb3.ID)) != 0 {
+		t.Errorf("the late server runs %d instances of %s: %v", n, sb3.ID, instanceProcs(c.dir, sb3.ID))
+	}
+	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "registered later than the self-fence time") || !strings.Contains(string(log), sb3.ID) {
+		t.Errorf("%s's log does not say the late server stopped %s's instance", c.name, sb3.ID)
+	}
+	if s := get(t, c.c, sb3.ID); s.State != apiv1.StateError {
+		t.Errorf("after the late restart %s is %s on %q; want error", sb3.ID, s.State, s.Node)
+	}
+	t.Logf("no watchdog: the server started again %v after the kill stopped the instance before reconciling", time.Since(killed).Round(100*time.Millisecond))
 }
 
 // stoppedBeforeLost polls every 250 ms, from since until node n is
