@@ -453,8 +453,10 @@ func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close closes the database. Running sandboxes keep running; the next server on
-// the same data directory reattaches them. Prepared containers are removed
-// (manager.DiscardPrepared).
+// the same data directory reattaches them — on a shared database only if it
+// heartbeats within node.SelfFenceAfter of this server's last heartbeat, else
+// the watchdog stops them (released here; it exits at once when no instance is
+// left). Prepared containers are removed (manager.DiscardPrepared).
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
