@@ -87,25 +87,7 @@ func TestClusterSelfFence(t *testing.T) {
 	// Cut off: cl-c stops the instance before the others declare it lost.
 	px.cut()
 	cut := time.Now()
-	var stopped, lost time.Time
-	for lost.IsZero() {
-		if time.Since(cut) > node.LeaseTime+4*node.HeartbeatInterval {
-			t.Fatalf("%v after the cut: instance stopped at %v, %s lost at %v", time.Since(cut).Round(time.Second), stopped, c.name, lost)
-		}
-		if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) == 0 {
-			stopped = time.Now()
-		}
-		if ns, err := a.c.ListNodes(ctx); err == nil && stateOf(ns, c.name) == "lost" {
-			lost = time.Now()
-			if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) != 0 {
-				t.Fatalf("%s declared lost %v after the cut while it still runs %s's instance (split brain)", c.name, lost.Sub(cut).Round(time.Second), id)
-			}
-			if stopped.IsZero() {
-				stopped = lost
-			}
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	stopped, lost := stoppedBeforeLost(t, ctx, a, c, id, cut, func() bool { return runscSandboxesOf(t, c.dir, id) == 0 })
 	t.Logf("cut off: %s stopped its instance %v after the cut, declared lost by the others %v after it (self-fence after %v without a heartbeat, lease %v)",
 		c.name, stopped.Sub(cut).Round(100*time.Millisecond), lost.Sub(cut).Round(100*time.Millisecond), node.SelfFenceAfter, node.LeaseTime)
 	if d := stopped.Sub(cut); d > node.LeaseTime {
