@@ -308,8 +308,46 @@ func Run(cfg Config) error {
 	ready.Close()
 	log.Info("watchdog: watching the server", "data_dir", cfg.DataDir)
 	w := &watch{cfg: cfg, log: log, server: server}
-	clean := w.read(life)
+	done := make(chan bool, 1)
+	go func() { done <- w.read(life) }()
+	clean := w.whileServer(done, poll)
 	return w.afterServer(clean, time.Now())
+}
+
+// whileServer waits for read's answer on done (the server gone) and
+// meanwhile, every period, checks that the server still sends heartbeats:
+// one that runs but has sent none for node.SelfFenceAfter (hung, stopped by
+// SIGSTOP, or cut off from the database, when its own self-fence does the
+// same) has its instances stopped, once per heartbeat, before the other
+// nodes may declare the node lost. It returns read's answer.
+func (w *watch) whileServer(done <-chan bool, period time.Duration) bool {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var stoppedAfter time.Time // the last heartbeat before the instances were stopped
+	for {
+		select {
+		case clean := <-done:
+			return clean
+		case <-t.C:
+			last := w.lastBeat()
+			if last.IsZero() || time.Since(last) < node.SelfFenceAfter || last.Equal(stoppedAfter) {
+				continue
+			}
+			w.log.Warn("watchdog: the server runs but has sent no heartbeat for the self-fence time (hung, stopped, or cut off from the database): stopping its instances, as its self-fence does",
+				"last_heartbeat", last, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
+			if _, err := os.Stat(filepath.Join(w.cfg.DataDir, "gvisor")); err == nil {
+				w.stopAll()
+			}
+			stoppedAfter = last
+		}
+	}
+}
+
+// lastBeat is the last heartbeat the server sent (zero: none yet).
+func (w *watch) lastBeat() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last
 }
 
 // watch is a running watchdog's state.
@@ -317,7 +355,9 @@ type watch struct {
 	cfg    Config
 	log    *slog.Logger
 	server int // its server's pid
-	// last is the last heartbeat its server sent (zero: none).
+	mu sync.Mutex
+	// last is the last heartbeat its server sent (zero: none); under mu
+	// while read runs.
 	last time.Time
 }
 
@@ -330,7 +370,9 @@ func (w *watch) read(life io.Reader) (clean bool) {
 		switch {
 		case len(f) == 2 && f[0] == "hb":
 			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				w.mu.Lock()
 				w.last = time.Unix(0, ns)
+				w.mu.Unlock()
 			}
 		case len(f) == 1 && f[0] == "clean":
 			clean = true

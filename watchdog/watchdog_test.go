@@ -160,3 +160,44 @@ func TestAfterServerStops(t *testing.T) {
 		t.Errorf("log: %s", log.String())
 	}
 }
+
+// A server that is still there (its pipe open) but sends no heartbeat for
+// the self-fence time has its instances stopped (listed, here: none), once
+// for that heartbeat; a fresh heartbeat re-arms the check; the server's end
+// is returned as read it.
+func TestWhileServerHung(t *testing.T) {
+	w, log := testWatch(t)
+	os.Mkdir(filepath.Join(w.cfg.DataDir, "gvisor"), 0o700)
+	args := filepath.Join(w.cfg.DataDir, "runsc.args")
+	lists := func() int {
+		b, _ := os.ReadFile(args)
+		return strings.Count(string(b), "list")
+	}
+	done := make(chan bool, 1)
+	w.last = time.Now() // fresh: nothing to do
+	ended := make(chan bool, 1)
+	go func() { ended <- w.whileServer(done, 10*time.Millisecond) }()
+	time.Sleep(100 * time.Millisecond)
+	if n := lists(); n != 0 {
+		t.Fatalf("a fresh heartbeat: the instances were listed %d times", n)
+	}
+	w.mu.Lock()
+	w.last = time.Now().Add(-node.SelfFenceAfter - time.Second) // stale: the server hangs
+	w.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); lists() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a stale heartbeat: the instances were not stopped\n%s", log.String())
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := lists(); n != 1 {
+		t.Errorf("the same stale heartbeat stopped the instances %d times, want once", n)
+	}
+	done <- true
+	if clean := <-ended; !clean {
+		t.Error("whileServer did not return read's answer")
+	}
+	if !strings.Contains(log.String(), "has sent no heartbeat for the self-fence time") {
+		t.Errorf("log: %s", log.String())
+	}
+}
