@@ -184,13 +184,18 @@ func (e *AdmissionError) RetryAfter() time.Duration { return e.Retry }
 
 // RetryAfterSeconds returns the whole seconds (at least 1) an API surface
 // tells the caller to wait before retrying (HTTP Retry-After) when err is
-// an admission refusal (*AdmissionError in its chain), else 0.
+// an admission refusal (*AdmissionError in its chain) or a snapshot still in
+// another node's upload outbox (*UploadPendingError), else 0.
 func RetryAfterSeconds(err error) int {
 	var ae *AdmissionError
-	if !errors.As(err, &ae) {
-		return 0
+	var ue *UploadPendingError
+	switch {
+	case errors.As(err, &ae):
+		return max(1, int(math.Ceil(ae.Retry.Seconds())))
+	case errors.As(err, &ue):
+		return max(1, int(math.Ceil(ue.Retry.Seconds())))
 	}
-	return max(1, int(math.Ceil(ae.Retry.Seconds())))
+	return 0
 }
 
 // holdsMemory says whether a sandbox in state st holds host memory: every

@@ -198,6 +198,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.guestDigest = d
+	m.watchUploads()
 	return m, nil
 }
 
@@ -902,7 +903,7 @@ func (m *Manager) recordSnapshot(ctx context.Context, s *metadata.Sandbox, man s
 		s.LastHibernateAt = &now
 	}
 	s.StateChangedAt = now
-	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
+	rec := m.snapshotRecord(ctx, man, s, elapsed.Milliseconds(), now)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		return rec, err
 	}
@@ -953,7 +954,9 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 
 // openSnapshot opens snapshot id for a restore (Store.Open: verified). A
 // snapshot that fails verification, or that the database records but the
-// store no longer has, is sandbox.ErrSnapshotCorrupt (422) naming it; errors start
+// store no longer has, is sandbox.ErrSnapshotCorrupt (422) naming it — unless
+// its record says it waits in another node's upload outbox: then it is
+// Unavailable (503, Retry-After) with an *UploadPendingError. Errors start
 // with what ("resume sbx-…").
 func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (string, snapshot.Manifest, error) {
 	dir, man, err := m.cfg.Store.Open(ctx, id)
@@ -964,6 +967,9 @@ func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (s
 	case errors.As(err, &ce):
 		return "", man, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
+		if perr := m.uploadPending(ctx, id, op, sandboxID); perr != nil {
+			return "", man, perr // on its way to the bucket from another node's outbox
+		}
 		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):
 		return "", man, wrongKey(op, sandboxID, err)

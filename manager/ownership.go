@@ -139,7 +139,7 @@ func (m *Manager) fenceHibernated(ctx context.Context, s *metadata.Sandbox, lost
 	}
 	s.SnapshotID, s.SnapshotNode, s.PendingSnapshot, s.Instance = man.ID, "", "", ""
 	s.State, s.Error, s.StateChangedAt, s.LastHibernateAt = sandbox.StateHibernated, "", man.CreatedAt, &man.CreatedAt
-	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
+	rec := m.snapshotRecord(ctx, man, s, man.HibernateMS, man.CreatedAt)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		return false, err
 	}

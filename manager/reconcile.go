@@ -139,6 +139,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	// store's commit and the database's) are removed; none can be resumed.
 	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err == nil {
+		m.recordUploads(ctx, recs)
 		known := map[string]bool{}
 		for _, r := range recs {
 			known[r.ID] = true
@@ -228,7 +229,7 @@ func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	s.State = sandbox.StateHibernated
 	s.StateChangedAt = man.CreatedAt
 	s.LastHibernateAt = &man.CreatedAt
-	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
+	rec := m.snapshotRecord(ctx, man, s, man.HibernateMS, man.CreatedAt)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		m.log.Warn("reconcile: finish hibernate", "sandbox", s.ID, "err", err)
 	}

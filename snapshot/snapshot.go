@@ -131,6 +131,11 @@ type AsyncStore interface {
 	// upload. It reads local state only (no request to the durable tier), so
 	// listings stay fast and work while that tier is unreachable.
 	Durable(ctx context.Context, id string) (bool, error)
+	// OnUploaded sets f to be called with the id of every snapshot whose
+	// upload has ended (Durable turned true: its manifest, the commit's last
+	// object, is in the durable tier), once per snapshot, from the upload's
+	// goroutine.
+	OnUploaded(f func(id string))
 }
 
 // Usage is a store's footprint in bytes, from its own bookkeeping and a walk of
