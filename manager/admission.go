@@ -183,19 +183,17 @@ func (e *AdmissionError) Error() string {
 func (e *AdmissionError) RetryAfter() time.Duration { return e.Retry }
 
 // RetryAfterSeconds returns the whole seconds (at least 1) an API surface
-// tells the caller to wait before retrying (HTTP Retry-After) when err is
-// an admission refusal (*AdmissionError in its chain) or a snapshot still in
-// another node's upload outbox (*UploadPendingError), else 0.
+// tells the caller to wait before retrying (HTTP Retry-After) when err has
+// a retryable refusal in its chain (a RetryAfter method: an
+// *AdmissionError, a snapshot still in another node's upload outbox
+// (*UploadPendingError), a hibernate whose commit waits (*StrandedError)),
+// else 0.
 func RetryAfterSeconds(err error) int {
-	var ae *AdmissionError
-	var ue *UploadPendingError
-	switch {
-	case errors.As(err, &ae):
-		return max(1, int(math.Ceil(ae.Retry.Seconds())))
-	case errors.As(err, &ue):
-		return max(1, int(math.Ceil(ue.Retry.Seconds())))
+	var r interface{ RetryAfter() time.Duration }
+	if !errors.As(err, &r) {
+		return 0
 	}
-	return 0
+	return max(1, int(math.Ceil(r.RetryAfter().Seconds())))
 }
 
 // holdsMemory says whether a sandbox in state st holds host memory: every

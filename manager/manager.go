@@ -131,6 +131,13 @@ type Manager struct {
 	// removal ends (under mu); Delete waits for it.
 	teardowns sync.WaitGroup
 	exiting   map[string]chan struct{}
+	// strandedHib are the hibernates whose complete checkpoint waits for its
+	// commit or record (stranded.go), by snapshot id; strandedLoop is set
+	// while their background loop runs. Guarded by mu.
+	strandedHib  map[string]*stranded
+	strandedLoop bool
+	// strandedMu serializes FinishStranded's passes.
+	strandedMu sync.Mutex
 	adm       admission // memory reserved by admitted calls (admission.go)
 	pools     pools     // warm pools' ready clones (pool.go)
 }
@@ -865,6 +872,12 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		if leaveRunning {
 			return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: commit: %w", s.ID, err)))
 		}
+		if errors.Is(err, snapshot.ErrLockUnavailable) || errors.Is(err, snapshot.ErrUnavailable) {
+			// The instance is gone; its memory is in the staged checkpoint,
+			// which is kept and committed once the database (or the store)
+			// answers again.
+			return "", m.strand(s, snapID, man, async, start, now, fmt.Errorf("commit: %w", err))
+		}
 		// The instance is gone and its snapshot did not commit: the memory is lost.
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
@@ -872,6 +885,13 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return "", err
 	}
 	snapRec, err := m.recordSnapshot(ctx, s, man, start, now, leaveRunning)
+	if err != nil && !leaveRunning && !errors.Is(err, metadata.ErrFenced) {
+		// Committed, but the database did not take the record: it is
+		// recorded in the background.
+		st := m.strand(s, snapID, man, async, start, now, fmt.Errorf("record: %w", err))
+		m.markStrandedCommitted(snapID)
+		return "", st
+	}
 	if err != nil {
 		return "", err
 	}
@@ -944,8 +964,8 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 		return as.CommitAsync(ctx, snapID, man)
 	}
 	out, err := m.cfg.Store.Commit(ctx, snapID, man)
-	if err == nil || !ok || ctx.Err() != nil {
-		return out, err
+	if err == nil || !ok || ctx.Err() != nil || errors.Is(err, snapshot.ErrLockUnavailable) {
+		return out, err // an asynchronous commit needs the collection lock too
 	}
 	m.log.Warn("synchronous snapshot commit failed; keeping it on local disk for a background upload",
 		"snapshot", snapID, "err", err)

@@ -191,6 +191,12 @@ func DirBytes(dir string) (int64, error) {
 	return n, err
 }
 
+// ErrLockUnavailable is wrapped by a commit's error when the lock that keeps
+// other stores' garbage collection away from commits (snapshot/chunked's
+// collection lock, held in the shared database) could not be taken: the
+// database did not answer. The staged files are kept; a later commit works.
+var ErrLockUnavailable = errors.New("the database that holds it does not answer")
+
 // ErrUnavailable is wrapped by errors of a store whose durable tier did not
 // answer (an S3 server down or hung): trying again later may succeed.
 var ErrUnavailable = errors.New("durable tier unreachable")
