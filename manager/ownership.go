@@ -114,6 +114,9 @@ func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error)
 	default:
 		msg += "; it had no snapshot: delete it"
 	}
+	if s.State == sandbox.StateHibernating {
+		msg += fmt.Sprintf(" (node %s may still hold the checkpoint of that hibernate: if it commits it before anyone resumes the sandbox, the sandbox is hibernated on it)", lost)
+	}
 	s.Owner, s.State, s.Error, s.Instance, s.PendingSnapshot = "", sandbox.StateError, msg, "", ""
 	err = m.cfg.DB.ClaimSandbox(ctx, s)
 	if errors.Is(err, metadata.ErrStale) {
