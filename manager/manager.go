@@ -138,8 +138,8 @@ type Manager struct {
 	strandedLoop bool
 	// strandedMu serializes FinishStranded's passes.
 	strandedMu sync.Mutex
-	adm       admission // memory reserved by admitted calls (admission.go)
-	pools     pools     // warm pools' ready clones (pool.go)
+	adm        admission // memory reserved by admitted calls (admission.go)
+	pools      pools     // warm pools' ready clones (pool.go)
 }
 
 // Wait blocks until the background teardowns of hibernated sandboxes' exited
@@ -803,6 +803,15 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err := m.snapshotRoom(op, s, dir); err != nil {
 		return undo(err)
 	}
+	keepNote := false
+	if !leaveRunning {
+		m.writeNote(s, snapID) // until the hibernate is recorded (stranded.go)
+		defer func() {
+			if !keepNote {
+				m.dropNote(snapID)
+			}
+		}()
+	}
 	if !leaveRunning {
 		m.endEnvdStreams(ctx, s.ID)
 		if conns, execs := m.drain(s.ID, HibernateDrain); conns+execs > 0 {
@@ -876,6 +885,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 			// The instance is gone; its memory is in the staged checkpoint,
 			// which is kept and committed once the database (or the store)
 			// answers again.
+			keepNote = true
 			return "", m.strand(s, snapID, man, async, start, now, fmt.Errorf("commit: %w", err))
 		}
 		// The instance is gone and its snapshot did not commit: the memory is lost.
@@ -888,6 +898,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err != nil && !leaveRunning && !errors.Is(err, metadata.ErrFenced) {
 		// Committed, but the database did not take the record: it is
 		// recorded in the background.
+		keepNote = true
 		st := m.strand(s, snapID, man, async, start, now, fmt.Errorf("record: %w", err))
 		m.markStrandedCommitted(snapID)
 		return "", st

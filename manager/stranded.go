@@ -2,8 +2,12 @@ package manager
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/torpor/torpor/metadata"
@@ -131,6 +135,7 @@ func (m *Manager) FinishStranded(ctx context.Context) int {
 	left := 0
 	for _, st := range list {
 		if done := m.finishStranded(ctx, st); done {
+			m.dropNote(st.snapID)
 			m.mu.Lock()
 			delete(m.strandedHib, st.snapID)
 			m.mu.Unlock()
@@ -198,5 +203,102 @@ func (m *Manager) dropStranded(ctx context.Context, st *stranded, why string) {
 		_ = m.cfg.Store.Delete(ctx, st.snapID)
 	} else {
 		_ = m.cfg.Store.Abort(ctx, st.snapID)
+	}
+}
+
+// A hibernate on a shared database also leaves a note beside its staged
+// checkpoint (hibernateNote, in the store's staging directory) while it is
+// not recorded, so that a node killed or restarted meanwhile can still
+// record it after the other nodes fenced the sandbox: at start-up
+// (finishFencedCheckpoints) a note whose sandbox is in error with no owner,
+// at the hibernate's generation and on its parent snapshot, has its
+// checkpoint committed and recorded as finishStranded does. Recover removes
+// the notes with the staged files.
+
+// hibernateNote is what a hibernate's note holds.
+type hibernateNote struct {
+	Sandbox    string `json:"sandbox"`
+	Node       string `json:"node"`
+	Generation int64  `json:"generation"`
+	Parent     string `json:"parent"`
+	Instance   string `json:"instance"`
+}
+
+// noteSuffix ends a note's file name (<snapshot id> + noteSuffix).
+const noteSuffix = ".hibernate.json"
+
+// notePath is the file of snapshot snapID's note, "" when the store has no
+// staging directory to put it in or the database is not shared.
+func (m *Manager) notePath(snapID string) string {
+	sd, ok := m.cfg.Store.(interface{ StagedDir(string) string })
+	if !ok || m.cfg.SingleNode || m.cfg.Node == "" {
+		return ""
+	}
+	return sd.StagedDir(snapID) + noteSuffix
+}
+
+// writeNote writes the note of hibernate snapID of s (best effort: without
+// it only a restart's recovery after a fence is lost).
+func (m *Manager) writeNote(s *metadata.Sandbox, snapID string) {
+	p := m.notePath(snapID)
+	if p == "" {
+		return
+	}
+	b, _ := json.Marshal(hibernateNote{Sandbox: s.ID, Node: m.cfg.Node, Generation: s.Generation, Parent: s.SnapshotID, Instance: s.Instance})
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		m.log.Warn("hibernate: writing its note beside the staged checkpoint", "snapshot", snapID, "err", err)
+	}
+}
+
+// dropNote removes snapshot snapID's note.
+func (m *Manager) dropNote(snapID string) {
+	if p := m.notePath(snapID); p != "" {
+		_ = os.Remove(p)
+	}
+}
+
+// finishFencedCheckpoints commits and records, at start-up, the staged
+// checkpoints of this node's hibernates that a crash interrupted and whose
+// sandboxes the other nodes fenced meanwhile (see hibernateNote). It runs
+// before the store's Recover, which removes staged files.
+func (m *Manager) finishFencedCheckpoints(ctx context.Context) {
+	p := m.notePath("snap-x")
+	if p == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(filepath.Dir(p), "*"+noteSuffix))
+	for _, f := range files {
+		snapID := strings.TrimSuffix(filepath.Base(f), noteSuffix)
+		b, err := os.ReadFile(f)
+		var n hibernateNote
+		if err != nil || json.Unmarshal(b, &n) != nil || n.Node != m.cfg.Node {
+			continue
+		}
+		s, err := m.cfg.DB.GetSandbox(ctx, n.Sandbox)
+		if err != nil || s.Deleting || s.Owner != "" || s.State != sandbox.StateError ||
+			s.Generation != n.Generation || s.SnapshotID != n.Parent {
+			continue // not fenced, or resumed or deleted since: Reconcile or Recover deals with it
+		}
+		if n.Instance != "" && !m.waitCheckpointExit(ctx, n.Instance) {
+			m.log.Warn("reconcile: a fenced sandbox's interrupted checkpoint did not end; not committed", "sandbox", s.ID, "snapshot", snapID)
+			continue
+		}
+		c := *s
+		c.Instance = n.Instance
+		man, err := m.cfg.Store.Manifest(ctx, snapID)
+		if err != nil {
+			man, err = m.commitSnapshot(ctx, snapID, m.manifestFor(&c, m.eng(&c), snapID, time.Now().UTC()), false)
+		}
+		if err != nil {
+			m.log.Warn("reconcile: a fenced sandbox's interrupted checkpoint could not be committed", "sandbox", s.ID, "snapshot", snapID, "err", err)
+			continue
+		}
+		if err := m.recordFencedHibernate(ctx, s, man, m.cfg.Node); err != nil {
+			m.log.Warn("reconcile: recording a fenced sandbox's interrupted checkpoint", "sandbox", s.ID, "snapshot", snapID, "err", err)
+			continue
+		}
+		_ = os.Remove(f)
+		m.log.Warn("reconcile: committed the checkpoint of a hibernate a crash interrupted; the sandbox, fenced meanwhile, is hibernated on it",
+			"sandbox", s.ID, "snapshot", snapID)
 	}
 }

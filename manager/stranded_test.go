@@ -28,6 +28,36 @@ func (l lockFails) Commit(ctx context.Context, id string, m snapshot.Manifest) (
 	return l.Store.Commit(ctx, id, m)
 }
 
+// lockFailsStore is a hostOpts.store: a plain-file store in the host's
+// directory whose commits fail while fail is set.
+func lockFailsStore(fail *atomic.Bool) func(t *testing.T, dir string) snapshot.Store {
+	return func(t *testing.T, dir string) snapshot.Store {
+		st, err := local.New(filepath.Join(dir, "snapshots"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lockFails{Store: st, fail: fail}
+	}
+}
+
+// strandOne starts nodes A (its commits failing while fail is set) and B,
+// and hibernates through A, with fail set, a sandbox created on A with file
+// /tmp/f "kept"; it returns the hibernate's error.
+func strandOne(t *testing.T, fail *atomic.Bool) (a, b *host, sb sandbox.Sandbox, err error) {
+	a = newHost(t, hostOpts{node: "node-a", store: lockFailsStore(fail)})
+	b = newHost(t, hostOpts{node: "node-b", peer: a})
+	sb = a.create()
+	a.writeFile(sb.ID, "/tmp/f", "kept")
+	fail.Store(true)
+	_, err = a.m.Hibernate(context.Background(), sb.ID, manager.HibernateOptions{})
+	return a, b, sb, err
+}
+
+// StagedDir is the wrapped store's (the note of a hibernate goes beside it).
+func (l lockFails) StagedDir(id string) string {
+	return l.Store.(interface{ StagedDir(string) string }).StagedDir(id)
+}
+
 // TestStrandedHibernate: node A's hibernate checkpoints the sandbox but its
 // commit cannot take the collection lock. The hibernate answers Unavailable
 // (a StrandedError with a Retry-After) and keeps the checkpoint; node B
@@ -39,19 +69,7 @@ func (l lockFails) Commit(ctx context.Context, id string, m snapshot.Manifest) (
 func TestStrandedHibernate(t *testing.T) {
 	ctx := context.Background()
 	var fail atomic.Bool
-	a := newHost(t, hostOpts{node: "node-a", store: func(t *testing.T, dir string) snapshot.Store {
-		st, err := local.New(filepath.Join(dir, "snapshots"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lockFails{Store: st, fail: &fail}
-	}})
-	b := newHost(t, hostOpts{node: "node-b", peer: a})
-
-	sb := a.create()
-	a.writeFile(sb.ID, "/tmp/f", "kept")
-	fail.Store(true)
-	_, err := a.m.Hibernate(ctx, sb.ID, manager.HibernateOptions{})
+	a, b, sb, err := strandOne(t, &fail)
 	var se *manager.StrandedError
 	if sandbox.KindOf(err) != sandbox.Unavailable || !errors.As(err, &se) || manager.RetryAfterSeconds(err) <= 0 {
 		t.Fatalf("hibernate without the lock: %v (kind %v), want Unavailable with a StrandedError", err, sandbox.KindOf(err))
@@ -111,5 +129,37 @@ func TestStrandedHibernate(t *testing.T) {
 	}
 	if got := b.readFile(sb2.ID, "/tmp/f"); got != "first" {
 		t.Errorf("the overtaken sandbox's file: %q, want its first snapshot's", got)
+	}
+}
+
+// TestStrandedHibernateAfterRestart: node A's hibernate is stranded (its
+// commit cannot take the collection lock) and A's server is killed before
+// it could commit it; node B fences the sandbox (error, no owner). A's next
+// start commits the kept checkpoint and records the sandbox hibernated on
+// it, and B resumes it with its file. Before, the start removed the staged
+// checkpoint and the sandbox stayed in error ("it had no snapshot").
+func TestStrandedHibernateAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	var fail atomic.Bool
+	a, b, sb, err := strandOne(t, &fail)
+	var se *manager.StrandedError
+	if !errors.As(err, &se) {
+		t.Fatalf("hibernate without the lock: %v", err)
+	}
+	a.crash()
+	if ok, err := b.m.Fence(ctx, sb.ID, "node-a", "node node-a lost"); !ok || err != nil {
+		t.Fatalf("fence: %v %v", ok, err)
+	}
+	fail.Store(false)
+	a2 := newHost(t, hostOpts{node: "node-a", dir: a.dir, eng: a.eng, store: lockFailsStore(&fail)})
+	r := a2.record(sb.ID)
+	if r.State != sandbox.StateHibernated || r.SnapshotID != se.Snapshot || r.Owner != "" || r.Error != "" {
+		t.Fatalf("after node A's restart: state %s snapshot %s (want %s) owner %q error %q", r.State, r.SnapshotID, se.Snapshot, r.Owner, r.Error)
+	}
+	if _, err := b.m.Resume(ctx, sb.ID); err != nil {
+		t.Fatalf("resume through node B: %v", err)
+	}
+	if got := b.readFile(sb.ID, "/tmp/f"); got != "kept" {
+		t.Errorf("file after the resume: %q", got)
 	}
 }
