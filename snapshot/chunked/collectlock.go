@@ -295,8 +295,11 @@ func (s *Store) lockCommit(ctx context.Context, async bool) (release func(), hel
 // database) does not answer, so that a database that blips (restarted,
 // failed over) does not fail a hibernate outright: attempts commitLockTries
 // times in all, the waits between them doubling from commitLockRetry, all
-// within commitLockWait (and ctx). A wait for a collection that holds the
-// lock exclusively is not a failure and is not cut short by the retries.
+// within commitLockWait (and ctx). An attempt that waits for a collection
+// holding the lock exclusively counts against commitLockWait too (a
+// connection held unanswered cannot be told from it): a commit that gets no
+// lock within it fails with snapshot.ErrLockUnavailable, its staged files
+// kept (the manager commits them later).
 const (
 	commitLockTries = 5
 	commitLockRetry = 500 * time.Millisecond
