@@ -453,7 +453,7 @@ func TestDeny(t *testing.T) {
 		{ErrMissing, 401, 0, "missing API key"},
 		{ErrInvalid, 401, 0, "invalid API key"},
 		{&LimitedError{RetryAfter: 3 * time.Second}, 429, 3 * time.Second, "too many failed API key attempts from this address; retry after 3s"},
-		{fmt.Errorf("apikey: verify e2b_12345678: %w", errors.New("disk I/O error")), 503, 0, "cannot check the API key now; retry"},
+		{fmt.Errorf("apikey: verify e2b_12345678: %w", errors.New("disk I/O error")), 503, StoreRetryAfter, "cannot check the API key now; retry"},
 	} {
 		status, retry, msg := Deny(c.err)
 		if status != c.status || retry != c.retry || msg != c.msg {

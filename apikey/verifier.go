@@ -204,8 +204,13 @@ func (v *Verifier) Require(next http.Handler, from func(*http.Request) string, d
 	})
 }
 
+// StoreRetryAfter is what a refusal because the key store failed (Deny's
+// 503) tells the caller to wait before it retries: one node heartbeat, about
+// as long as a database that blinked takes to answer again.
+const StoreRetryAfter = 5 * time.Second
+
 // Deny says how to answer a request Check refused with err: status 401
-// (ErrMissing, ErrInvalid), 429 with retryAfter (ErrLimited) or 503 (the
+// (ErrMissing, ErrInvalid), 429 with retryAfter (ErrLimited) or 503 with StoreRetryAfter (the
 // store failed: the key may be good; the caller logs err), and a message
 // that is safe to show the client (it says only that the key is missing or
 // wrong, or when to retry). Each API writes them in its own error shape and
@@ -220,5 +225,5 @@ func Deny(err error) (status int, retryAfter time.Duration, message string) {
 	case errors.Is(err, ErrInvalid):
 		return http.StatusUnauthorized, 0, ErrInvalid.Error()
 	}
-	return http.StatusServiceUnavailable, 0, "cannot check the API key now; retry"
+	return http.StatusServiceUnavailable, StoreRetryAfter, "cannot check the API key now; retry"
 }

@@ -455,7 +455,9 @@ type ExecRequest struct {
 	Env   map[string]string `json:"env,omitempty"`
 	Cwd   string            `json:"cwd,omitempty"`
 	Stdin string            `json:"stdin,omitempty"` // bytes given to the process's stdin, then EOF
-	// TimeoutS kills the process (and its process group) after this many seconds; 0 = none.
+	// TimeoutS bounds the call, in seconds from the guest agent's receipt of
+	// it, the wait to start the command included: then the process and its
+	// process group are killed and the exit code is 124 (docs/api.md); 0 = none.
 	TimeoutS float64 `json:"timeout_s,omitempty"`
 	// Background starts the process detached: the call returns at once with its pid,
 	// and the process outlives the call. Its output goes to /tmp/torpor-bg-<pid>.log.

@@ -88,6 +88,7 @@ server's certificate must be signed by a system authority or one in --ca-cert
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		a.serveCommand(),
+		a.serveWatchdogCommand(),
 		a.quickstartCommand(),
 		a.benchCommand(),
 		a.createCommand(),

@@ -8,6 +8,8 @@
 // error, and for `torpor exec` the exit code of the process run in the sandbox.
 //
 // serve, quickstart and bench resume call packages server, quickstart and bench
-// (serve.go, quickstart.go, bench.go); the snapshot commands' offline mode
+// (serve.go, quickstart.go, bench.go); the hidden serve-watchdog, which a
+// server on a shared database starts to watch itself, calls package watchdog
+// (servecmd.go); the snapshot commands' offline mode
 // (--data-dir) opens a data directory's store through package server.
 package cli

@@ -82,7 +82,7 @@ its output goes to /tmp/torpor-bg-<pid>.log inside the sandbox.`,
 	f := cmd.Flags()
 	f.StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringVarP(&req.Cwd, "cwd", "w", "", "working directory inside the sandbox")
-	f.Float64Var(&req.TimeoutS, "timeout", 0, "kill the command after this many seconds (0: none)")
+	f.Float64Var(&req.TimeoutS, "timeout", 0, "kill the command this many seconds after the sandbox received the call, the wait to start it included (exit code 124; 0: none)")
 	f.BoolVarP(&req.Background, "background", "d", false, "start detached and print the pid")
 	f.BoolVarP(&withStdin, "stdin", "i", false, "give torpor's standard input to the command (when not a terminal)")
 	return cmd

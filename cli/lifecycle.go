@@ -183,7 +183,7 @@ func (a *app) volumeCommand() *cobra.Command {
 	ls := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
-		Short:   "List volumes and the sandboxes that mount them",
+		Short:   "List volumes, the node holding each and the sandboxes that mount them",
 		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			vs, err := a.client().ListVolumes(cmd.Context())
@@ -194,16 +194,19 @@ func (a *app) volumeCommand() *cobra.Command {
 				return printJSON(a.stdout, apiv1.ListVolumesResponse{Volumes: nonNil(vs)})
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tUSED BY\tCOPIED FROM")
+			fmt.Fprintln(tw, "NAME\tNODE\tUSED BY\tCOPIED FROM")
 			for _, v := range vs {
-				used, from := "-", "-"
+				used, from, node := "-", "-", "-"
 				if len(v.UsedBy) > 0 {
 					used = strings.Join(v.UsedBy, ",")
 				}
 				if v.CopiedFrom != "" {
 					from = v.CopiedFrom
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, used, from)
+				if v.Node != "" {
+					node = v.Node
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.Name, node, used, from)
 			}
 			return tw.Flush()
 		},

@@ -18,6 +18,7 @@ import (
 	"github.com/torpor/torpor/quickstart"
 	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server"
+	"github.com/torpor/torpor/watchdog"
 )
 
 // serveConfig is what `torpor serve` hands to server.Run (see serve.go).
@@ -340,3 +341,23 @@ func envOr(name, def string) string {
 // maxPreparedContainers bounds --prepared-containers: each holds processes,
 // network namespaces and memory while it waits.
 const maxPreparedContainers = 64
+
+// serveWatchdogCommand is the hidden `torpor serve-watchdog`, the process a
+// cluster server starts to watch itself (package watchdog).
+func (a *app) serveWatchdogCommand() *cobra.Command {
+	var cfg watchdog.Config
+	cmd := &cobra.Command{
+		Use:    watchdog.Command,
+		Short:  "Stop this node's instances when its server dies (started by torpor serve on a shared database)",
+		Hidden: true,
+		Args:   usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return watchdog.Run(cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "", "the server's data directory (absolute)")
+	f.StringVar(&cfg.Runsc, "runsc", "", "the server's runsc binary")
+	f.StringVar(&cfg.Node, "node", "", "the node's name")
+	return cmd
+}

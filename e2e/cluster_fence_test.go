@@ -28,9 +28,10 @@ import (
 // twice more) keeps running when the proxy is cut (connections dropped, new
 // ones held unanswered). Within the lease time cl-c fences itself: it stops
 // the sandbox's instance before the other nodes declare it lost (checked at
-// every poll), and answers 503 with Retry-After for the sandbox. The others
-// then put the sandbox in error; resumed through cl-a it continues from its
-// snapshot on another node. The proxy restored, cl-c heartbeats again, runs
+// every poll), and answers 503 with Retry-After for the sandbox and for
+// /healthz (the others' /healthz: 200). The others then put the sandbox in
+// error; resumed through cl-a it continues from its snapshot on another
+// node. The proxy restored, cl-c heartbeats again, runs
 // no instance, and serves the sandbox's calls again (forwarded to the new
 // owner); it took its node lock again before that (a second server as
 // cl-c is refused at start), and takes it again when only the lock's
@@ -66,25 +67,7 @@ func TestClusterSelfFence(t *testing.T) {
 	// Cut off: cl-c stops the instance before the others declare it lost.
 	px.cut()
 	cut := time.Now()
-	var stopped, lost time.Time
-	for lost.IsZero() {
-		if time.Since(cut) > node.LeaseTime+4*node.HeartbeatInterval {
-			t.Fatalf("%v after the cut: instance stopped at %v, %s lost at %v", time.Since(cut).Round(time.Second), stopped, c.name, lost)
-		}
-		if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) == 0 {
-			stopped = time.Now()
-		}
-		if ns, err := a.c.ListNodes(ctx); err == nil && stateOf(ns, c.name) == "lost" {
-			lost = time.Now()
-			if stopped.IsZero() && runscSandboxesOf(t, c.dir, id) != 0 {
-				t.Fatalf("%s declared lost %v after the cut while it still runs %s's instance (split brain)", c.name, lost.Sub(cut).Round(time.Second), id)
-			}
-			if stopped.IsZero() {
-				stopped = lost
-			}
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	stopped, lost := stoppedBeforeLost(t, ctx, a, c, id, cut, func() bool { return runscSandboxesOf(t, c.dir, id) == 0 })
 	t.Logf("cut off: %s stopped its instance %v after the cut, declared lost by the others %v after it (self-fence after %v without a heartbeat, lease %v)",
 		c.name, stopped.Sub(cut).Round(100*time.Millisecond), lost.Sub(cut).Round(100*time.Millisecond), node.SelfFenceAfter, node.LeaseTime)
 	if d := stopped.Sub(cut); d > node.LeaseTime {
@@ -93,6 +76,13 @@ func TestClusterSelfFence(t *testing.T) {
 	res := rawCall(t, http.MethodGet, c.proc.url+"/v1/sandboxes/"+id, "", nil)
 	if res.Status != http.StatusServiceUnavailable || res.Header.Get("Retry-After") == "" || !strings.Contains(res.Err.Message, "fenced itself") {
 		t.Errorf("GET the sandbox through the fenced %s: %d Retry-After %q %s; want 503 saying it fenced itself", c.name, res.Status, res.Header.Get("Retry-After"), res.Body)
+	}
+	// A load balancer's probe says so too (and /healthz of the others 200).
+	if code, body, err := quickGet(c.proc.url + "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "fenced itself") {
+		t.Errorf("/healthz of the fenced %s: %d %s %v; want 503 saying it fenced itself", c.name, code, body, err)
+	}
+	if code, body, err := quickGet(a.proc.url + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz of %s: %d %s %v; want 200", a.name, code, body, err)
 	}
 	if log, _ := os.ReadFile(c.log); !strings.Contains(string(log), "fencing this node") {
 		t.Errorf("%s's log does not say it fenced itself", c.name)

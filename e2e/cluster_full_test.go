@@ -17,14 +17,15 @@ import (
 )
 
 // TestClusterFull: three nodes whose admission admits 384 MiB each (the
-// overcommit ratio set so) take one 256 MiB sandbox each, created through
-// each in turn until it refuses; then a create through any node answers 503
-// with Retry-After and the admission's message, also when the node asked is
-// draining: placement judges the other nodes by the same rule (their
-// committed memory within memory × overcommit) and refuses the create itself
-// (before and after the drain hibernated the draining node's sandbox), no
-// node's admission seeing it. No refused create leaves a record or a runsc
-// sandbox behind.
+// overcommit ratio set so) take one 256 MiB sandbox each, all created through
+// the first node: once it is full, a create asked of it goes on to a node
+// with room (waiting between creates for the nodes' records to show their
+// load). Then a create through any node answers 503 with Retry-After and the
+// admission's message, also when the node asked is draining: placement
+// judges the other nodes by the same rule (their committed memory within
+// memory × overcommit) and refuses the create itself (before and after the
+// drain hibernated the draining node's sandbox), no node's admission seeing
+// it. No refused create leaves a record or a runsc sandbox behind.
 func TestClusterFull(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runsc, network namespaces)")
@@ -43,27 +44,41 @@ func TestClusterFull(t *testing.T) {
 			cl.order[0].c.DeleteSandbox(context.Background(), id)
 		}
 	})
-	on := map[string]int{} // sandboxes created per node
-	for _, n := range cl.order {
-		for {
-			code, retry, msg, sb := createRaw(t, ctx, n.proc.url, sbMiB)
-			if code == http.StatusServiceUnavailable {
-				checkRefusal(t, n.name, retry, msg)
-				break
+	// waitLoad waits until the nodes' records (their heartbeats) show n
+	// sandboxes' memory in all.
+	waitLoad := func(n int) []apiv1.Node {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(250 * time.Millisecond) {
+			ns, err := cl.order[0].c.ListNodes(ctx)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if code != http.StatusCreated && code != http.StatusOK {
-				t.Fatalf("create through %s: %d %s", n.name, code, msg)
+			var sum int64
+			for _, nd := range ns {
+				sum += nd.Load.MemoryMiB
 			}
-			made = append(made, sb.ID)
-			on[sb.Node]++
-			if len(made) > 6 {
-				t.Fatalf("%d sandboxes of %d MiB admitted on three nodes of %d MiB", len(made), sbMiB, capMiB)
+			if sum >= int64(n*sbMiB) {
+				return ns
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a minute after %d creates the nodes' records show %d MiB: %+v", n, sum, ns)
 			}
 		}
 	}
+	first := cl.order[0]
+	on := map[string]int{} // sandboxes created per node
+	for i := range cl.order {
+		code, _, msg, sb := createRaw(t, ctx, first.proc.url, sbMiB)
+		if code != http.StatusCreated && code != http.StatusOK {
+			t.Fatalf("create %d through %s: %d %s", i+1, first.name, code, msg)
+		}
+		made = append(made, sb.ID)
+		on[sb.Node]++
+		waitLoad(len(made))
+	}
 	for _, n := range cl.order {
 		if on[n.name] != capMiB/sbMiB {
-			t.Errorf("%s holds %d sandboxes of %d MiB; want %d (admits %d MiB)", n.name, on[n.name], sbMiB, capMiB/sbMiB, capMiB)
+			t.Errorf("%s holds %d sandboxes of %d MiB; want %d (admits %d MiB): creates through a full node go to one with room", n.name, on[n.name], sbMiB, capMiB/sbMiB, capMiB)
 		}
 	}
 	// Full: a second round through every node, each refused.

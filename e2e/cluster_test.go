@@ -20,6 +20,7 @@ import (
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/snapshot/chunked"
 	"github.com/torpor/torpor/snapshot/chunked/s3test"
+	"github.com/torpor/torpor/watchdog"
 	"github.com/torpor/torpor/workload"
 )
 
@@ -40,8 +41,9 @@ type clusterNode struct {
 // placement picks, its process's counter and 64 MiB of memory intact. The
 // owner killed (-9) is declared lost within the lease time and its sandbox
 // put in state error saying what was lost; resumed through another node it
-// continues from its last snapshot. The lost node, back, stops the instance
-// it no longer owns. Drained, the new owner hibernates the sandbox, which
+// continues from its last snapshot (its watchdog stopped its old instance
+// before: TestClusterWatchdog). The lost node, back, runs no instance it no
+// longer owns. Drained, the new owner hibernates the sandbox, which
 // resumes on another node on its next request.
 func TestCluster(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -173,11 +175,15 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("after the loss: %+v %v; want pid %d count %d (the snapshot's, plus this request)", cnt, err, pid, sum0.Count+2)
 	}
 
-	// The lost node returns: it runs nothing it no longer owns.
+	// The lost node returns: it runs nothing it no longer owns. Its
+	// watchdog stopped the old instance when its server had died
+	// (TestClusterWatchdog); whatever was left, the returning server stops.
 	start(lost)
 	logb, _ := os.ReadFile(lost.log)
-	if !strings.Contains(string(logb), "stopping orphaned instance") || !strings.Contains(string(logb), id) {
-		t.Errorf("%s back: its log does not say it stopped %s's old instance", lost.name, id)
+	wlog, _ := os.ReadFile(filepath.Join(lost.dir, watchdog.LogFile))
+	if !(strings.Contains(string(logb), "stopping orphaned instance") && strings.Contains(string(logb), id)) &&
+		!(strings.Contains(string(wlog), "stopped the instances of the dead server") && strings.Contains(string(wlog), id)) {
+		t.Errorf("%s back: neither its log nor its watchdog's says it stopped %s's old instance", lost.name, id)
 	}
 	if left := runscSandboxesOf(t, lost.dir, id); left != 0 {
 		t.Errorf("%s back: %d instances of %s left on it", lost.name, left, id)
@@ -377,11 +383,12 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 			}
 		}
 		for _, n := range cl.order {
-			removeDataDir(n.dir)
 			if t.Failed() {
 				log, _ := os.ReadFile(n.log)
-				t.Logf("%s's log:\n%s", n.name, log)
+				wlog, _ := os.ReadFile(filepath.Join(n.dir, watchdog.LogFile))
+				t.Logf("%s's log:\n%s\n%s's watchdog log:\n%s", n.name, log, n.name, wlog)
 			}
+			removeDataDir(n.dir)
 		}
 	})
 	waitNodes(t, cl.order[0].c, func(ns []apiv1.Node) bool {

@@ -191,6 +191,19 @@ func (p *serveProc) logText() string {
 	return string(b)
 }
 
+// restartAndDeleteAll restarts the server (without fault points), deletes
+// every sandbox it has and stops it: a crash test's clean-up.
+func (p *serveProc) restartAndDeleteAll() {
+	p.stop()
+	p.start()
+	c := p.client()
+	all, _ := c.ListSandboxes(context.Background())
+	for _, s := range all {
+		c.DeleteSandbox(context.Background(), s.ID)
+	}
+	p.stop()
+}
+
 // clonesOf returns the ids of the sandboxes forked from src, sorted.
 func clonesOf(t *testing.T, c *client.Client, src string) []string {
 	t.Helper()
@@ -217,10 +230,13 @@ func sortedIDs(sbs []apiv1.Sandbox) []string {
 	return out
 }
 
-// TestIdempotentForkAcrossCrash: the server is killed (SIGKILL) in the two
+// TestIdempotentForkAcrossCrash: the server is killed (SIGKILL) in the three
 // windows of an idempotent fork — after its key and clone ids are recorded
-// but before any clone is made, and after the clones are made and the
-// answer's status recorded but before the answer is written. Each time the
+// but before any clone is made, after the clones' records are written but
+// before any is restored (the restart leaves them in state error, to be
+// resumed from the fork's snapshot by the retry), and after the clones are
+// made and the answer's status recorded but before the answer is written.
+// Each time the
 // Go client's own retry (the same Idempotency-Key, sent while the server
 // restarts) gets a set of clones, and that set is every clone of the
 // source: never a second set, no clone whose id the client never saw.
@@ -238,19 +254,11 @@ func TestIdempotentForkAcrossCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		p.stop()
-		p.start()
-		all, _ := c.ListSandboxes(context.Background())
-		for _, s := range all {
-			c.DeleteSandbox(context.Background(), s.ID)
-		}
-		p.stop()
-	}()
+	defer p.restartAndDeleteAll()
 	p.stop()
 
 	var seen []string
-	for _, point := range []string{"idempotency-claimed", "idempotency-recorded"} {
+	for _, point := range []string{"idempotency-claimed", "fork-clones-recorded", "idempotency-recorded"} {
 		p.start("TORPOR_TEST_KILL_AT=" + point)
 		type result struct {
 			clones []apiv1.Sandbox
@@ -312,5 +320,72 @@ func TestIdempotentForkAcrossCrash(t *testing.T) {
 	}
 	if all := clonesOf(t, c, src.ID); len(all) != len(seen)+1 {
 		t.Errorf("clones after a retried fork of 1: %v, want %d", all, len(seen)+1)
+	}
+}
+
+// TestIdempotentCreateAcrossCrash: the server is killed (SIGKILL) while an
+// idempotent create makes its sandbox (its record written, its instance not
+// started: the restart leaves it in state error, "create interrupted by
+// server restart"). Two retries with the key, sent at once, both get 201 with
+// one and the same sandbox, running and usable, under the recorded id; no
+// other sandbox is made. (Before, the retry answered 201 with the sandbox in
+// state error, which could not be resumed, and after its deletion the key
+// answered 409.)
+func TestIdempotentCreateAcrossCrash(t *testing.T) {
+	p := &serveProc{t: t, bin: buildTorpor(t), addr: freeAddr(t), log: filepath.Join(t.TempDir(), "serve.log")}
+	if err := os.Remove(filepath.Join(dataDir, "store")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	p.start("TORPOR_TEST_KILL_AT=create-recorded")
+	c := p.client()
+	ctx := ctxFor(t, 10*time.Minute)
+	defer p.restartAndDeleteAll()
+	before, err := c.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := client.NewIdempotencyKey()
+	never := 0
+	first := p.client()
+	first.Retries = 0 // the call the kill cuts; the retries below are sent by hand
+	if sb, err := first.CreateSandbox(client.WithIdempotencyKey(ctx, key), apiv1.CreateSandboxRequest{MemoryMiB: 128, IdleTimeoutS: &never}); err == nil {
+		t.Fatalf("create answered %s though the server was to be killed while making it", sb.ID)
+	}
+	p.waitKilled()
+	p.start()
+	type result struct {
+		sb  apiv1.Sandbox
+		err error
+	}
+	got := make(chan result, 2)
+	for range 2 {
+		go func() {
+			sb, err := c.CreateSandbox(client.WithIdempotencyKey(ctx, key), apiv1.CreateSandboxRequest{MemoryMiB: 128, IdleTimeoutS: &never})
+			got <- result{sb, err}
+		}()
+	}
+	var ids []string
+	for range 2 {
+		r := <-got
+		if r.err != nil {
+			t.Fatalf("retry of the cut create: %v\n%s", r.err, p.logText())
+		}
+		if r.sb.State != apiv1.StateRunning {
+			t.Errorf("retry of the cut create: sandbox %s in state %s (%s), want running", r.sb.ID, r.sb.State, r.sb.Error)
+		}
+		ids = append(ids, r.sb.ID)
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("two retries with one key got sandboxes %v, want one", ids)
+	}
+	if out := sh(t, c, ids[0], "echo usable"); out != "usable\n" {
+		t.Errorf("exec in the retried create's sandbox: %q", out)
+	}
+	after, err := c.ListSandboxes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before)+1 {
+		t.Errorf("sandboxes after the cut create and its retries: %d, before %d: want one more", len(after), len(before))
 	}
 }

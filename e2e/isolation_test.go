@@ -209,8 +209,9 @@ for host, src in [("127.0.0.1", None), ("10.213.0.2", None), ("127.0.0.1", "10.2
 				t.Errorf("32 MiB allocation after the failed one: exit %d %s", code, errb)
 			}
 		case apiv1.StateError:
-			if sb.Error == "" {
-				t.Errorf("sandbox in state error without a reason")
+			// Blamed on its memory, as its cgroup counted the OOM kill.
+			if !strings.Contains(sb.Error, "more than its memory limit of 128 MiB") || !strings.Contains(sb.Error, "OOM kill") {
+				t.Errorf("sandbox killed for its memory in state error with %q, want the reason: its memory limit and the OOM kill", sb.Error)
 			}
 			if eerr == nil {
 				t.Errorf("exec in a sandbox in state error answered %q", eout)

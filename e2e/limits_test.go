@@ -3,9 +3,11 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/guest/agentclient"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/server/servertest"
 )
@@ -167,10 +170,109 @@ func TestForkBombDefaultLimit(t *testing.T) {
 	assertGone(t, srv, sb.ID)
 }
 
+// TestRootForkBombAgentSurvives: a root fork bomb, with root processes
+// that keep every task of the default pids limit (128 in 256 MiB) taken,
+// does not end the sandbox while the host keeps calling its guest agent for
+// 60 s: a steady exec loop, and 16 file reads of a FIFO, each of which holds
+// one of the agent's OS threads in open(2) so that its Go runtime must make
+// new ones (the API answers one file read of a sandbox at a time until the
+// agent answers, so they go to the agent directly). The agent is uid 0 like the bomb; a runtime that cannot make a
+// thread exits ("failed to create new OS thread"), and the sandbox with it,
+// which is what happened before the agent was exempt from the limit. The
+// commands it starts stay bound (their forks fail with EAGAIN) and do not
+// have CAP_SYS_RESOURCE; once the bomb is killed, execs work again.
+func TestRootForkBombAgentSurvives(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	sb := create(t, c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
+	caps := sh(t, c, sb.ID, "grep -E '^Cap(Eff|Bnd)' /proc/self/status; mkfifo /tmp/fifo")
+	for _, l := range strings.Split(strings.TrimSpace(caps), "\n") {
+		f := strings.Fields(l)
+		if v, err := strconv.ParseUint(f[len(f)-1], 16, 64); err != nil || v&(1<<24) != 0 {
+			t.Errorf("a command's %q: want no CAP_SYS_RESOURCE (bit 24)", l)
+		}
+	}
+	for _, script := range []string{":(){ :|:& };:", "while :; do sleep 600 & done"} {
+		if _, err := c.ExecBackground(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"bash", "-c", script}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Straight to the agent: through the API a read holds the sandbox's
+	// lock until the agent answers, so the reads would wait for each other.
+	ac := agentclient.New(func(ctx context.Context) (net.Conn, error) { return srv.Manager.DialAgent(ctx, sb.ID) })
+	readers, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range 16 {
+		go func() {
+			if r, _, err := ac.ReadFile(readers, "/tmp/fifo"); err == nil {
+				io.Copy(io.Discard, r)
+				r.Close()
+			}
+		}()
+	}
+	ok, eagain := 0, 0
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); {
+		out, errb, code, err := c.ExecCollect(ctxFor(t, time.Minute), sb.ID, apiv1.ExecRequest{Cmd: []string{"sh", "-c", "echo start; echo end"}, TimeoutS: 10})
+		switch {
+		case err == nil && code == 0 && string(out) == "start\nend\n":
+			ok++
+		case err == nil && strings.Contains(strings.ToLower(string(errb)), "resource temporarily unavailable"):
+			eagain++
+		default:
+			st := get(t, c, sb.ID)
+			t.Fatalf("exec during the bomb (%d answered, %d EAGAIN before): code %d err %v stdout %q stderr %q; sandbox %s (%s)",
+				ok, eagain, code, err, out, errb, st.State, st.Error)
+		}
+		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+			t.Fatalf("bombed sandbox in state %s (%s), want running", st.State, st.Error)
+		}
+	}
+	t.Logf("60 s of execs during a root fork bomb: %d answered, %d EAGAIN", ok, eagain)
+	if ok == 0 {
+		t.Error("no exec answered during the bomb: the agent could not start a command")
+	}
+	// The commands the agent starts stay bound: their forks fail.
+	out, errb, code, err := c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"sh", "-c",
+		"n=0; for i in 1 2 3 4 5 6 7 8; do /bin/true 2>/dev/null || n=$((n+1)); done; echo $n"}})
+	t.Logf("8 forks inside a command during the bomb: %q failed (code %d, err %v, stderr %q)", out, code, err, errb)
+	if n, _ := strconv.Atoi(strings.TrimSpace(string(out))); err == nil && code == 0 && n == 0 {
+		t.Error("every fork of a command during the bomb worked: commands must stay bound by the pids limit")
+	}
+
+	// Kill every process but the agent, release the readers: execs work again.
+	for i := 0; ; i++ {
+		_, _, code, err := c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"kill", "-9", "-1"}})
+		if err == nil && code == 0 {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("kill -9 -1: code %d err %v", code, err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, _, code, err := c.ExecCollect(ctx, sb.ID, apiv1.ExecRequest{Cmd: []string{"sh", "-c", "exec 3<>/tmp/fifo; /bin/echo works again"}})
+		if err == nil && code == 0 && string(out) == "works again\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec after the bomb was killed: %q code %d err %v", out, code, err)
+		}
+		time.Sleep(time.Second)
+	}
+	if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+		t.Errorf("sandbox in state %s (%s) after the bomb, want running", st.State, st.Error)
+	}
+}
+
 // TestWritableLayerBound: a 256 MiB sandbox's root file system takes 128
-// MiB (half its memory) of writes and its /tmp 64 MiB (a quarter); beyond
-// them a write fails with ENOSPC in the sandbox, which keeps running, also
-// with both full at once, and the bounds hold after a hibernate and resume.
+// MiB (half its memory) of writes, its /tmp 64 MiB (a quarter) and its
+// /dev/shm 32 MiB (an eighth); beyond them a write fails with ENOSPC in the
+// sandbox, which keeps running, also with all three full at once, and the
+// bounds hold after a hibernate and resume. /dev/shm stays mode 1777, and a
+// user's write past its bound is ENOSPC too (it had ended the sandbox: an
+// unbounded directory of the /dev tmpfs).
 func TestWritableLayerBound(t *testing.T) {
 	srv := start(t, servertest.Options{})
 	c := srv.Client
@@ -180,7 +282,7 @@ func TestWritableLayerBound(t *testing.T) {
 		for _, d := range []struct {
 			dir string
 			mib int
-		}{{"/root", 128}, {"/tmp", 64}} {
+		}{{"/root", 128}, {"/tmp", 64}, {"/dev/shm", 32}} {
 			out := sh(t, c, sb.ID, "dd if=/dev/zero of="+d.dir+"/big bs=1M count=400 2>&1 | grep -c 'No space left on device'; stat -c %s "+d.dir+"/big; df -m "+d.dir+" | tail -1")
 			t.Logf("%s: 400 MiB into %s: %s", when, d.dir, strings.ReplaceAll(out, "\n", " | "))
 			f := strings.Fields(out)
@@ -195,10 +297,17 @@ func TestWritableLayerBound(t *testing.T) {
 				t.Errorf("%s: df of %s: %q, want a %d MiB file system", when, d.dir, out, d.mib)
 			}
 		}
-		// Both full at once: the sandbox keeps running.
-		sh(t, c, sb.ID, "echo both full; rm /root/big /tmp/big")
+		// All full at once: the sandbox keeps running.
+		sh(t, c, sb.ID, "echo all full; rm /root/big /tmp/big /dev/shm/big")
 		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
 			t.Errorf("%s: sandbox in state %s (%s) after the writes, want running", when, st.State, st.Error)
+		}
+		out := sh(t, c, sb.ID, "stat -c %a /dev/shm; su nobody -s /bin/sh -c 'dd if=/dev/zero of=/dev/shm/f bs=1M count=120' 2>&1 | grep -c 'No space left on device'; rm /dev/shm/f")
+		if out != "1777\n1\n" {
+			t.Errorf("%s: /dev/shm's mode and nobody's 120 MiB write into it: %q, want 1777 and ENOSPC", when, out)
+		}
+		if st := get(t, c, sb.ID); st.State != apiv1.StateRunning {
+			t.Errorf("%s: sandbox in state %s (%s) after nobody's write into /dev/shm, want running", when, st.State, st.Error)
 		}
 	}
 	check("created")
@@ -210,7 +319,8 @@ func TestWritableLayerBound(t *testing.T) {
 }
 
 // TestFileWriteIntoFullSandbox: a file write through the API beyond a 256
-// MiB sandbox's writable layer (128 MiB) or its /tmp (64 MiB) is 507
+// MiB sandbox's writable layer (128 MiB), its /tmp (64 MiB) or its /dev/shm
+// (32 MiB) is 507
 // insufficient_storage naming that bound and saying the host's disk is not
 // full, not naming the data directory (issue 18, D6: it had read "the data
 // directory's disk is full"); the sandbox keeps running and the next write
@@ -222,7 +332,7 @@ func TestFileWriteIntoFullSandbox(t *testing.T) {
 	for _, d := range []struct {
 		path, names string
 		mib         int
-	}{{"/root/big", "writable layer of its root file system", 128}, {"/tmp/big", "its /tmp", 64}} {
+	}{{"/root/big", "writable layer of its root file system", 128}, {"/tmp/big", "its /tmp", 64}, {"/dev/shm/big", "its /dev/shm", 32}} {
 		body := bytes.NewReader(make([]byte, (d.mib+32)<<20))
 		res := rawCall(t, http.MethodPut, srv.URL+"/v1/sandboxes/"+sb.ID+"/files?path="+d.path, "application/octet-stream", mustRead(t, body))
 		t.Logf("PUT %s of %d MiB: %d %s", d.path, d.mib+32, res.Status, res.Err.Message)

@@ -69,17 +69,29 @@ type Spec struct {
 	// in the sandbox: beyond it fork and clone fail with EAGAIN inside the
 	// sandbox; 0 = no limit.
 	PidsLimit int
+	// AgentPidsExempt leaves the guest agent's own forks and threads out of
+	// PidsLimit (the commands it starts stay bound, and their tasks still
+	// count): a root fork bomb then cannot keep the agent from making the
+	// OS thread its runtime needs, which it cannot survive, nor from
+	// starting a command that ends the bomb. gVisor: CAP_SYS_RESOURCE in the
+	// agent's effective set but not in its bounding set, which no program
+	// it executes keeps.
+	AgentPidsExempt bool
 	// WritableMiB bounds, in MiB, what the sandbox's writable layer (its root
 	// file system's changes) may hold when it lives in sandbox memory, and
 	// TmpMiB what /tmp may hold when it is a memory file system: beyond them
 	// writes fail with ENOSPC inside the sandbox instead of the sandbox being
 	// killed for its memory; 0 = no bound but the memory limit.
 	//
+	// ShmMiB bounds /dev/shm the same way (a memory file system of mode
+	// 1777); 0 = no bound but the memory limit.
+	//
 	// On Restore an engine restores the limits the snapshot was taken with,
-	// whatever PidsLimit, WritableMiB and TmpMiB say (a checkpoint carries
-	// them).
+	// whatever PidsLimit, AgentPidsExempt, WritableMiB, TmpMiB and ShmMiB
+	// say (a checkpoint carries them).
 	WritableMiB int
 	TmpMiB      int
+	ShmMiB      int
 	// Egress, when set, gives the instance a way out to other networks under
 	// these rules, through the host's uplink (engines that have one:
 	// EgressProvider); nil = none. An Egress that reaches nothing refuses the
@@ -205,6 +217,14 @@ type ExitStatus struct {
 	// What names what exited, for the sandbox's error message: "the sandbox's
 	// process (host pid 1234)".
 	What string
+	// Counted reports whether the engine read the instance's kill counters
+	// after it exited; only then do OOMKills and PidsMax say anything.
+	Counted bool
+	// OOMKills is how many times the host's kernel killed a process of the
+	// instance for its memory limit (its cgroup's oom_kill count); PidsMax
+	// how many times a fork was refused at the instance's host task limit
+	// (the cgroup's pids.events max).
+	OOMKills, PidsMax int
 }
 
 // ErrNotRunning is returned (wrapped) for calls on an instance that does not run.

@@ -118,15 +118,17 @@ func (m *Manager) pidsLimit(want, memoryMiB int) (int, error) {
 	return want, nil
 }
 
-// WritableMiB and tmpMiB are the bounds of a sandbox's writable layer and
-// of its /tmp (engine.Spec), both in sandbox memory: half and a quarter of
-// its memory limit, so that filling both still leaves a quarter for its
-// processes, and a runaway write fails with ENOSPC rather than the sandbox
-// being killed for its memory. (gVisor keeps memory a deleted file freed
-// for reuse inside the sandbox, so the bounds must hold together, not one
-// at a time.)
+// WritableMiB, tmpMiB and shmMiB are the bounds of a sandbox's writable
+// layer, of its /tmp and of its /dev/shm (engine.Spec), all in sandbox
+// memory: half, a quarter and an eighth of its memory limit, so that
+// filling all three still leaves an eighth for its processes, and a runaway
+// write fails with ENOSPC rather than the sandbox being killed for its
+// memory. (gVisor keeps memory a deleted file freed for reuse inside the
+// sandbox, so the bounds must hold together, not one at a time.) An eighth
+// is 64 MiB at the default 512 MiB, Docker's default /dev/shm.
 func WritableMiB(memoryMiB int) int { return memoryMiB / 2 }
 func tmpMiB(memoryMiB int) int      { return memoryMiB / 4 }
+func shmMiB(memoryMiB int) int      { return memoryMiB / 8 }
 
 // admission is the manager's admission control: the host memory reserved by
 // creates, resumes and forks in progress, on top of what the sandbox records

@@ -88,14 +88,15 @@ func (m *Manager) snapshotRoom(op string, s *metadata.Sandbox, dir string) error
 }
 
 // ErrSandboxFull is in the chain of a file write into a sandbox that found
-// the sandbox's own file system full (ENOSPC inside it): its writable layer
-// or its /tmp, both bounded in sandbox memory (WritableMiB, tmpMiB), not the
-// host's disk. It comes as sandbox.InsufficientStorage naming the bound.
+// the sandbox's own file system full (ENOSPC inside it): its writable layer,
+// its /tmp or its /dev/shm, each bounded in sandbox memory (WritableMiB,
+// tmpMiB, shmMiB), not the host's disk. It comes as sandbox.InsufficientStorage naming the bound.
 var ErrSandboxFull = errors.New("no space left in the sandbox")
 
 // sandboxFull returns the error of a write of path into sandbox s that the
 // guest answered with ENOSPC (or EDQUOT) from its own file system: the
-// writable layer of its root file system, or its /tmp, each with its bound.
+// writable layer of its root file system, its /tmp or its /dev/shm, each
+// with its bound.
 // A write into a volume (a host directory) or any other error gives nil.
 func sandboxFull(s *metadata.Sandbox, path string, err error) error {
 	var ae *agentclient.Error
@@ -108,8 +109,11 @@ func sandboxFull(s *metadata.Sandbox, path string, err error) error {
 		}
 	}
 	where, mib, share := "the writable layer of its root file system", WritableMiB(s.MemoryMiB), "half"
-	if path == "/tmp" || strings.HasPrefix(path, "/tmp/") {
+	switch {
+	case path == "/tmp" || strings.HasPrefix(path, "/tmp/"):
 		where, mib, share = "its /tmp", tmpMiB(s.MemoryMiB), "a quarter"
+	case path == "/dev/shm" || strings.HasPrefix(path, "/dev/shm/"):
+		where, mib, share = "its /dev/shm", shmMiB(s.MemoryMiB), "an eighth"
 	}
 	return &sandbox.Error{Kind: sandbox.InsufficientStorage, Op: "write " + path, SandboxID: s.ID,
 		Err: fmt.Errorf("%w: %s is full (bounded at %d MiB, %s of the sandbox's memory limit of %d MiB, which it lives in; the host's disk is not full): %s",

@@ -54,6 +54,9 @@ type hostOpts struct {
 	// directory dir (a node of a cluster with its own store on a shared
 	// backend); nil: a plain-file store (the peer's, with peer set).
 	store func(t *testing.T, dir string) snapshot.Store
+	// db, when set, is the database the manager gets, made from the host's
+	// (a test's hooks around its writes).
+	db func(metadata.Store) metadata.Store
 }
 
 // newHost starts a manager (Reconcile included) on a fake engine.
@@ -100,8 +103,12 @@ func newHost(t *testing.T, o hostOpts) *host {
 	if err := os.WriteFile(agentBin, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	var mdb metadata.Store = db
+	if o.db != nil {
+		mdb = o.db(db)
+	}
 	m, err := manager.New(manager.Config{
-		Engines: engines, EngineTimeouts: o.timeouts, Store: store, DB: db, Images: images,
+		Engines: engines, EngineTimeouts: o.timeouts, Store: store, DB: mdb, Images: images,
 		GuestDir: filepath.Join(dir, "guest"), AgentPath: agentBin, AgentTimeout: 5 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Lifecycle: withVolumes(o.lifecycle, filepath.Join(dir, "volumes")),

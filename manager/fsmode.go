@@ -162,10 +162,11 @@ func (m *Manager) resumeFilesystemLocked(ctx context.Context, s *metadata.Sandbo
 		s.Error = cause.Error()
 		return cause
 	}
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
+	dir, man, done, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return back(err)
 	}
+	defer done() // after the writable layer's upload below
 	e, err := m.restoreEngine(s.SnapshotID, man)
 	if err != nil {
 		return back(err)

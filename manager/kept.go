@@ -164,10 +164,11 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 	if sb, ok, err := m.startPooledFromSnapshot(ctx, rec, spec, pol); ok {
 		return sb, err
 	}
-	dir, man, err := m.openSnapshot(ctx, snapID, "start from snapshot", snapID)
+	dir, man, done, err := m.openSnapshot(ctx, snapID, "start from snapshot", snapID)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	defer done()
 	if isFilesystemManifest(man) {
 		return sandbox.Sandbox{}, conflict("snapshot %s holds a writable layer only (no memory to start from)", snapID)
 	}

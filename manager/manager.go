@@ -382,10 +382,12 @@ func (m *Manager) spec(s *metadata.Sandbox, rootfs string) engine.Spec {
 		Env:       s.Env,
 		Mounts:    m.volumeMounts(s),
 		// A restore gets the limits its snapshot was taken with (engine.Spec).
-		PidsLimit:   s.PidsLimit,
-		WritableMiB: WritableMiB(s.MemoryMiB),
-		TmpMiB:      tmpMiB(s.MemoryMiB),
-		Egress:      engineEgress(s.Network),
+		PidsLimit:       s.PidsLimit,
+		AgentPidsExempt: true,
+		WritableMiB:     WritableMiB(s.MemoryMiB),
+		TmpMiB:          tmpMiB(s.MemoryMiB),
+		ShmMiB:          shmMiB(s.MemoryMiB),
+		Egress:          engineEgress(s.Network),
 	}
 }
 
@@ -599,6 +601,7 @@ func (m *Manager) Create(ctx context.Context, req sandbox.Spec) (sandbox.Sandbox
 	if err := m.cfg.DB.CreateSandbox(ctx, s); err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	FaultPoint("create-recorded")
 	ctx = context.WithoutCancel(ctx) // the engine's work must finish or be undone
 	eng := m.on(m.cfg.Engines.Default(), s)
 	if err := eng.Start(ctx, m.spec(s, path)); err != nil {
@@ -625,18 +628,63 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Delete stops the sandbox (if it runs), removes its snapshots that nothing else
 // uses and its record. Deleting an unknown id returns sandbox.ErrNotFound.
+//
+// A sandbox no node owns (hibernated, or in state error off a lost node)
+// can be deleted through any node, so deletes through several nodes race
+// on its record: the one whose mark (Deleting) is written deletes it; the
+// others read it again and are answered as for that record (sandbox.ErrNotFound
+// once it is marked or gone, a *NotOwnerError when a node resumed it
+// meanwhile, which the server forwards there), up to staleRetries times,
+// then a sandbox.ErrConflict saying to retry.
 func (m *Manager) Delete(ctx context.Context, id string) error {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	s, err := m.get(ctx, id)
-	if err != nil {
-		return err
+	return m.retryStale(ctx, id, func() error {
+		s, err := m.get(ctx, id)
+		if err != nil {
+			return err
+		}
+		return m.deleteLocked(context.WithoutCancel(ctx), s)
+	})
+}
+
+// staleRetries bounds how often a call on a sandbox that another node
+// changed since it was read (metadata.ErrStale: a delete, a resume or a
+// recovery of a sandbox no node owns, through two nodes at once) reads it
+// again and decides again.
+const staleRetries = 3
+
+// retryStale runs f, which reads sandbox id's record and acts on it, again
+// while it fails with metadata.ErrStale (nothing was written), up to
+// staleRetries times in all; a record changed under every try is a
+// sandbox.ErrConflict saying to retry (never the database's bare error).
+// metadata.ErrNotFound (the record went meanwhile) is sandbox.ErrNotFound;
+// metadata.ErrFenced of a write to a sandbox that another node claimed
+// meanwhile (a write of a record no node owned: its token changed) is a
+// *NotOwnerError naming that node.
+func (m *Manager) retryStale(ctx context.Context, id string, f func() error) error {
+	var err error
+	for range staleRetries {
+		err = f()
+		if !errors.Is(err, metadata.ErrStale) {
+			break
+		}
 	}
-	ctx = context.WithoutCancel(ctx)
-	return m.deleteLocked(ctx, s)
+	if errors.Is(err, metadata.ErrFenced) {
+		if cur, gerr := m.cfg.DB.GetSandbox(context.WithoutCancel(ctx), id); gerr == nil && m.foreign(cur) {
+			return notOwner(id, cur.Owner)
+		}
+	}
+	switch {
+	case errors.Is(err, metadata.ErrStale):
+		return sandboxConflict(id, "sandbox %s was changed on another node under each of %d tries: retry", id, staleRetries)
+	case errors.Is(err, metadata.ErrNotFound):
+		return notFound("sandbox", id)
+	}
+	return err
 }
 
 func (m *Manager) deleteLocked(ctx context.Context, s *metadata.Sandbox) error {
@@ -843,6 +891,7 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err != nil {
 		return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: %w", s.ID, err)))
 	}
+	FaultPoint("hibernate-checkpointed")
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
 	man := m.manifestFor(s, eng, snapID, now)
@@ -983,29 +1032,36 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 	return as.CommitAsync(ctx, snapID, man)
 }
 
-// openSnapshot opens snapshot id for a restore (Store.Open: verified). A
-// snapshot that fails verification, or that the database records but the
-// store no longer has, is sandbox.ErrSnapshotCorrupt (422) naming it — unless
-// its record says it waits in another node's upload outbox: then it is
-// Unavailable (503, Retry-After) with an *UploadPendingError. Errors start
-// with what ("resume sbx-…").
-func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (string, snapshot.Manifest, error) {
-	dir, man, err := m.cfg.Store.Open(ctx, id)
+// openSnapshot opens snapshot id for a restore (Store.Open: verified). The
+// caller calls done once the restores from dir have returned (or it gave up
+// before them): a store that encrypts then removes the plain files
+// (snapshot.Releaser); done is never nil. A snapshot that fails
+// verification, or that the database records but the store no longer has, is
+// sandbox.ErrSnapshotCorrupt (422) naming it — unless its record says it
+// waits in another node's upload outbox: then it is Unavailable (503,
+// Retry-After) with an *UploadPendingError. Errors start with what
+// ("resume sbx-…").
+func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (dir string, man snapshot.Manifest, done func(), err error) {
+	done = func() {}
+	dir, man, err = m.cfg.Store.Open(ctx, id)
 	var ce *snapshot.CorruptError
 	switch {
 	case err == nil:
-		return dir, man, nil
+		if r, ok := m.cfg.Store.(snapshot.Releaser); ok {
+			done = sync.OnceFunc(func() { r.Release(id) })
+		}
+		return dir, man, done, nil
 	case errors.As(err, &ce):
-		return "", man, corrupt(op, sandboxID, err)
+		return "", man, done, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		if perr := m.uploadPending(ctx, id, op, sandboxID); perr != nil {
-			return "", man, perr // on its way to the bucket from another node's outbox
+			return "", man, done, perr // on its way to the bucket from another node's outbox
 		}
-		return "", man, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+		return "", man, done, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):
-		return "", man, wrongKey(op, sandboxID, err)
+		return "", man, done, wrongKey(op, sandboxID, err)
 	}
-	return "", man, fmt.Errorf("%s %s: %w", op, sandboxID, err)
+	return "", man, done, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }
 
 // manifestFor is the manifest of a memory snapshot snapID of s written by
@@ -1045,6 +1101,18 @@ func (m *Manager) ResumeCall(ctx context.Context, id string) (sb sandbox.Sandbox
 		return sandbox.Sandbox{}, false, err
 	}
 	defer unlock()
+	// A sandbox in state error no node owns may be recovered through two
+	// nodes at once: the one whose write lands recovers it, the other reads
+	// it again (now hibernated, or resuming on that node: told whose it is).
+	err = m.retryStale(ctx, id, func() (err error) {
+		sb, unchanged, err = m.resumeCallLocked(ctx, id)
+		return err
+	})
+	return sb, unchanged, err
+}
+
+// resumeCallLocked is ResumeCall under the sandbox's lock.
+func (m *Manager) resumeCallLocked(ctx context.Context, id string) (sb sandbox.Sandbox, unchanged bool, err error) {
 	s, err := m.get(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, false, err
@@ -1124,10 +1192,11 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	// sandbox stays hibernated, no generation is taken). Other calls on this
 	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
-	dir, man, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
+	dir, man, done, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
 	if err != nil {
 		return err
 	}
+	defer done()
 	verifyDur := time.Since(tVerify)
 	e, err := m.restoreEngine(s.SnapshotID, man)
 	if err != nil {
@@ -1151,10 +1220,12 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	}
 	tRestore := time.Now()
 	eng := m.on(e, s)
+	FaultPoint("resume-restoring")
 	if err := eng.Restore(ctx, m.spec(s, rootfs), dir); err != nil {
 		_ = eng.Stop(ctx, s.Instance)
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
+	done() // the restored instance reads the files it opened
 	restoreDur := time.Since(tRestore)
 	tAgent := time.Now()
 	if err := m.waitAgent(ctx, s); err != nil {
@@ -1259,9 +1330,11 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	var man snapshot.Manifest
 	var e engine.Engine
 	if len(pooled) < count {
-		if dir, man, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
+		var done func()
+		if dir, man, done, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
 			return nil, err
 		}
+		defer done() // after every clone's restore (wg.Wait below)
 		if e, err = m.restoreEngine(src.SnapshotID, man); err != nil {
 			return nil, err
 		}
@@ -1295,6 +1368,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		}
 		clones[i] = c
 	}
+	FaultPoint("fork-clones-recorded")
 	// Restore the clones two at a time (the machines have 2 cores).
 	launched = true
 	var wg sync.WaitGroup
@@ -1371,6 +1445,22 @@ func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(
 	if err != nil {
 		return nil, nil, err
 	}
+	var s *metadata.Sandbox
+	err = m.retryStale(ctx, id, func() (err error) {
+		s, err = m.runningLocked(ctx, id, check)
+		return err
+	})
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	m.touch(id)
+	return s, unlock, nil
+}
+
+// runningLocked is lockRunningChecked under the sandbox's lock: the record,
+// resumed or unpaused if it must be.
+func (m *Manager) runningLocked(ctx context.Context, id string, check func(RequestState) error) (*metadata.Sandbox, error) {
 	s, err := m.get(ctx, id)
 	if err == nil && check != nil {
 		err = check(requestStateOf(s))
@@ -1394,12 +1484,7 @@ func (m *Manager) lockRunningChecked(ctx context.Context, id string, check func(
 			err = sandboxConflict(id, "sandbox %s is in state %s", id, s.State)
 		}
 	}
-	if err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	m.touch(id)
-	return s, unlock, nil
+	return s, err
 }
 
 // acquire is lockRunning for a request to the guest agent: it returns the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/metadata"
@@ -54,7 +55,9 @@ func notOwner(id, node string) error {
 
 // claim makes this node s's owner (a new lease, metadata.ClaimSandbox)
 // unless it is already. Errors: a *NotOwnerError when another node claimed
-// it first (s is not changed then); the database's.
+// it first (s is not changed then); sandbox.ErrNotFound when it was deleted
+// meanwhile; a sandbox.ErrConflict wrapping metadata.ErrStale when it was
+// changed otherwise; the database's.
 func (m *Manager) claim(ctx context.Context, s *metadata.Sandbox) error {
 	if s.Owner == m.cfg.Node {
 		return nil
@@ -63,10 +66,21 @@ func (m *Manager) claim(ctx context.Context, s *metadata.Sandbox) error {
 	c.Owner = m.cfg.Node
 	err := m.cfg.DB.ClaimSandbox(context.WithoutCancel(ctx), &c)
 	if errors.Is(err, metadata.ErrStale) {
-		if cur, gerr := m.cfg.DB.GetSandbox(ctx, s.ID); gerr == nil && cur.Owner != "" && cur.Owner != m.cfg.Node {
+		cur, gerr := m.cfg.DB.GetSandbox(ctx, s.ID)
+		switch {
+		case errors.Is(gerr, metadata.ErrNotFound) || (gerr == nil && cur.Deleting):
+			return notFound("sandbox", s.ID) // deleted through another node meanwhile
+		case gerr == nil && cur.Owner != "" && cur.Owner != m.cfg.Node:
 			return notOwner(s.ID, cur.Owner)
 		}
-		return sandboxConflict(s.ID, "sandbox %s changed on another node while this one claimed it: retry", s.ID)
+		// Changed otherwise (recovered, or a resume there failed and let
+		// it go): the caller may read it again and decide again
+		// (retryStale).
+		return &sandbox.Error{Kind: sandbox.Conflict, SandboxID: s.ID,
+			Err: fmt.Errorf("sandbox %s changed on another node while this one claimed it: retry (%w)", s.ID, metadata.ErrStale)}
+	}
+	if errors.Is(err, metadata.ErrNotFound) {
+		return notFound("sandbox", s.ID)
 	}
 	if err != nil {
 		return err
@@ -118,6 +132,7 @@ func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error)
 		msg += fmt.Sprintf(" (node %s may still hold the checkpoint of that hibernate: if it commits it before anyone resumes the sandbox, the sandbox is hibernated on it)", lost)
 	}
 	s.Owner, s.State, s.Error, s.Instance, s.PendingSnapshot = "", sandbox.StateError, msg, "", ""
+	s.StateChangedAt = time.Now().UTC()
 	err = m.cfg.DB.ClaimSandbox(ctx, s)
 	if errors.Is(err, metadata.ErrStale) {
 		return false, nil

@@ -15,7 +15,7 @@ import (
 // TestOwnership: two nodes on one database. A sandbox is its creator's;
 // hibernated it is nobody's; the node that resumes it owns it, and the
 // other node's calls are told whose it is. Fenced off a lost owner it is
-// in state error with no owner, the lost node's writes fail with
+// in state error (its state_changed_at the fence's) with no owner, the lost node's writes fail with
 // metadata.ErrFenced, and the other node resumes it from its snapshot.
 func TestOwnership(t *testing.T) {
 	ctx := context.Background()
@@ -58,6 +58,9 @@ func TestOwnership(t *testing.T) {
 		t.Fatalf("fence: %v %v", ok, err)
 	}
 	r := a.record(sb.ID)
+	if !r.StateChangedAt.After(stale.StateChangedAt) {
+		t.Errorf("fenced record: state_changed_at %v, not after the resume's %v", r.StateChangedAt, stale.StateChangedAt)
+	}
 	if r.State != sandbox.StateError || r.Owner != "" || r.LeaseToken != token+1 || !strings.Contains(r.Error, "node node-b lost") ||
 		!strings.Contains(r.Error, hib.Snapshot.ID) {
 		t.Fatalf("fenced record: state %s owner %q token %d (was %d) error %q", r.State, r.Owner, r.LeaseToken, token, r.Error)

@@ -169,6 +169,18 @@ func (m *Manager) Update(ctx context.Context, id string, req sandbox.PolicyUpdat
 		return sandbox.Sandbox{}, err
 	}
 	defer unlock()
+	// A sandbox no node owns may be changed through another node meanwhile
+	// (resumed, deleted): read it again and decide again (retryStale).
+	var sb sandbox.Sandbox
+	err = m.retryStale(ctx, id, func() (err error) {
+		sb, err = m.updateLocked(ctx, id, req)
+		return err
+	})
+	return sb, err
+}
+
+// updateLocked is Update under the sandbox's lock.
+func (m *Manager) updateLocked(ctx context.Context, id string, req sandbox.PolicyUpdate) (sandbox.Sandbox, error) {
 	s, err := m.get(ctx, id)
 	if err != nil {
 		return sandbox.Sandbox{}, err

@@ -398,10 +398,11 @@ func (m *Manager) fillOne(ctx context.Context, p metadata.Pool) error {
 			return err
 		}
 	}
-	dir, man, err := m.openSnapshot(ctx, p.SnapshotID, "pool", string(p.Kind)+" "+p.Name)
+	dir, man, done, err := m.openSnapshot(ctx, p.SnapshotID, "pool", string(p.Kind)+" "+p.Name)
 	if err != nil {
 		return err
 	}
+	defer done()
 	if isFilesystemManifest(man) {
 		return fmt.Errorf("snapshot %s holds a writable layer only", p.SnapshotID)
 	}
@@ -434,6 +435,7 @@ func (m *Manager) fillOne(ctx context.Context, p metadata.Pool) error {
 	if err := eng.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
 		return fail(fmt.Errorf("restore: %w", err))
 	}
+	done()
 	cl := m.agentFor(c.Instance)
 	if err := cl.WaitReady(ctx, m.cfg.AgentTimeout); err != nil {
 		cl.CloseIdleConnections()
@@ -617,7 +619,8 @@ func poolSpec(spec engine.Spec) engine.Spec {
 func sameSpec(a, b engine.Spec) bool {
 	if a.ID != b.ID || a.RootFS != b.RootFS || a.GuestDir != b.GuestDir || a.MemoryMiB != b.MemoryMiB || a.CPUs != b.CPUs ||
 		!maps.Equal(a.Env, b.Env) || !slices.Equal(a.Mounts, b.Mounts) || a.PidsLimit != b.PidsLimit ||
-		a.WritableMiB != b.WritableMiB || a.TmpMiB != b.TmpMiB || (a.Egress == nil) != (b.Egress == nil) {
+		a.AgentPidsExempt != b.AgentPidsExempt || a.WritableMiB != b.WritableMiB || a.TmpMiB != b.TmpMiB || a.ShmMiB != b.ShmMiB ||
+		(a.Egress == nil) != (b.Egress == nil) {
 		return false
 	}
 	return a.Egress == nil || (a.Egress.InternetAccess == b.Egress.InternetAccess &&

@@ -95,8 +95,7 @@ func (m *Manager) instanceExited(id, instance string, st engine.ExitStatus) {
 	}
 	m.log.Warn("sandbox process exited unexpectedly", "sandbox", id, "instance", instance, "what", st.What)
 	m.dropLive(id)
-	m.fail(ctx, s, fmt.Errorf("%s exited unexpectedly and every process in it ended; "+
-		"the usual cause is the host killing it for using more than its memory limit of %d MiB", st.What, s.MemoryMiB))
+	m.fail(ctx, s, fmt.Errorf("%s exited unexpectedly and every process in it ended; %s", st.What, exitCause(st, s.MemoryMiB)))
 	if err := m.engOf(instance).Stop(ctx, instance); err != nil {
 		m.log.Warn("stop exited instance", "sandbox", id, "err", err)
 	}
@@ -159,4 +158,21 @@ type trackedConn struct {
 func (c *trackedConn) Close() error {
 	c.once.Do(c.untrack)
 	return c.Conn.Close()
+}
+
+// exitCause says what is known of why an instance of a sandbox with a memory
+// limit of memoryMiB ended by itself, from its engine's kill counters: killed
+// for its memory only when its cgroup counted an OOM kill.
+func exitCause(st engine.ExitStatus, memoryMiB int) string {
+	switch {
+	case !st.Counted:
+		return "the cause is not known (its kill counters could not be read)"
+	case st.OOMKills > 0:
+		return fmt.Sprintf("the host killed it for using more than its memory limit of %d MiB (%d OOM kills in its cgroup)", memoryMiB, st.OOMKills)
+	case st.PidsMax > 0:
+		return fmt.Sprintf("its host tasks reached their backstop limit (%d forks refused in its cgroup), which gVisor's kernel does not survive", st.PidsMax)
+	default:
+		return "it was not killed for its memory (no OOM kill and no refused task in its cgroup): its guest agent " +
+			"(its first process) or gVisor's kernel ended, or a signal from the host ended it"
+	}
 }

@@ -146,6 +146,10 @@ type Config struct {
 	// Load returns the node's load now; a failure is logged and the last
 	// load is written again.
 	Load func(ctx context.Context) (metadata.NodeResources, error)
+	// Renewed, if set, is called with the heartbeat time of each heartbeat
+	// written (the registration's included), after the write, on the
+	// heartbeat's goroutine (the server records it for its watchdog).
+	Renewed func(at time.Time)
 	// Interval is the heartbeat period (default HeartbeatInterval).
 	Interval time.Duration
 	Logger   *slog.Logger
@@ -201,7 +205,7 @@ func (h *Heartbeat) register(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("node %s: register: %w", h.cfg.Name, err)
 	}
-	h.renewed.Store(now.UnixNano())
+	h.renew(now)
 	return nil
 }
 
@@ -238,7 +242,15 @@ func (h *Heartbeat) beat() {
 		h.cfg.Logger.Warn("node heartbeat", "node", h.cfg.Name, "err", err)
 		return
 	}
+	h.renew(now)
+}
+
+// renew records heartbeat now as written.
+func (h *Heartbeat) renew(now time.Time) {
 	h.renewed.Store(now.UnixNano())
+	if h.cfg.Renewed != nil {
+		h.cfg.Renewed(now)
+	}
 }
 
 // Renewed is the heartbeat time of the last heartbeat the node wrote (its

@@ -8,7 +8,8 @@ type ExecRequest struct {
 	Cwd string
 	// Stdin is given to the process's stdin, then EOF.
 	Stdin string
-	// TimeoutS kills the process (and its process group) after this many
+	// TimeoutS bounds the call from the guest agent's receipt of it, the wait
+	// to start included, and then kills the process (and its process group);
 	// seconds; 0 = none.
 	TimeoutS float64
 	// Background starts the process detached: the call returns at once with

@@ -90,8 +90,8 @@ func (s *Server) requireKeys(h http.Handler) http.Handler {
 
 // denyKey answers a request apikey refused (apikey.Deny): 401
 // unauthenticated (missing or wrong key; nothing else is said) with
-// WWW-Authenticate, 429 rate_limited with Retry-After, or 503 when the key
-// store failed.
+// WWW-Authenticate, 429 rate_limited with Retry-After, or 503 with Retry-After when
+// the key store failed.
 func (s *Server) denyKey(w http.ResponseWriter, r *http.Request, err error) {
 	status, retryAfter, msg := apikey.Deny(err)
 	code := apiv1.CodeUnauthenticated
@@ -106,6 +106,7 @@ func (s *Server) denyKey(w http.ResponseWriter, r *http.Request, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="torpor", error="invalid_token"`)
 	default:
 		code = apiv1.CodeUnavailable
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
 		s.log.Error("api key check failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, status, code, msg)

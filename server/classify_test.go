@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/internal/ingress"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 
 	"github.com/torpor/torpor/snapshot"
@@ -37,6 +39,9 @@ func TestClassifyStoreErrors(t *testing.T) {
 		{&sandbox.Error{Kind: sandbox.InsufficientStorage, Err: fmt.Errorf("the data directory's disk is full")}, http.StatusInsufficientStorage},
 		{fmt.Errorf("import: %w", &os.PathError{Op: "write", Path: "/d/images/x", Err: syscall.ENOSPC}), http.StatusInsufficientStorage},
 		{fmt.Errorf("metadata: update sandbox sbx-1: database or disk is full (13)"), http.StatusInsufficientStorage},
+		// A record another node deleted, or changed under every retry.
+		{fmt.Errorf("sandbox sbx-1: %w", metadata.ErrNotFound), http.StatusNotFound},
+		{fmt.Errorf("sandbox sbx-1 version 4 (stored: 5): %w", metadata.ErrStale), http.StatusConflict},
 	} {
 		if got, _ := classify(c.err); got != c.status {
 			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.status)
@@ -76,5 +81,17 @@ func TestDecodeNamesTimeField(t *testing.T) {
 	var req apiv1.CreateSandboxRequest
 	if err := decode(httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(`{"expires_at":"2030-01-02T03:04:05Z"}`)), &req, true); err != nil || req.ExpiresAt == nil {
 		t.Errorf("a good expires_at: %v", err)
+	}
+}
+
+// TestDenyKeyStoreDown: a key that cannot be checked (the database does
+// not answer) is 503 unavailable with Retry-After, the remedy being a
+// retry.
+func TestDenyKeyStoreDown(t *testing.T) {
+	s := &Server{log: defaultLogger()}
+	w := httptest.NewRecorder()
+	s.denyKey(w, httptest.NewRequest(http.MethodGet, "/v1/sandboxes", nil), errors.New("apikey: verify: connection refused"))
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), "retry") {
+		t.Errorf("key store down: %d Retry-After %q %s; want 503 with Retry-After 5", w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }

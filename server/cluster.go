@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,13 +31,32 @@ import (
 // forwarded to the node placement picks; creates through a draining node go
 // to another one. The forwarded request is the caller's, unchanged (its API
 // key or E2B access token included: the owner checks it, as every node reads
-// the same keys), plus HeaderForwarded; a forwarded request is served where
-// it arrives and never forwarded again (no loops). With SQLite (one node)
-// nothing is forwarded.
+// the same keys), plus HeaderForwarded. A call served on a node (the
+// forwarded ones included) whose sandbox the manager finds another node
+// owns — that node claimed it after this one read the record: wakes of one
+// hibernated sandbox through several nodes at once — is sent on to that
+// node (referral), up to maxForwardHops forwards in all (no loops). With
+// SQLite (one node) nothing is forwarded.
 
 // HeaderForwarded marks a request that a node forwarded to another; its
-// value is the forwarding node's name.
+// value is the names of the nodes that forwarded it, in order, joined by
+// ", ".
 const HeaderForwarded = "Torpor-Forwarded-By"
+
+// maxForwardHops bounds how often one call is forwarded: the first node to
+// the owner or the placed node, that one on to the node that won the
+// sandbox's claim meanwhile, and once more should that one have lost it
+// too. A call forwarded so often is served where it arrives.
+const maxForwardHops = 3
+
+// forwardHops is how often r was forwarded (HeaderForwarded's names).
+func forwardHops(r *http.Request) int {
+	v := r.Header.Get(HeaderForwarded)
+	if v == "" {
+		return 0
+	}
+	return strings.Count(v, ",") + 1
+}
 
 // forwardBodyMax bounds the bodies the cluster front keeps so that a call
 // whose sandbox another node claimed meanwhile can be sent there (1 MiB,
@@ -105,12 +125,16 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 	if (c.id != "" || c.create) && f.s.refuseFenced(w, r) {
 		return // self-fenced (selffence.go): forwarded calls too
 	}
-	if r.Header.Get(HeaderForwarded) != "" || (c.id == "" && !c.create) {
+	if c.id == "" && !c.create {
 		next.ServeHTTP(w, r)
 		return
 	}
 	if c.keep && r.ContentLength >= 0 && r.ContentLength <= forwardBodyMax {
 		keepBody(r)
+	}
+	if r.Header.Get(HeaderForwarded) != "" {
+		f.serveHere(w, r, c, next) // never placed again: only referred
+		return
 	}
 	target, placed, err := f.target(r.Context(), c, r)
 	if manager.RetryAfterSeconds(err) > 0 || sandbox.KindOf(err) == sandbox.Conflict {
@@ -127,13 +151,14 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 		f.s.log.Warn("cluster: where to serve", "path", r.URL.Path, "err", err)
 	}
 	if target == nil {
-		next.ServeHTTP(w, r)
+		f.serveHere(w, r, c, next)
 		return
 	}
 	if placed {
 		// A placed call (no node owns the sandbox yet) that the picked node
 		// does not take (stopped since its last heartbeat) is served here.
-		r = r.WithContext(context.WithValue(r.Context(), fallbackKey{}, next))
+		here := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.serveHere(w, r, c, next) })
+		r = r.WithContext(context.WithValue(r.Context(), fallbackKey{}, http.Handler(here)))
 	}
 	f.forward(w, r, target)
 }
@@ -141,6 +166,94 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 // fallbackKey keys the handler that serves a placed call here when its node
 // cannot be reached.
 type fallbackKey struct{}
+
+// referral is what serveHere keeps of a call it serves, so that the call
+// can be sent to the node that owns its sandbox (Server.refer): the
+// caller's headers as they came (the E2B front removes its routing headers
+// and tokens before it serves a call), the body if it is not kept
+// (r.GetBody), and the owner's URL once a handler referred the call.
+type referral struct {
+	header http.Header
+	body   *heldBody
+	to     *url.URL
+}
+
+type referralKey struct{}
+
+// heldBody is a request body that a handler may hand on unread: it notes
+// whether anything was read from it, and its Close does nothing (a reverse
+// proxy closes the body of a request it could not send; the server closes
+// the request's own body at the end).
+type heldBody struct {
+	rc   io.ReadCloser
+	read bool
+}
+
+func (b *heldBody) Read(p []byte) (int, error) {
+	b.read = true
+	return b.rc.Read(p)
+}
+
+func (b *heldBody) Close() error { return nil }
+
+// serveHere serves call c (request r) on this node with next. A call about
+// a sandbox that a handler referred (Server.refer: another node owns it
+// now) is forwarded to the owner instead, once next returns, with the
+// caller's headers and body; a call forwarded maxForwardHops times is not
+// referred again.
+func (f *clusterFront) serveHere(w http.ResponseWriter, r *http.Request, c call, next http.Handler) {
+	if c.id == "" || forwardHops(r) >= maxForwardHops {
+		next.ServeHTTP(w, r)
+		return
+	}
+	ref := &referral{header: r.Header.Clone()}
+	in := r.WithContext(context.WithValue(r.Context(), referralKey{}, ref))
+	if r.GetBody == nil && r.Body != nil && r.Body != http.NoBody {
+		ref.body = &heldBody{rc: r.Body}
+		in.Body = ref.body
+	}
+	next.ServeHTTP(w, in)
+	if ref.to == nil {
+		return
+	}
+	// A referral whose owner does not answer is not served here again (a
+	// placed call's fallback): 502, and the caller retries.
+	out := r.Clone(context.WithValue(r.Context(), fallbackKey{}, nil))
+	out.Header = ref.header
+	switch {
+	case r.GetBody != nil:
+		out.Body, _ = r.GetBody()
+	case ref.body != nil:
+		out.Body = ref.body.rc
+	}
+	f.s.log.Info("cluster: another node claimed the sandbox meanwhile: forwarding there", "sandbox", c.id, "node", ref.to.Host, "path", r.URL.Path)
+	f.forward(w, out, ref.to)
+}
+
+// refer reports whether the cluster front will forward request r, which a
+// handler failed with err, to the node that owns its sandbox — err is a
+// *manager.NotOwnerError (that node claimed the sandbox after this one read
+// its record), r is served by serveHere, its body is kept or was not read,
+// and the owner is not lost — in which case the handler writes nothing.
+// Every handler's failure path asks it first (fail, failPortProxy, the E2B
+// service's).
+func (s *Server) refer(r *http.Request, err error) bool {
+	owner := manager.OwnerOf(err)
+	ref, _ := r.Context().Value(referralKey{}).(*referral)
+	if owner == "" || owner == s.node || ref == nil || ref.to != nil || (ref.body != nil && ref.body.read) {
+		return false
+	}
+	n, gerr := s.db.GetNode(r.Context(), owner)
+	if gerr != nil || node.StateOf(n, time.Now()) == node.StateLost {
+		return false
+	}
+	base, perr := url.Parse(n.Advertise)
+	if perr != nil {
+		return false
+	}
+	ref.to = base
+	return true
+}
 
 // keepBody reads r's body so that it can be sent again (r.GetBody).
 func keepBody(r *http.Request) {
@@ -178,12 +291,9 @@ func (f *clusterFront) target(ctx context.Context, c call, r *http.Request) (tar
 		if p.Volume, p.VolumeNode, err = volumeNode(ctx, s.db, p.Op, "", vols); err != nil {
 			return nil, false, err
 		}
-		if p.VolumeNode == "" {
-			self, err := s.db.GetNode(ctx, s.node)
-			if err != nil || !self.Draining {
-				return nil, false, err
-			}
-		}
+		// Place keeps it here when this node is active and has room, else
+		// picks the active node with the most room (a create asked of a full
+		// or draining node goes on to one with room).
 		u, err := f.placeURL(ctx, p)
 		return u, p.VolumeNode == "", err
 	}
@@ -435,7 +545,11 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 			pr.SetURL(base)
 			pr.Out.Host = pr.In.Host // E2B routes by host name
 			pr.SetXForwarded()
-			pr.Out.Header.Set(HeaderForwarded, self)
+			by := self
+			if prev := pr.In.Header.Get(HeaderForwarded); prev != "" {
+				by = prev + ", " + self
+			}
+			pr.Out.Header.Set(HeaderForwarded, by)
 		},
 		FlushInterval: -1, // exec streams and the port proxy's answers as they come
 		ErrorLog:      f.s.ErrorLog(),
@@ -450,8 +564,13 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 				return
 			}
 			f.s.log.Warn("cluster: forward", "node", key, "path", r.URL.Path, "err", err)
+			// The owner is down or cut off: within the lease time it counts
+			// as lost and its sandboxes resume elsewhere, so a retry is the
+			// remedy.
+			w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
 			writeError(w, http.StatusBadGateway, apiv1.CodeBadGateway,
-				fmt.Sprintf("%s %s: forwarding to node %s: %v", r.Method, r.URL.Path, key, err))
+				fmt.Sprintf("%s %s: forwarding to node %s: %v; retry: a node that stays unreachable counts as lost after %s and its sandboxes resume on another node",
+					r.Method, r.URL.Path, key, err, node.LeaseTime))
 		},
 	}
 	if f.proxies == nil {
@@ -459,29 +578,6 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 	}
 	f.proxies[key] = p
 	return p
-}
-
-// forwardToOwner sends a call that the manager refused because another
-// node owns the sandbox (it claimed it meanwhile) to that node, when the
-// call came from a client (not forwarded) and its body was kept. It reports
-// whether it did.
-func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, err error) bool {
-	owner := manager.OwnerOf(err)
-	if owner == "" || s.cluster == nil || r.Header.Get(HeaderForwarded) != "" || r.GetBody == nil {
-		return false
-	}
-	n, gerr := s.db.GetNode(r.Context(), owner)
-	if gerr != nil || node.StateOf(n, time.Now()) == node.StateLost {
-		return false
-	}
-	base, perr := url.Parse(n.Advertise)
-	body, berr := r.GetBody()
-	if perr != nil || berr != nil {
-		return false
-	}
-	r.Body = body
-	s.cluster.forward(w, r, base)
-	return true
 }
 
 // clusterLoop runs every node.HeartbeatInterval until stop is closed, on

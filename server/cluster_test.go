@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -223,8 +224,9 @@ func TestClassifyCall(t *testing.T) {
 }
 
 // TestForwardedServedHere: a request another node forwarded is served by the
-// node it reached, whatever it is about (no second forward, no loop); the
-// front reads nothing for it.
+// node it reached, whatever it is about (never placed or forwarded by the
+// record again: only a referral sends it on, TestReferral); the front reads
+// nothing of the database for it.
 func TestForwardedServedHere(t *testing.T) {
 	f := &clusterFront{s: &Server{}} // no database: any lookup would panic
 	served := 0
@@ -290,5 +292,142 @@ func TestFrontVolumesOnTwoNodes(t *testing.T) {
 	}
 	if after, err := db.GetSandbox(ctx, sb.ID); err != nil || after.Version != before.Version || after.State != sandbox.StateHibernated {
 		t.Errorf("after the refusals: %+v %v; want the record unchanged", after, err)
+	}
+}
+
+// TestReferral: a call that a handler fails with another node's ownership
+// (a *manager.NotOwnerError: that node claimed the sandbox after this one
+// read the record) is forwarded by the front to that node — a REST v1
+// call's kept body, a port-proxy body the handler did not read, a call
+// that was forwarded to this node already (its Torpor-Forwarded-By grows)
+// — with the caller's headers as they came, even if the handler removed
+// some (as the E2B front does); nothing the handler would have written
+// reaches the caller. Not referred: a call forwarded maxForwardHops times,
+// a body the handler read and did not keep, an owner that is lost (each
+// answered 409 by the handler), and any other error.
+func TestReferral(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	type got struct {
+		path, by, header, body string
+	}
+	reached := make(chan got, 10)
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		reached <- got{r.URL.Path, r.Header.Get(HeaderForwarded), r.Header.Get("X-Caller") + r.Header.Get("E2b-Sandbox-Id"), string(b)}
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	defer owner.Close()
+	now := time.Now()
+	for name, at := range map[string]time.Time{"node-b": now, "node-lost": now.Add(-time.Hour)} {
+		if err := db.PutNode(ctx, metadata.Node{Name: name, Advertise: owner.URL, StartedAt: at, HeartbeatAt: at, MemoryOvercommit: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &Server{db: db, node: "node-c", log: defaultLogger()}
+	f := &clusterFront{s: s}
+	s.cluster = f
+	notOwner := func(n string) error {
+		return &sandbox.Error{Kind: sandbox.Conflict, SandboxID: "sbx-1", Err: &manager.NotOwnerError{SandboxID: "sbx-1", Node: n}}
+	}
+	for _, tc := range []struct {
+		name, method, path, body, by string
+		err                          error
+		read                         bool // the handler reads the body (it is not kept)
+		want                         int
+		wantBy                       string
+	}{
+		{"exec", "POST", "/v1/sandboxes/sbx-1/exec", `{"cmd":["true"]}`, "", notOwner("node-b"), true, http.StatusTeapot, "node-c"},
+		{"port proxy body", "POST", "/v1/sandboxes/sbx-1/ports/80/x", "payload", "", notOwner("node-b"), false, http.StatusTeapot, "node-c"},
+		{"files GET forwarded once", "GET", "/v1/sandboxes/sbx-1/files", "", "node-a", notOwner("node-b"), false, http.StatusTeapot, "node-a, node-c"},
+		{"e2b in-sandbox", "GET", "/files", "", "", notOwner("node-b"), false, http.StatusTeapot, "node-c"},
+		{"forwarded too often", "GET", "/v1/sandboxes/sbx-1/files", "", "node-a, node-b, node-d", notOwner("node-b"), false, http.StatusConflict, ""},
+		{"body read", "PUT", "/v1/sandboxes/sbx-1/files", "content", "", notOwner("node-b"), true, http.StatusConflict, ""},
+		{"owner lost", "POST", "/v1/sandboxes/sbx-1/resume", "", "", notOwner("node-lost"), false, http.StatusConflict, ""},
+		{"other error", "POST", "/v1/sandboxes/sbx-1/resume", "", "", sandbox.Errorf(sandbox.Conflict, "sandbox sbx-1 is in state creating"), false, http.StatusConflict, ""},
+	} {
+		var body io.Reader
+		if tc.body != "" {
+			body = strings.NewReader(tc.body)
+		}
+		r := httptest.NewRequest(tc.method, tc.path, body)
+		r.Header.Set("X-Caller", "kept")
+		if tc.by != "" {
+			r.Header.Set(HeaderForwarded, tc.by)
+		}
+		if tc.path == "/files" {
+			r.Header.Set("E2b-Sandbox-Id", "sbx-1")
+			r.Header.Set("E2b-Sandbox-Port", "49983")
+		}
+		next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if tc.read {
+				io.ReadAll(r.Body)
+			}
+			r.Header.Del("X-Caller")
+			r.Header.Del("E2b-Sandbox-Id")
+			s.fail(w, r, tc.err)
+		})
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, r, next)
+		if w.Code != tc.want {
+			t.Errorf("%s: %d %s, want %d", tc.name, w.Code, w.Body, tc.want)
+			continue
+		}
+		if tc.want != http.StatusTeapot {
+			if !strings.Contains(w.Body.String(), "conflict") {
+				t.Errorf("%s: %s, want the handler's conflict", tc.name, w.Body)
+			}
+			continue
+		}
+		g := <-reached
+		wantHeader := "kept"
+		if tc.path == "/files" {
+			wantHeader += "sbx-1"
+		}
+		if g.path != tc.path || g.by != tc.wantBy || g.header != wantHeader || g.body != tc.body {
+			t.Errorf("%s: the owner got %+v; want path %s, %s %q, the caller's header, body %q", tc.name, g, tc.path, HeaderForwarded, tc.wantBy, tc.body)
+		}
+		if strings.Contains(w.Body.String(), "owned by") {
+			t.Errorf("%s: the handler's refusal reached the caller: %s", tc.name, w.Body)
+		}
+	}
+	if len(reached) != 0 {
+		t.Errorf("%d refused calls reached the owner", len(reached))
+	}
+}
+
+// TestForwardOwnerDown: a call for a sandbox whose owner (a live node by
+// its record) does not answer is 502 bad_gateway with Retry-After (the
+// owner counts as lost within the lease time and its sandboxes resume
+// elsewhere: a retry is the remedy), naming the node.
+func TestForwardOwnerDown(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // nothing listens there now
+	now := time.Now()
+	if err := db.PutNode(ctx, metadata.Node{Name: "node-b", Advertise: down.URL, StartedAt: now, HeartbeatAt: now, MemoryOvercommit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sb := &metadata.Sandbox{ID: "sbx-downowner01", State: sandbox.StateRunning, Owner: "node-b", Image: "base", MemoryMiB: 256, CreatedAt: now, StateChangedAt: now}
+	if err := db.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	f := &clusterFront{s: &Server{db: db, node: "node-c", log: defaultLogger()}}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Errorf("%s served here", r.URL.Path) })
+	w := httptest.NewRecorder()
+	f.ServeHTTP(w, httptest.NewRequest("GET", "/v1/sandboxes/"+sb.ID+"/files?path=/etc/hostname", nil), next)
+	if w.Code != http.StatusBadGateway || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), "bad_gateway") ||
+		!strings.Contains(w.Body.String(), strings.TrimPrefix(down.URL, "http://")) {
+		t.Errorf("forward to a node that does not answer: %d Retry-After %q %s; want 502 bad_gateway with Retry-After 5 naming it",
+			w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }

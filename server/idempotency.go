@@ -6,10 +6,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
@@ -29,8 +27,10 @@ import (
 // A retry with the key gets the sandboxes of the record, as they are now,
 // with the recorded status: it waits for a call with the key still running
 // in this server; after a crash that cut the call (no status recorded) it
-// answers the sandboxes that exist, or, when none was made, runs the call
-// with the recorded ids. A call that failed without making any sandbox
+// answers the sandboxes that exist, once usable (salvage: a clone the crash
+// left in state error is resumed from the fork's snapshot, a create's
+// sandbox left so is removed), or, when none is left, runs the call with the
+// recorded ids. A call that failed without making any sandbox
 // removes its record, so a retry runs again (a refusal of admission control
 // is retried this way). The same key with another call (method, path or
 // body) is 422 idempotency_key_reused.
@@ -122,9 +122,15 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 			return
 		}
 		// Recorded without a status and held by no call here: a crash cut
-		// the call. What it made is the answer; if it made nothing, it runs
+		// the call before it answered. What it made is the answer, once
+		// usable (salvage); if it made nothing, or nothing usable, it runs
 		// now with the recorded ids.
-		if made := s.existing(ctx, rec.SandboxIDs); len(made) > 0 {
+		made, err := s.salvage(ctx, rec.SandboxIDs)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if len(made) > 0 {
 			rec.Status = http.StatusCreated
 			if err := s.idem.db.FinishIdempotencyKey(context.WithoutCancel(ctx), key, rec.Status); err != nil {
 				s.fail(w, r, err)
@@ -135,7 +141,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		}
 		ids = rec.SandboxIDs
 	}
-	faultPoint("idempotency-claimed")
+	manager.FaultPoint("idempotency-claimed")
 	status, v, err := c.run(ctx, ids)
 	wctx := context.WithoutCancel(ctx)
 	if err != nil {
@@ -156,7 +162,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		// them (as after a crash).
 		s.log.Error("idempotency key: record the answer's status", "key", key, "err", err)
 	}
-	faultPoint("idempotency-recorded")
+	manager.FaultPoint("idempotency-recorded")
 	writeJSON(w, status, v)
 }
 
@@ -181,6 +187,44 @@ func (s *Server) replay(w http.ResponseWriter, r *http.Request, c idempotentCall
 		return
 	}
 	writeJSON(w, rec.Status, c.view(ctx, made))
+}
+
+// salvage makes usable what a call cut by a crash before its answer left
+// of sandboxes ids, and returns the ids that exist afterwards. A sandbox the
+// restart's reconcile put in state error ("create interrupted by server
+// restart", "lost on server restart") was never handed to anyone: one with a
+// snapshot to resume from (a fork's clone: the fork's snapshot) is resumed
+// from it, as the first call would have restored it; one without (a create's
+// sandbox, whose instance never ran to the end) is deleted, so that the call
+// makes it again under its recorded id. Errors: the resume's or the delete's
+// (the record keeps no status then, and the next retry tries again).
+func (s *Server) salvage(ctx context.Context, ids []string) ([]string, error) {
+	var out []string
+	for _, id := range ids {
+		sb, err := s.Manager.Get(ctx, id)
+		if err != nil {
+			continue // not made, or deleted
+		}
+		if sb.State != sandbox.StateError {
+			out = append(out, id)
+			continue
+		}
+		if sb.Snapshot == nil {
+			s.log.Info("idempotent retry: removing a sandbox its cut first call left unusable; the call makes it again",
+				"sandbox", id, "error_was", sb.Error)
+			if err := s.Manager.Delete(ctx, id); err != nil {
+				return nil, fmt.Errorf("idempotent retry: remove %s, which the first call left in state error (%s): %w", id, sb.Error, err)
+			}
+			continue
+		}
+		s.log.Info("idempotent retry: resuming a sandbox its cut first call left in state error", "sandbox", id,
+			"snapshot", sb.Snapshot.ID, "error_was", sb.Error)
+		if _, err := s.Manager.Resume(ctx, id); err != nil {
+			return nil, fmt.Errorf("idempotent retry: resume %s, which the first call left in state error (%s): %w", id, sb.Error, err)
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }
 
 // existing returns those of ids that name sandboxes (not deleted).
@@ -239,18 +283,5 @@ func (i *idempotency) expire(ctx context.Context, s *Server) {
 		s.log.Warn("idempotency keys: expiry failed", "err", err)
 	} else if n > 0 {
 		s.log.Debug("idempotency keys expired", "count", n)
-	}
-}
-
-// faultEnv names the environment variable that makes the server kill
-// itself (SIGKILL) at one named point, for crash tests (e2e): never set
-// otherwise.
-const faultEnv = "TORPOR_TEST_KILL_AT"
-
-// faultPoint kills the process when faultEnv names point.
-func faultPoint(point string) {
-	if os.Getenv(faultEnv) == point {
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
 	}
 }

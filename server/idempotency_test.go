@@ -211,6 +211,39 @@ func TestIdempotentAfterCrash(t *testing.T) {
 	if sb := sandboxOf(t, b); st != http.StatusCreated || sb.ID != made.ID || len(f.ids(t)) != len(before) {
 		t.Errorf("retry of a call cut after it made its sandbox: %d %s (sandboxes %v), want 201 with %s and nothing new", st, b, f.ids(t), made.ID)
 	}
+	// Cut while it made its sandbox: the restart left that one in state
+	// error. Two retries at once get one working sandbox under the recorded
+	// id (the remainder removed and made again), and nothing else is made.
+	broken := manager.NewSandboxID()
+	now := time.Now().UTC()
+	if err := f.srv.db.CreateSandbox(ctx, &metadata.Sandbox{ID: broken, State: sandbox.StateError, Error: "create interrupted by server restart",
+		Image: "tiny", MemoryMiB: 64, CPUs: 1, Generation: 99, Seq: 1, CreatedAt: now, StateChangedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.srv.db.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: "cut-during", RequestHash: hash("/v1/sandboxes", tinyCreate),
+		SandboxIDs: []string{broken}, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	before = f.ids(t)
+	var wg sync.WaitGroup
+	answers := make([][]byte, 2)
+	codes := make([]int, 2)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], _, answers[i] = f.post(t, "/v1/sandboxes", "cut-during", tinyCreate)
+		}()
+	}
+	wg.Wait()
+	for i, b := range answers {
+		if sb := sandboxOf(t, b); codes[i] != http.StatusCreated || sb.ID != broken || sb.State != apiv1.StateRunning {
+			t.Errorf("retry %d of a create cut while it made its sandbox: %d %s, want 201 with %s running", i, codes[i], b, broken)
+		}
+	}
+	if after := f.ids(t); len(after) != len(before) {
+		t.Errorf("sandboxes after the two retries: %v, before %v: want as many (the remainder replaced)", after, before)
+	}
 	// Expiry: a record older than a day is gone, the key makes a new sandbox.
 	if _, _, err := f.srv.db.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: "old", RequestHash: hash("/v1/sandboxes", tinyCreate),
 		SandboxIDs: []string{made.ID}, Status: 201, CreatedAt: time.Now().Add(-IdempotencyKeyTTL - time.Minute)}); err != nil {

@@ -2,9 +2,14 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
@@ -12,6 +17,7 @@ import (
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/watchdog"
 )
 
 // startNode registers the server as node cfg.Node (default node.DefaultName)
@@ -20,7 +26,8 @@ import (
 // overcommit ratio mgr admits at, and heartbeats the load of the sandboxes
 // in db, with the memory mgr has committed (Manager.CommittedMiB): placement
 // judges a node's room by admission control's rule (node.HasRoom).
-func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg Config) (*node.Heartbeat, error) {
+// renewed, if set, is called with each heartbeat written (node.Config.Renewed).
+func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg Config, renewed func(time.Time)) (*node.Heartbeat, error) {
 	name, adv := cfg.Node, cfg.Advertise
 	if adv == "" {
 		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
@@ -32,7 +39,7 @@ func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg
 	lim := mgr.Limits()
 	capacity.MemoryMiB = lim.HostMemoryBytes >> 20
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, MemoryOvercommit: lim.MemoryOvercommit,
-		Logger: cfg.Logger,
+		Logger: cfg.Logger, Renewed: renewed,
 		Load: func(ctx context.Context) (metadata.NodeResources, error) {
 			load, err := sandboxLoad(ctx, db, name)
 			if err != nil {
@@ -112,4 +119,88 @@ func (s *Server) wireNode(n metadata.Node, now time.Time) apiv1.Node {
 	return apiv1.Node{Name: n.Name, Advertise: n.Advertise, State: string(node.StateOf(n, now)),
 		Capacity: apiv1.NodeResources(n.Capacity), Load: apiv1.NodeResources(n.Load), MemoryOvercommit: n.MemoryOvercommit,
 		StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt, Self: n.Name == s.node}
+}
+
+// startWatchedNode registers a cluster node (cfg.Database PostgreSQL) before
+// its server reconciles, watched (package watchdog; docs/multi-host.md#the-watchdog):
+//
+//   - with its own gVisor engine (cfg.Engines nil) the server first starts
+//     its watchdog (cfg.Executable's serve-watchdog), which stops the
+//     data directory's instances if the server dies and no new server
+//     heartbeats by its last heartbeat + node.SelfFenceAfter; each heartbeat
+//     written is sent to it and recorded in DATA_DIR/heartbeat;
+//   - the registration (the node's first heartbeat) is written and recorded
+//     under the handover lock (watchdog.LockHandover): an earlier server's
+//     watchdog either sees it and leaves the instances to this server, or
+//     has stopped them before this server lists them;
+//   - a registration that completes after the node's previous heartbeat +
+//     node.SelfFenceAfter (watchdog.LateRegistration) stops the sandboxes'
+//     instances left on the host before Reconcile: the earlier watchdog's
+//     time has come, and the other nodes may declare the node lost.
+//
+// Errors: the watchdog's start, the handover lock not taken within a minute,
+// the database's, the registration's.
+func startWatchedNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg Config, dir string) (*node.Heartbeat, *watchdog.Handle, error) {
+	var wd *watchdog.Handle
+	var renewed func(time.Time)
+	if cfg.Engines == nil {
+		exe := cfg.Executable
+		if exe == "" {
+			var err error
+			if exe, err = os.Executable(); err != nil {
+				return nil, nil, fmt.Errorf("watchdog: %w", err)
+			}
+		}
+		runsc, err := exec.LookPath(cfg.RunscPath)
+		if err == nil {
+			runsc, err = filepath.Abs(runsc)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("watchdog: runsc %q: %w", cfg.RunscPath, err)
+		}
+		wd, err = watchdog.Start(watchdog.StartConfig{Config: watchdog.Config{DataDir: dir, Runsc: runsc, Node: cfg.Node}, Executable: exe}, cfg.Logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Logger.Info("cluster: watchdog started: if this server dies, the instances here are stopped before the node's lease runs out unless a new server heartbeats",
+			"node", cfg.Node, "watchdog_pid", wd.Pid(), "log", filepath.Join(dir, watchdog.LogFile), "after", node.SelfFenceAfter)
+		renewed = wd.Heartbeat
+	}
+	release := func() {
+		if wd != nil {
+			wd.Release(false)
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	unlock, err := watchdog.LockHandover(lctx, dir)
+	cancel()
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	var prev time.Time
+	if n, err := db.GetNode(ctx, cfg.Node); err == nil {
+		prev = n.HeartbeatAt
+	} else if !errors.Is(err, metadata.ErrNotFound) {
+		unlock()
+		release()
+		return nil, nil, err
+	}
+	hb, err := startNode(ctx, db, mgr, cfg, renewed)
+	registered := time.Now()
+	unlock()
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	if watchdog.LateRegistration(prev, registered) {
+		sctx, scancel := context.WithTimeout(ctx, time.Minute)
+		stopped := mgr.StopInstances(sctx)
+		scancel()
+		if len(stopped) > 0 {
+			cfg.Logger.Warn("cluster: registered later than the self-fence time after the node's last heartbeat: the instances left on this host were stopped before reconciling (the other nodes may declare the node lost; its sandboxes resume from their last snapshots)",
+				"node", cfg.Node, "last_heartbeat", prev, "registered", registered, "after", node.SelfFenceAfter, "sandboxes", strings.Join(stopped, ","))
+		}
+	}
+	return hb, wd, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/internal/ingress"
 	"github.com/torpor/torpor/manager"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/chunked"
@@ -35,9 +36,7 @@ const maxJSONBody = 1 << 20
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-	})
+	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -179,7 +178,8 @@ var kindStatus = map[sandbox.Kind]struct {
 
 // classify maps an error to its HTTP status and API code: a sandbox.Error by
 // its Kind; the image store's and the snapshot store's own errors (the server
-// calls the image store directly) and ended contexts by what they mean;
+// calls the image store directly), the metadata store's record gone (404) or
+// changed by another node (409) and ended contexts by what they mean;
 // anything else is 500 internal.
 func classify(err error) (int, string) {
 	var se *sandbox.Error
@@ -189,8 +189,13 @@ func classify(err error) (int, string) {
 	case errors.As(err, &se) && se.Kind != sandbox.Internal:
 		ks := kindStatus[se.Kind]
 		return ks.status, ks.code
-	case errors.Is(err, image.ErrNotFound):
+	case errors.Is(err, image.ErrNotFound), errors.Is(err, metadata.ErrNotFound):
+		// metadata.ErrNotFound: a record another node deleted meanwhile.
 		return http.StatusNotFound, apiv1.CodeNotFound
+	case errors.Is(err, metadata.ErrStale):
+		// A record another node changed meanwhile, under every retry of
+		// the call's: the caller retries.
+		return http.StatusConflict, apiv1.CodeConflict
 	case errors.Is(err, image.ErrInvalid):
 		return http.StatusBadRequest, apiv1.CodeInvalidArgument
 	case errors.Is(err, chunked.ErrOwnedElsewhere):
@@ -208,7 +213,7 @@ func classify(err error) (int, string) {
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	if s.forwardToOwner(w, r, err) {
+	if s.refer(r, err) {
 		return
 	}
 	status, code := classify(err)
@@ -555,6 +560,9 @@ const (
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err := s.Manager.WriteFile(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"), r.Body, r.ContentLength); err != nil {
+		if s.refer(r, err) {
+			return // the owner gets the body, unread
+		}
 		// An upload cut short leaves its body unread. The rest is read and
 		// dropped first (up to uploadDrainMax bytes, for up to
 		// uploadDrainWait), so that a client still sending gets the answer
@@ -695,6 +703,9 @@ func (s *Server) proxy() http.Handler {
 // (ingress.ErrNoAnswer), logged as a warning; other errors as classify says,
 // a 5xx logged as an error.
 func (s *Server) failPortProxy(w http.ResponseWriter, r *http.Request, err error) {
+	if s.refer(r, err) {
+		return
+	}
 	status, code := classify(err)
 	switch {
 	case status == http.StatusInternalServerError && (isDialError(err) || errors.Is(err, ingress.ErrNoAnswer)):

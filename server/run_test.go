@@ -27,3 +27,25 @@ func TestRunBusyAddressSetsUpNothing(t *testing.T) {
 		t.Errorf("the data directory %s exists after the failed start (%v)", dir, err)
 	}
 }
+
+// TestNewUnreachableDatabaseLeavesNoDataDir: a start refused because its
+// PostgreSQL database cannot be reached removes the data directory it made
+// (the cluster trial found a new directory with a lock file after each such
+// refusal).
+func TestNewUnreachableDatabaseLeavesNoDataDir(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now: the connection is refused
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := New(context.Background(), Config{DataDir: dir, Listen: "127.0.0.1:0", Database: "postgres://torpor@" + addr + "/torpor?connect_timeout=5"})
+	if err == nil {
+		s.Close()
+		t.Fatal("New with an unreachable database succeeded")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the data directory %s exists after the refused start (%v)", dir, err)
+	}
+}

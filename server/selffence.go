@@ -243,3 +243,17 @@ func (s *Server) refuseFenced(w http.ResponseWriter, r *http.Request) bool {
 	}
 	return true
 }
+
+// healthz answers GET /healthz: 200 {"ok": true} while the node serves,
+// 503 {"ok": false, "reason": …} with Retry-After (one heartbeat) while it
+// refuses every sandbox call (self-fenced, its node lock not held, or taken
+// by another server: refuseFenced's reasons), so that a load balancer sends
+// its traffic to the other nodes meanwhile.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if why := s.fence.fenced(s.node); why != "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ok": false, "reason": why})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}

@@ -28,8 +28,9 @@ func (l *fakeLocker) KeepServerLock(context.Context) (bool, error) {
 
 // TestNodeLockRefuses: a node that finds its node lock's session gone and
 // cannot take the lock again refuses calls about sandboxes (503,
-// Retry-After, naming the cause and since when) until a check takes the
-// lock again; a lock held all along changes nothing.
+// Retry-After, naming the cause and since when), and /healthz answers 503
+// with the same reason, until a check takes the lock again; a lock held all
+// along changes nothing (/healthz 200).
 func TestNodeLockRefuses(t *testing.T) {
 	gone := errors.New("metadata: server lock: connect: connection refused")
 	l := &fakeLocker{answers: []fakeLock{{false, nil}, {false, gone}, {false, gone}, {true, nil}}}
@@ -49,11 +50,19 @@ func TestNodeLockRefuses(t *testing.T) {
 			t.Errorf("check %d: %v", i, err)
 		}
 		w := call("/v1/sandboxes/sbx-1")
+		hw := httptest.NewRecorder()
+		s.healthz(hw, httptest.NewRequest("GET", "/healthz", nil))
 		if want == "" {
 			if w.Code != 0 {
 				t.Errorf("check %d: a sandbox call answered %d %s; want served", i, w.Code, w.Body)
 			}
+			if hw.Code != http.StatusOK {
+				t.Errorf("check %d: /healthz answered %d %s; want 200", i, hw.Code, hw.Body)
+			}
 			continue
+		}
+		if hw.Code != http.StatusServiceUnavailable || hw.Header().Get("Retry-After") != "5" || !strings.Contains(hw.Body.String(), want) {
+			t.Errorf("check %d: /healthz answered %d %q %s; want 503 with %q", i, hw.Code, hw.Header().Get("Retry-After"), hw.Body, want)
 		}
 		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "5" ||
 			!strings.Contains(w.Body.String(), want) ||

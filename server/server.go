@@ -15,6 +15,8 @@
 //	guest/<sha256>/  guest agent binaries, mounted read-only at /.torpor
 //	gvisor/          runsc state, bundles and logs
 //	e2b-secret       the key of the E2B envdAccessTokens' HMAC (api/e2b.LoadSecret)
+//	heartbeat, watchdog.lock, watchdog.log
+//	                 with a PostgreSQL Database: the node's watchdog's (package watchdog)
 package server
 
 import (
@@ -23,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net"
@@ -53,6 +56,7 @@ import (
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/snapshot/chunked"
+	"github.com/torpor/torpor/watchdog"
 )
 
 // Config configures a server.
@@ -120,6 +124,11 @@ type Config struct {
 	// itself. Listen's address, when it is a specific one, is added to the
 	// addresses no sandbox reaches.
 	Egress *sandboxnet.EgressConfig
+	// Executable is the torpor binary whose hidden `serve-watchdog` command
+	// runs the node's watchdog (package watchdog), started with a
+	// PostgreSQL Database when the server makes its own gVisor engine
+	// (Engines nil); default os.Executable().
+	Executable string
 	// PreparedContainers is how many containers the gVisor engine keeps
 	// created ahead of time for resumes (gvisor.Config.PreparedContainers;
 	// docs/operations.md); 0 = none. Unused with Engines set.
@@ -164,6 +173,9 @@ type Server struct {
 	// exits with (Run).
 	locker serverLocker
 	fatal  chan error
+	// watchdog is the node's watchdog (cluster mode with the server's own
+	// gVisor engine; nil otherwise): released by Close.
+	watchdog *watchdog.Handle
 
 	// AuthRequired says whether requests need an API key (Config.Auth resolved).
 	AuthRequired bool
@@ -211,16 +223,28 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := checkStoreConfig(dir, cfg.Store); err != nil {
 		return nil, err
 	}
+	// A data directory this start makes is removed again if the start fails
+	// (a database that cannot be reached, a refused node lock, …): a refused
+	// start leaves none behind.
+	_, statErr := os.Stat(dir)
+	made := errors.Is(statErr, fs.ErrNotExist)
+	unmake := func() {
+		if made {
+			os.RemoveAll(dir)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", dir, err)
 	}
 	lock, err := lockDataDir(dir)
 	if err != nil {
+		unmake()
 		return nil, err
 	}
 	db, err := openServerDatabase(ctx, dir, cfg.Database, cfg.Node)
 	if err != nil {
 		lock.Close()
+		unmake()
 		return nil, err
 	}
 	var closeStore func() error
@@ -230,6 +254,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		db.Close()
 		lock.Close()
+		unmake()
 		return nil, err
 	}
 	images, err := image.Open(filepath.Join(dir, "images"), db)
@@ -298,20 +323,35 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return fail(err)
 	}
 	reg.MustRegister(manager.NewStateCollector(mgr), manager.NewStoreCollector(mgr))
+	var heartbeat *node.Heartbeat
+	var wd *watchdog.Handle
+	failStarted := fail
+	fail = func(err error) (*Server, error) {
+		if heartbeat != nil {
+			heartbeat.Stop()
+		}
+		if wd != nil {
+			wd.Release(false) // it stops what is left at the self-fence time
+		}
+		return failStarted(err)
+	}
+	if cfg.Database != "" {
+		// A cluster node registers (and is watched) before it reattaches
+		// anything: startWatchedNode.
+		if heartbeat, wd, err = startWatchedNode(ctx, db, mgr, cfg, dir); err != nil {
+			return fail(err)
+		}
+	}
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fail(err)
 	}
-	heartbeat, err := startNode(ctx, db, mgr, cfg)
-	if err != nil {
-		return fail(err)
-	}
-	failStarted := fail
-	fail = func(err error) (*Server, error) {
-		heartbeat.Stop()
-		return failStarted(err)
+	if heartbeat == nil {
+		if heartbeat, err = startNode(ctx, db, mgr, cfg, nil); err != nil {
+			return fail(err)
+		}
 	}
 	s := &Server{Manager: mgr, Images: images, Engines: engines, Engine: engines.Default(), StoreKind: cfg.Store.Kind, db: db, log: cfg.Logger, reg: reg, closeStore: closeStore, lock: lock, dataDir: cfg.DataDir,
-		heartbeat: heartbeat, node: heartbeat.Name(), fatal: make(chan error, 1),
+		heartbeat: heartbeat, node: heartbeat.Name(), fatal: make(chan error, 1), watchdog: wd,
 		AuthRequired: authRequired, keys: apikey.NewVerifier(db, apikey.Config{Logger: cfg.Logger}), idem: idempotency{db: db}}
 	secretPath := filepath.Join(dir, "e2b-secret")
 	secret, err := e2b.LoadSecret(secretPath)
@@ -329,7 +369,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		e2bKeys = s.keys
 	}
 	if s.e2b, err = e2b.New(e2b.Config{Manager: mgr, Images: images, Keys: e2bKeys, Secret: secret,
-		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger}); err != nil {
+		Domain: cfg.E2B.Domain, Ingress: s.ingress, Logger: cfg.Logger, Refer: s.refer}); err != nil {
 		return fail(err)
 	}
 	s.handler = s.routes()
@@ -427,8 +467,10 @@ func (s *Server) Verifier() *apikey.Verifier { return s.keys }
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close closes the database. Running sandboxes keep running; the next server on
-// the same data directory reattaches them. Prepared containers are removed
-// (manager.DiscardPrepared).
+// the same data directory reattaches them — on a shared database only if it
+// heartbeats within node.SelfFenceAfter of this server's last heartbeat, else
+// the watchdog stops them (released here; it exits at once when no instance is
+// left). Prepared containers are removed (manager.DiscardPrepared).
 func (s *Server) Close() error {
 	if s.stopLC != nil {
 		s.stopLC()
@@ -441,12 +483,26 @@ func (s *Server) Close() error {
 	if s.heartbeat != nil {
 		s.heartbeat.Stop()
 	}
+	if s.watchdog != nil {
+		s.watchdog.Release(s.noInstances(context.Background()))
+	}
 	if s.closeStore != nil {
 		s.closeStore()
 	}
 	err := s.db.Close()
 	s.lock.Close()
 	return err
+}
+
+// noInstances says whether no engine lists an instance (false when one
+// cannot list).
+func (s *Server) noInstances(ctx context.Context) bool {
+	for _, e := range s.Engines.All() {
+		if infos, err := e.List(ctx); err != nil || len(infos) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // lockDataDir takes the data directory's lock: an exclusive flock(2) on the

@@ -116,6 +116,17 @@ type Store interface {
 	Recover(ctx context.Context) error
 }
 
+// Releaser is a Store told when the restores that an Open returned a
+// directory to are done with it (their engine has opened the files), so that
+// it may remove the directory at once: snapshot/chunked does so with an
+// encryption key, since the files are plain text of a sandbox's memory. Every
+// successful Open is followed by one Release of its id, after the last
+// restore from it returned (or failed); Opens of one id may overlap, and the
+// directory stays until the last is released.
+type Releaser interface {
+	Release(id string)
+}
+
 // AsyncStore is a Store that can also commit a snapshot before its bytes reach
 // the durable tier (snapshot/chunked with an outbox in front of its backend).
 type AsyncStore interface {

@@ -45,6 +45,10 @@ func (s *Service) Front(next http.Handler) http.Handler {
 			refuse(w, r, http.StatusBadRequest, connect.CodeInvalidArgument, err.Error())
 			return
 		}
+		if !ok && s.cfg.Domain == "" && namesSandboxHost(r.Host) {
+			refuse(w, r, http.StatusNotFound, connect.CodeNotFound, fmt.Sprintf("host %q names a sandbox's port, but this server routes by host name only when started with `torpor serve --e2b-domain DOMAIN` (for hosts {port}-{id}.DOMAIN); or send the %s and %s headers (E2B_SANDBOX_URL)", r.Host, HeaderSandboxID, HeaderSandboxPort))
+			return
+		}
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
@@ -138,6 +142,9 @@ func reachable(id string, st manager.RequestState) error {
 // (what the SDKs make of E2B's 502) and failed_precondition, with the
 // message, for a paused one. Other failures are answered as by fail.
 func (s *Service) failInSandbox(w http.ResponseWriter, r *http.Request, err error) {
+	if s.referred(r, err) {
+		return // another node owns the sandbox: the call goes there
+	}
 	switch sandbox.KindOf(err) {
 	case sandbox.NotFound:
 		s.log.Debug("e2b: in-sandbox request to a sandbox not running", "path", r.URL.Path, "err", err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -65,4 +66,18 @@ func parsePort(s string) (int, error) {
 		return 0, fmt.Errorf("want a port number 1 to 65535")
 	}
 	return p, nil
+}
+
+// sandboxHostRE matches a host name that reads as "<port>-<sandboxID>.…" with
+// one of torpor's sandbox ids: a request for a sandbox's port by host name.
+var sandboxHostRE = regexp.MustCompile(`^[0-9]{1,5}-sbx-[a-z0-9]{12}\.`)
+
+// namesSandboxHost reports whether host (a ":port" after it ignored) reads as
+// a sandbox's "<port>-<sandboxID>.<domain>" whatever the domain: Front's hint
+// for a server started without a domain, which cannot route by host name.
+func namesSandboxHost(host string) bool {
+	if hostOnly, _, err := net.SplitHostPort(host); err == nil {
+		host = hostOnly
+	}
+	return sandboxHostRE.MatchString(strings.ToLower(host))
 }

@@ -44,3 +44,22 @@ func TestRouteOf(t *testing.T) {
 		t.Error("no domain configured: a host name routed")
 	}
 }
+
+// TestNamesSandboxHost: the host names Front answers with the --e2b-domain
+// hint on a server started without a domain.
+func TestNamesSandboxHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"8000-sbx-abcdefghij12.sandboxes.example.org": true,
+		"49983-SBX-abcdefghij12.example.com:443":      true,
+		"127.0.0.1:7070":                              false,
+		"api.example.com":                             false,
+		"my-app.example.com":                          false,
+		"8000-sbx-short.example.com":                  false,
+		"x.8000-sbx-abcdefghij12.example.com":         false,
+		"8000-sbx-abcdefghij12":                       false,
+	} {
+		if got := namesSandboxHost(host); got != want {
+			t.Errorf("namesSandboxHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}

@@ -51,6 +51,11 @@ type Config struct {
 	// Ingress forwards in-sandbox requests (shared with torpor's port proxy).
 	Ingress *ingress.Proxy
 	Logger  *slog.Logger
+	// Refer, if set, is asked first by every failure path with the call's
+	// error: true means that the server sends the call to the node that
+	// owns the sandbox (err a *manager.NotOwnerError) and nothing is to be
+	// written (the cluster front's referral, server.Server.refer).
+	Refer func(r *http.Request, err error) bool
 }
 
 // Service serves E2B's control plane and routes in-sandbox requests (envd
@@ -179,7 +184,8 @@ func replyError(w http.ResponseWriter, status int, msg string) {
 // StatusOf is the HTTP status of an error of the manager (or of this
 // package) in E2B's form: a sandbox.Error by its Kind (NotFound 404,
 // InvalidArgument 400, Conflict 409, SnapshotCorrupt 422, Unavailable 503);
-// an ended context 503; a refused dial into a sandbox, or a server there that
+// an ended context 503; a metadata record another node deleted meanwhile
+// 404, or changed under every retry 409; a refused dial into a sandbox, or a server there that
 // closed the connection without answering (ingress.ErrNoAnswer), 502;
 // anything else 500.
 func StatusOf(err error) int {
@@ -202,6 +208,10 @@ func StatusOf(err error) int {
 		}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, metadata.ErrNotFound): // deleted through another node meanwhile
+		return http.StatusNotFound
+	case errors.Is(err, metadata.ErrStale): // changed through another node under each retry
+		return http.StatusConflict
 	case isDialError(err), errors.Is(err, ingress.ErrNoAnswer):
 		return http.StatusBadGateway
 	}
@@ -215,6 +225,9 @@ func isDialError(err error) bool {
 
 // fail answers err in E2B's form, logging internal errors.
 func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if s.referred(r, err) {
+		return
+	}
 	status := StatusOf(err)
 	if status >= 500 && status != http.StatusBadGateway && status != http.StatusServiceUnavailable {
 		s.log.Error("e2b request failed", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -225,6 +238,11 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		w.Header().Set("Retry-After", strconv.Itoa(n))
 	}
 	replyError(w, status, err.Error())
+}
+
+// referred says whether Config.Refer took the call that failed with err.
+func (s *Service) referred(r *http.Request, err error) bool {
+	return s.cfg.Refer != nil && s.cfg.Refer(r, err)
 }
 
 // Fail answers err in E2B's form, as the service's own handlers do (the

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/internal/ingress"
+	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/sandbox"
 )
@@ -170,6 +171,8 @@ func TestStatusOf(t *testing.T) {
 		{context.Canceled, http.StatusServiceUnavailable},
 		{&net.OpError{Op: "dial", Err: errors.New("refused")}, http.StatusBadGateway},
 		{fmt.Errorf("%w (%w)", ingress.ErrNoAnswer, io.EOF), http.StatusBadGateway},
+		{fmt.Errorf("sandbox sbx-1: %w", metadata.ErrNotFound), http.StatusNotFound},
+		{fmt.Errorf("sandbox sbx-1 version 4 (stored: 5): %w", metadata.ErrStale), http.StatusConflict},
 		{errors.New("boom"), http.StatusInternalServerError},
 	} {
 		if got := StatusOf(c.err); got != c.want {

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/torpor/torpor/engine"
@@ -103,6 +104,11 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 		env = append(env, k+"="+spec.Env[k])
 	}
 	caps := map[string][]string{"bounding": defaultCaps, "effective": defaultCaps, "permitted": defaultCaps}
+	if spec.AgentPidsExempt && spec.PidsLimit > 0 {
+		// limits.go: the agent takes it out of its bounding set at once.
+		agent := append(slices.Clip(defaultCaps), "CAP_SYS_RESOURCE")
+		caps = map[string][]string{"bounding": agent, "effective": agent, "permitted": agent}
+	}
 	res := &ociResources{}
 	if spec.MemoryMiB > 0 {
 		res.Memory = &ociMemory{Limit: int64(spec.MemoryMiB) << 20}
@@ -131,6 +137,11 @@ func (e *Engine) ociSpec(spec engine.Spec, p sandboxnet.Pair) ociSpec {
 	if spec.TmpMiB > 0 {
 		mounts = append(mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"mode=1777", fmt.Sprintf("size=%dm", spec.TmpMiB)}})
+	}
+	if spec.ShmMiB > 0 {
+		// After /dev, on which it is mounted.
+		mounts = append(mounts, ociMount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
+			Options: []string{"mode=1777", "nosuid", "nodev", fmt.Sprintf("size=%dm", spec.ShmMiB)}})
 	}
 	// The CPU quota is not in the spec: runsc would apply it before the sandbox
 	// boots, and a restore (seccomp compilation and page loading run in parallel)

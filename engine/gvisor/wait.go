@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -53,7 +56,7 @@ func (e *Engine) Wait(ctx context.Context, id string) (engine.ExitStatus, error)
 		// The sandbox process runsc recorded is gone (or a zombie) and nothing
 		// of the instance runs: it has exited, e.g. killed in the moment
 		// between its start and this call.
-		return engine.ExitStatus{What: fmt.Sprintf("the sandbox's process (host pid %d)", exited)}, nil
+		return e.exitStatus(id, exited), nil
 	}
 	if pid == 0 {
 		return engine.ExitStatus{}, fmt.Errorf("gvisor: wait %s: no sandbox process: %w", id, engine.ErrNotRunning)
@@ -61,7 +64,39 @@ func (e *Engine) Wait(ctx context.Context, id string) (engine.ExitStatus, error)
 	if err := waitExit(ctx, pid); err != nil {
 		return engine.ExitStatus{}, fmt.Errorf("gvisor: wait %s: sandbox process %d: %w", id, pid, err)
 	}
-	return engine.ExitStatus{What: fmt.Sprintf("the sandbox's process (host pid %d)", pid)}, nil
+	return e.exitStatus(id, pid), nil
+}
+
+// exitStatus is the ExitStatus of runsc container rid, whose sandbox process
+// pid exited, with the kill counters of its cgroup, which stays until the
+// container is deleted: the memory controller's oom_kill (cgroup v1
+// memory.oom_control, v2 memory.events) and the pids controller's max
+// (pids.events). Counted is false when either cannot be read.
+func (e *Engine) exitStatus(rid string, pid int) engine.ExitStatus {
+	st := engine.ExitStatus{What: fmt.Sprintf("the sandbox's process (host pid %d)", pid)}
+	rel := e.cgroupPath(rid)
+	oom, okOOM := cgroupCounter("oom_kill", filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"), filepath.Join("/sys/fs/cgroup", rel, "memory.events"))
+	max, okPids := cgroupCounter("max", filepath.Join("/sys/fs/cgroup/pids", rel, "pids.events"), filepath.Join("/sys/fs/cgroup", rel, "pids.events"))
+	st.Counted, st.OOMKills, st.PidsMax = okOOM && okPids, oom, max
+	return st
+}
+
+// cgroupCounter reads the "key N" line of the first of files that exists.
+func cgroupCounter(key string, files ...string) (int, bool) {
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, key+" "); ok {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				return n, err == nil
+			}
+		}
+		return 0, false
+	}
+	return 0, false
 }
 
 // waitExit blocks until process pid (not necessarily a child) has exited, or

@@ -79,13 +79,15 @@ func Run(ctx context.Context, addr string) error {
 	if lg != nil {
 		lg.Printf("pid %d listening on %s", os.Getpid(), ln.Addr())
 	}
-	// gVisor makes /dev/shm a directory of mode 0755 on the /dev tmpfs; POSIX
-	// shared memory and semaphores (Python's multiprocessing, Chromium) need
-	// it writable by every user, as Linux distributions mount it (1777). A
-	// /dev/shm mount in the OCI spec would do it too, but runsc's restore
-	// refuses a spec whose mounts differ from the checkpoint's, so snapshots
-	// taken before would no longer resume. The mode is in sandbox memory and
-	// kept by every checkpoint.
+	keepPidsExemption(lg) // before any command starts (pids.go)
+	// POSIX shared memory and semaphores (Python's multiprocessing, Chromium)
+	// need /dev/shm writable by every user, as Linux distributions mount it
+	// (1777). torpor's sandboxes get a sized tmpfs of that mode there
+	// (engine.Spec ShmMiB); without one (ShmMiB 0; and sandboxes made before
+	// it keep what they had, as runsc's restore refuses a spec whose mounts
+	// differ from the checkpoint's) gVisor makes it a directory of mode 0755
+	// on the /dev tmpfs, which gets the mode here. The mode is in sandbox
+	// memory and kept by every checkpoint.
 	if err := os.Chmod(DevShm, os.ModeSticky|0o777); err != nil && lg != nil && !errors.Is(err, os.ErrNotExist) {
 		lg.Printf("chmod %s: %v", DevShm, err)
 	}

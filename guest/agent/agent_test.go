@@ -179,19 +179,24 @@ func TestExecStreamsAsItArrives(t *testing.T) {
 	if d := time.Since(start); d > 700*time.Millisecond {
 		t.Fatalf("first chunk took %v: not streamed", d)
 	}
+	if last := lastEvent(t, st); last.ExitCode == nil || *last.ExitCode != 0 {
+		t.Fatalf("last event %+v", last)
+	}
+}
+
+// lastEvent reads st to its end and returns its last event.
+func lastEvent(t *testing.T, st *agentclient.ExecStream) proto.ExecEvent {
+	t.Helper()
 	var last proto.ExecEvent
 	for {
 		ev, err := st.Next()
 		if err == io.EOF {
-			break
+			return last
 		}
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("stream: %v", err)
 		}
 		last = ev
-	}
-	if last.ExitCode == nil || *last.ExitCode != 0 {
-		t.Fatalf("last event %+v", last)
 	}
 }
 
@@ -219,6 +224,51 @@ func TestExecTimeout(t *testing.T) {
 		t.Fatalf("grandchild pid: %v", perr)
 	}
 	waitDead(t, pid, 2*time.Second)
+}
+
+// TestExecTimeoutCountsTheWaitToStart: TimeoutS bounds the call from its
+// arrival, also while the command cannot start yet (the reaper's lock held, as
+// a fork that is slow to return holds it): the call answers 124 saying the
+// command had not started, and the command never runs.
+func TestExecTimeoutCountsTheWaitToStart(t *testing.T) {
+	c := startAgent(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	release := agent.HoldReaper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, stderr, code, err := c.Run(ctx, proto.ExecRequest{Cmd: []string{"touch", marker}, TimeoutS: 0.3})
+	release()
+	if err != nil || code != 124 || !strings.Contains(string(stderr), "torpor: timeout after 0.3s (the command had not started") {
+		t.Fatalf("exec that could not start within its timeout: code %d err %v stderr %q, want 124 and the reason", code, err, stderr)
+	}
+	if out, _, code, err := c.Run(context.Background(), proto.ExecRequest{Cmd: []string{"echo", "next"}}); err != nil || code != 0 || string(out) != "next\n" {
+		t.Fatalf("the next exec: %q %d %v", out, code, err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Errorf("the timed-out command ran after all (%v)", err)
+	}
+}
+
+// TestExecTimeoutDoesNotWaitForTheReaper: once TimeoutS ran out and the
+// command's group is killed, the call answers 124 even while its exit status
+// cannot be collected (the reaper's lock held).
+func TestExecTimeoutDoesNotWaitForTheReaper(t *testing.T) {
+	c := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := c.Exec(ctx, proto.ExecRequest{Cmd: []string{"sh", "-c", "echo started; exec sleep 30"}, TimeoutS: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if ev, err := st.Next(); err != nil || string(ev.Data) != "started\n" {
+		t.Fatalf("first event %+v %v", ev, err)
+	}
+	release := agent.HoldReaper()
+	defer release()
+	if last := lastEvent(t, st); last.ExitCode == nil || *last.ExitCode != 124 {
+		t.Fatalf("last event %+v, want exit code 124", last)
+	}
 }
 
 func TestExecLeavesBackgroundChildrenRunning(t *testing.T) {
@@ -415,6 +465,8 @@ func TestFiles(t *testing.T) {
 		{"write relative", c.WriteFile(ctx, "rel/path", strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
 		{"read missing", readErr(c, filepath.Join(dir, "missing")), 404, proto.CodeNotFound},
 		{"read directory", readErr(c, dir), 400, proto.CodeInvalidArgument},
+		// A named pipe with no writer: refused at once, not a read that waits.
+		{"read named pipe", readErr(c, mkfifo(t, filepath.Join(dir, "fifo"))), 400, proto.CodeInvalidArgument},
 		{"write directory", c.WriteFile(ctx, dir, strings.NewReader("x"), 1), 400, proto.CodeInvalidArgument},
 	} {
 		if !errors.As(tc.err, &e) || e.Status != tc.status || e.Code != tc.code {
@@ -482,4 +534,13 @@ func TestExecLatency(t *testing.T) {
 	if d := dials.Load() - before; d != 0 {
 		t.Fatalf("%d new connections for %d sequential execs: keep-alive not reused", d, n)
 	}
+}
+
+// mkfifo makes a named pipe at p and returns p.
+func mkfifo(t *testing.T, p string) string {
+	t.Helper()
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -19,7 +19,11 @@
 //	       {"exit_code":N}                                  last line
 //	     The command's exit code is N; 128+sig when killed by signal sig; 124 when
 //	     TimeoutS ran out (the whole process group is killed with SIGKILL and a final
-//	     stderr chunk "torpor: timeout after <TimeoutS>s\n" is sent first).
+//	     stderr chunk "torpor: timeout after <TimeoutS>s\n" is sent first). TimeoutS
+//	     counts from the request's arrival, the wait to fork included (a command
+//	     that had not started by then never does; the chunk then adds "(the
+//	     command had not started: …)"), and the answer does not wait for the
+//	     killed process's exit status more than 500 ms.
 //	     A command that cannot be started (not found, bad cwd, …) gives 200 and the
 //	     single line {"error":"…","exit_code":127}. Background:true starts the command
 //	     in its own session with stdin /dev/null and stdout+stderr appended to

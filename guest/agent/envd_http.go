@@ -86,21 +86,19 @@ func (e *envd) handleGetFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hp := e.host(p)
-	f, err := os.Open(hp)
+	f, st, err := openForRead(hp)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
 			envdHTTPError(w, http.StatusNotFound, fmt.Sprintf("path '%s' does not exist", p))
-			return
+		case errors.Is(err, errNotReadable):
+			envdHTTPError(w, http.StatusBadRequest, fmt.Sprintf("path '%s' is not a file that can be read whole (a named pipe or a socket)", p))
+		default:
+			e.envdHTTPFail(w, err)
 		}
-		e.envdHTTPFail(w, err)
 		return
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		e.envdHTTPFail(w, err)
-		return
-	}
 	if st.IsDir() {
 		envdHTTPError(w, http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", p))
 		return

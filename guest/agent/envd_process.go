@@ -271,7 +271,7 @@ func (e *envd) startProc(u *envdUser, req *process.StartRequest, deadline time.T
 	}
 	attr := &syscall.ProcAttr{Dir: hcwd, Env: env, Files: files, Sys: sys}
 	argv := append([]string{cfg.GetCmd()}, cfg.GetArgs()...)
-	pid, exitc, err := e.srv.reaper.start(argv0, argv, attr)
+	pid, exitc, err := e.srv.reaper.start(nil, argv0, argv, attr)
 	if err != nil {
 		cleanup()
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("fork/exec %s: %w", argv0, err))

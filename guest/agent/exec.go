@@ -110,6 +110,7 @@ func lookPath(name, path string) (string, error) {
 }
 
 func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
+	received := time.Now() // TimeoutS counts from here
 	var req proto.ExecRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxExecBody)).Decode(&req); err != nil {
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, "bad exec request: "+err.Error())
@@ -138,7 +139,65 @@ func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
 		s.execBackground(out, argv0, req, env)
 		return
 	}
-	s.execForeground(r, out, argv0, req, env)
+	var deadline time.Time
+	if req.TimeoutS > 0 {
+		deadline = received.Add(time.Duration(req.TimeoutS * float64(time.Second)))
+	}
+	s.execForeground(r, out, argv0, req, env, deadline)
+}
+
+// timeoutMessage is the last stderr chunk of an exec whose TimeoutS ran out.
+func timeoutMessage(timeoutS float64, started bool) []byte {
+	msg := "torpor: timeout after " + strconv.FormatFloat(timeoutS, 'g', -1, 64) + "s"
+	if !started {
+		msg += " (the command had not started: starting it waited that long)"
+	}
+	return []byte(msg + "\n")
+}
+
+// killWait is how long an exec whose TimeoutS ran out waits for its killed
+// process's exit status before it answers exitTimeout anyway (the reaper may be
+// held up by a fork that is slow to return).
+const killWait = 500 * time.Millisecond
+
+// startBy starts argv0 like reaper.start, but answers by deadline (zero: no
+// deadline) or when stop is closed, whichever comes first: started false means
+// it gave up. A fork that completes after it gave up has its process group
+// killed at once. release is called once the fork is over either way (it
+// closes the child's ends of the pipes, which the fork reads until then).
+func (s *server) startBy(deadline time.Time, stop <-chan struct{}, argv0 string, argv []string, attr *syscall.ProcAttr, release func()) (pid int, exitc <-chan syscall.WaitStatus, started bool, err error) {
+	type result struct {
+		pid   int
+		exitc <-chan syscall.WaitStatus
+		err   error
+	}
+	gaveUp := make(chan struct{})
+	done := make(chan result, 1)
+	go func() {
+		pid, exitc, err := s.reaper.start(gaveUp, argv0, argv, attr)
+		release()
+		done <- result{pid, exitc, err}
+	}()
+	var timeoutc <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeoutc = t.C
+	}
+	select {
+	case res := <-done:
+		return res.pid, res.exitc, true, res.err
+	case <-timeoutc:
+	case <-stop:
+	}
+	close(gaveUp)
+	go func() {
+		if res := <-done; res.err == nil {
+			s.log.Printf("exec pid %d: started after its call gave up, killing its group", res.pid)
+			syscall.Kill(-res.pid, syscall.SIGKILL)
+		}
+	}()
+	return 0, nil, false, nil
 }
 
 // startError reports a failed fork/exec the way os.StartProcess words it.
@@ -175,7 +234,7 @@ func (s *server) execBackground(out *ndjson, argv0 string, req proto.ExecRequest
 		Files: []uintptr{null.Fd(), logf.Fd(), logf.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
-	pid, _, err := s.reaper.start(argv0, req.Cmd, attr)
+	pid, _, err := s.reaper.start(nil, argv0, req.Cmd, attr)
 	if err != nil {
 		os.Remove(logf.Name())
 		startError(out, argv0, req.Cwd, err)
@@ -188,7 +247,9 @@ func (s *server) execBackground(out *ndjson, argv0 string, req proto.ExecRequest
 	out.write(proto.ExecEvent{Pid: pid})
 }
 
-func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req proto.ExecRequest, env []string) {
+// execForeground runs the command and streams its output; deadline (zero:
+// none) bounds the whole call, the wait to start the command included.
+func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req proto.ExecRequest, env []string, deadline time.Time) {
 	var toClose []*os.File
 	closeAll := func() {
 		for _, f := range toClose {
@@ -234,13 +295,20 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
-	pid, exitc, err := s.reaper.start(argv0, req.Cmd, attr)
-	closeAll()
-	if err != nil {
+	pid, exitc, started, err := s.startBy(deadline, r.Context().Done(), argv0, req.Cmd, attr, closeAll)
+	if !started || err != nil {
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		startError(out, argv0, req.Cwd, err)
+		switch {
+		case err != nil:
+			startError(out, argv0, req.Cwd, err)
+		case r.Context().Err() != nil:
+			s.log.Printf("exec %q: client went away before it started", req.Cmd)
+		default:
+			out.write(proto.ExecEvent{Stream: "stderr", Data: timeoutMessage(req.TimeoutS, false)})
+			out.write(proto.ExecEvent{ExitCode: intPtr(exitTimeout)})
+		}
 		return
 	}
 	out.flush() // send the 200 and headers now
@@ -266,9 +334,9 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	readersDone := make(chan struct{})
 	go func() { wg.Wait(); close(readersDone) }()
 
-	var timeoutc <-chan time.Time
-	if req.TimeoutS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutS * float64(time.Second)))
+	var timeoutc, killc <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
 		defer t.Stop()
 		timeoutc = t.C
 	}
@@ -276,21 +344,31 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	done := readersDone
 	var ws syscall.WaitStatus
 	exited, timedOut := false, false
+	ended := func() {
+		// The main process is gone. Stop killing anything: what it left running
+		// in its group is the user's. Give the pipes drainWait to empty.
+		exited, exitc, timeoutc, killc, ctxDone = true, nil, nil, nil, nil
+		deadline := time.Now().Add(drainWait)
+		outR.SetReadDeadline(deadline)
+		errR.SetReadDeadline(deadline)
+		closeStdin()
+	}
 	for !exited || done != nil {
 		select {
 		case ev := <-events:
 			out.write(ev)
 		case ws = <-exitc:
-			// The main process is gone. Stop killing anything: what it left running
-			// in its group is the user's. Give the pipes drainWait to empty.
-			exited, exitc, timeoutc, ctxDone = true, nil, nil, nil
-			deadline := time.Now().Add(drainWait)
-			outR.SetReadDeadline(deadline)
-			errR.SetReadDeadline(deadline)
-			closeStdin()
+			ended()
+		case <-killc:
+			// Killed, but its status has not come: answer without it.
+			s.log.Printf("exec pid %d: no exit status %v after its timeout's kill", pid, killWait)
+			ended()
 		case <-timeoutc:
 			timeoutc, timedOut = nil, true
 			syscall.Kill(-pid, syscall.SIGKILL)
+			t := time.NewTimer(killWait)
+			defer t.Stop()
+			killc = t.C
 		case <-ctxDone:
 			ctxDone = nil
 			s.log.Printf("exec pid %d: client went away, killing its group", pid)
@@ -310,8 +388,7 @@ func (s *server) execForeground(r *http.Request, out *ndjson, argv0 string, req 
 	code := exitCode(ws)
 	if timedOut {
 		code = exitTimeout
-		msg := "torpor: timeout after " + strconv.FormatFloat(req.TimeoutS, 'g', -1, 64) + "s\n"
-		out.write(proto.ExecEvent{Stream: "stderr", Data: []byte(msg)})
+		out.write(proto.ExecEvent{Stream: "stderr", Data: timeoutMessage(req.TimeoutS, true)})
 	}
 	out.write(proto.ExecEvent{ExitCode: intPtr(code)})
 }

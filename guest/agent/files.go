@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -33,17 +34,12 @@ func (s *server) handleGetFile(w http.ResponseWriter, r *http.Request) {
 	if p == "" {
 		return
 	}
-	f, err := os.Open(p)
+	f, st, err := openForRead(p)
 	if err != nil {
 		fileError(w, err)
 		return
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		fileError(w, err)
-		return
-	}
 	if st.IsDir() {
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, p+" is a directory")
 		return
@@ -110,13 +106,42 @@ func writeFileAtomic(p string, src io.Reader, mode os.FileMode) error {
 	return atomicfile.WriteFrom(p, src, mode)
 }
 
+// errNotReadable: a named pipe or a socket, which a file read does not take.
+var errNotReadable = errors.New("not a file that can be read whole")
+
+// openForRead opens the file at p for a file read and returns it with its
+// stat. It opens without blocking (a named pipe with no writer would hold
+// the read, and the sandbox's other calls behind it, until one came) and
+// refuses a named pipe or a socket: errNotReadable (wrapped, naming p and
+// what it is). Other errors are os.OpenFile's and Stat's.
+func openForRead(p string) (*os.File, fs.FileInfo, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	switch t := st.Mode().Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: a named pipe: %w (its reader would wait for a writer)", p, errNotReadable)
+	case t&fs.ModeSocket != 0:
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: a socket: %w", p, errNotReadable)
+	}
+	return f, st, nil
+}
+
 func fileError(w http.ResponseWriter, err error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		writeError(w, http.StatusNotFound, proto.CodeNotFound, err.Error())
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, fs.ErrInvalid), errors.Is(err, syscall.ENOTDIR),
-		errors.Is(err, syscall.EISDIR), errors.As(err, &mbe):
+		errors.Is(err, syscall.EISDIR), errors.Is(err, errNotReadable), errors.As(err, &mbe):
 		writeError(w, http.StatusBadRequest, proto.CodeInvalidArgument, err.Error())
 	default:
 		writeError(w, http.StatusInternalServerError, proto.CodeInternal, err.Error())

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"log"
 	"os"
 	"os/signal"
@@ -10,11 +11,11 @@ import (
 )
 
 // reaper is the one place that calls wait4. Every process the agent starts is forked
-// by reaper.start, which holds mu across fork and registration, so a reap pass (which
-// also holds mu) can never collect a status before its waiter is registered.
+// by reaper.start, which holds the lock across fork and registration, so a reap pass
+// (which also holds it) can never collect a status before its waiter is registered.
 type reaper struct {
-	mu      sync.Mutex
-	all     bool // reap every child (PID 1), not only registered ones
+	lock    chan struct{} // a mutex (capacity 1) that a start can stop waiting for
+	all     bool          // reap every child (PID 1), not only registered ones
 	waiters map[int]chan syscall.WaitStatus
 	log     *log.Logger
 }
@@ -29,6 +30,7 @@ var (
 func getReaper(all bool, lg *log.Logger) *reaper {
 	reaperOnce.Do(func() {
 		r := &reaper{
+			lock:    make(chan struct{}, 1),
 			all:     all || os.Getpid() == 1,
 			waiters: make(map[int]chan syscall.WaitStatus),
 			log:     lg,
@@ -51,11 +53,20 @@ func getReaper(all bool, lg *log.Logger) *reaper {
 	return theReaper
 }
 
+// errGaveUp is start's error when stop was closed before the fork could begin.
+var errGaveUp = errors.New("gave up waiting to start")
+
 // start forks argv0 with attr and registers the child. The returned channel receives
-// the child's wait status once (it is buffered; nobody has to read it).
-func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// the child's wait status once (it is buffered; nobody has to read it). While
+// another start or a reap pass holds the lock it waits, until stop is closed
+// (nil: for as long as it takes); then it returns errGaveUp.
+func (r *reaper) start(stop <-chan struct{}, argv0 string, argv []string, attr *syscall.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
+	select {
+	case r.lock <- struct{}{}:
+	case <-stop:
+		return 0, nil, errGaveUp
+	}
+	defer func() { <-r.lock }()
 	pid, err := syscall.ForkExec(argv0, argv, attr)
 	if err != nil {
 		return 0, nil, err
@@ -66,8 +77,8 @@ func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (int
 }
 
 func (r *reaper) reap() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.lock <- struct{}{}
+	defer func() { <-r.lock }()
 	if r.all {
 		for {
 			var ws syscall.WaitStatus

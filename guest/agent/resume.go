@@ -552,7 +552,7 @@ func (r *resumer) runHook(name, path string, env []string, deadline time.Duratio
 		Files: []uintptr{null.Fd(), pw.Fd(), pw.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
-	pid, exitc, err := r.srv.reaper.start(path, []string{path}, attr)
+	pid, exitc, err := r.srv.reaper.start(nil, path, []string{path}, attr)
 	pw.Close()
 	null.Close()
 	if err != nil {

@@ -99,7 +99,10 @@ type ExecRequest struct {
 	Cwd string `json:"cwd,omitempty"`
 	// Stdin is given to the process's stdin, then EOF.
 	Stdin string `json:"stdin,omitempty"`
-	// TimeoutS kills the process group after this many seconds; 0 = none.
+	// TimeoutS bounds the call, in seconds from the agent's receipt of it,
+	// the wait to start the command included: then the process group is
+	// killed and the exit code is 124 (agents before this counted from the
+	// command's start); 0 = none.
 	TimeoutS float64 `json:"timeout_s,omitempty"`
 	// Background starts the process detached: the answer is at once its pid, and
 	// its output goes to /tmp/torpor-bg-<pid>.log in the sandbox.

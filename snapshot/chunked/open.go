@@ -77,6 +77,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 				s.docs.put(id, d)
 			}
 			s.useOpened(id)
+			s.holdOpened(id)
 			return dir, d.Manifest, nil
 		} else if ctx.Err() != nil {
 			return "", d.Manifest, err
@@ -114,6 +115,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 		s.docs.put(id, d)
 	}
 	s.useOpened(id)
+	s.holdOpened(id)
 	return dir, d.Manifest, nil
 }
 

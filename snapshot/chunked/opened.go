@@ -31,6 +31,9 @@ type openedSet struct {
 	mu     sync.Mutex
 	limit  int64 // bytes; 0: no bound
 	copies map[string]openedCopy
+	// inUse counts, per snapshot, the Opens not yet released (Release):
+	// restores that may still read the copy.
+	inUse map[string]int
 	// trimming: a trimOpened runs.
 	trimming bool
 }
@@ -38,7 +41,7 @@ type openedSet struct {
 // scanOpened sets the bound (bytes, 0: none) and records the copies a previous
 // process left in open/ (their modification time as last use).
 func (s *Store) scanOpened(limit int64) {
-	s.openCopies = &openedSet{limit: limit, copies: map[string]openedCopy{}}
+	s.openCopies = &openedSet{limit: limit, copies: map[string]openedCopy{}, inUse: map[string]int{}}
 	ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
@@ -134,4 +137,49 @@ func (s *Store) dropOpened(id string) {
 	s.openCopies.mu.Lock()
 	delete(s.openCopies.copies, id)
 	s.openCopies.mu.Unlock()
+}
+
+// holdOpened counts an Open of snapshot id that its caller has not released
+// yet (under id's opening lock, so a Release of another Open sees it).
+func (s *Store) holdOpened(id string) {
+	s.openCopies.mu.Lock()
+	s.openCopies.inUse[id]++
+	s.openCopies.mu.Unlock()
+}
+
+// Release implements snapshot.Releaser: the restore (or restores) that an
+// Open of snapshot id returned its directory to have opened the files. With
+// an encryption key, the opened copy is removed once no Open of id is
+// unreleased: it is plain text of a sandbox's memory, and a restored
+// instance reads the files through descriptors its restore opened
+// (snapshot.Store.Open). Without a key the copy stays for a warm resume
+// (bounded by Config.OpenBytes). Errors removing the copy are logged; the
+// next start removes what is left (Recover).
+func (s *Store) Release(id string) {
+	set := s.openCopies
+	set.mu.Lock()
+	if set.inUse[id]--; set.inUse[id] <= 0 {
+		delete(set.inUse, id)
+	}
+	busy := set.inUse[id] > 0
+	set.mu.Unlock()
+	if s.key == nil || busy {
+		return
+	}
+	unlock := s.opening.lock(id) // not while an Open of it verifies or rebuilds
+	defer unlock()
+	set.mu.Lock()
+	busy = set.inUse[id] > 0 // opened again meanwhile
+	if !busy {
+		delete(set.copies, id)
+	}
+	set.mu.Unlock()
+	if busy {
+		return
+	}
+	if err := os.RemoveAll(s.opened(id)); err != nil {
+		s.log.Warn("snapshot store: removing a plain opened copy after its restore", "snapshot", id, "err", err)
+		return
+	}
+	s.log.Debug("snapshot store: opened copy removed after its restore (encrypted store)", "snapshot", id)
 }

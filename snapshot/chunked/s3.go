@@ -267,7 +267,7 @@ func (b *S3) claim(ctx context.Context) error {
 		}
 	}
 	if cur.StoreID != b.owner.StoreID {
-		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; give this server its own key prefix in the bucket; only if that server is stopped for good and its snapshots are not wanted, delete %s%s (this server will then delete them)",
+		b.foreign = fmt.Errorf("%w (store %s of data directory %s on host %s, since %s): its snapshots would be deleted by this store's start-up and garbage collection, and this store's by its; a node of a cluster sharing this prefix needs the first node's store-id (copy DATA_DIR/store-id into this data directory before its first start: docs/multi-host.md); a server of its own needs its own key prefix in the bucket; only if that server is stopped for good and its snapshots are not wanted, delete %s%s (this server will then delete them)",
 			ErrOwnedElsewhere, cur.StoreID, cur.DataDir, cur.Host, cur.Since.Format(time.RFC3339), b.prefix, ownerKey)
 		return b.foreign
 	}

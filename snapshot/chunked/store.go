@@ -244,14 +244,21 @@ func (s *Store) StagedDir(id string) string { return s.staged(id) }
 
 func (s *Store) opened(id string) string { return filepath.Join(s.dir, "open", id) }
 
-// Recover implements snapshot.Store: it empties staging and removes opened copies
-// and half-built directories of snapshots without a manifest.
+// Recover implements snapshot.Store: it empties staging (the checkpoints of
+// hibernates a crash cut: plain text; the caller commits those it can
+// first) and removes opened copies and half-built directories of snapshots
+// without a manifest — with an encryption key every opened copy (plain
+// text; no restore runs before Recover, and each later one rebuilds its
+// copy).
 func (s *Store) Recover(ctx context.Context) error {
 	if err := os.RemoveAll(filepath.Join(s.dir, "staging")); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, "staging"), 0o700); err != nil {
 		return err
+	}
+	if s.key != nil {
+		s.removeOpened(func(string) bool { return true })
 	}
 	if tc, ok := s.b.(TempCleaner); ok {
 		tc.CleanTemp()
@@ -274,13 +281,24 @@ func (s *Store) Recover(ctx context.Context) error {
 	for _, id := range ids {
 		live[id] = true
 	}
+	s.removeOpened(func(name string) bool { return !live[name] })
+	return nil
+}
+
+// removeOpened removes the entries of open/ (opened copies, half-built and
+// set-aside directories) whose name dead accepts; a removal that fails is
+// logged.
+func (s *Store) removeOpened(dead func(name string) bool) {
 	ents, _ := os.ReadDir(filepath.Join(s.dir, "open"))
 	for _, e := range ents {
-		if !live[e.Name()] {
-			_ = os.RemoveAll(filepath.Join(s.dir, "open", e.Name()))
+		if !dead(e.Name()) {
+			continue
+		}
+		s.dropOpened(e.Name())
+		if err := os.RemoveAll(filepath.Join(s.dir, "open", e.Name())); err != nil {
+			s.log.Warn("snapshot store: removing an opened copy at start", "entry", e.Name(), "err", err)
 		}
 	}
-	return nil
 }
 
 // Usage implements snapshot.UsageReporter: the durable tier's figures come

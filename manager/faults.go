@@ -1,0 +1,24 @@
+package manager
+
+import (
+	"os"
+	"syscall"
+)
+
+// FaultEnv names the environment variable that makes the server kill itself
+// (SIGKILL) at one named point, for crash tests (e2e): never set otherwise.
+// The points: "create-recorded" (a create's record written, its instance not
+// started), "fork-clones-recorded" (a fork's clone records written, none
+// restored), "resume-restoring" (a resume's snapshot opened and its state
+// resuming recorded, its restore not begun), "hibernate-checkpointed" (a
+// hibernate's checkpoint written to staging, not committed), and the server's
+// "idempotency-claimed" and "idempotency-recorded" (server/idempotency.go).
+const FaultEnv = "TORPOR_TEST_KILL_AT"
+
+// FaultPoint kills the process when FaultEnv names point.
+func FaultPoint(point string) {
+	if os.Getenv(FaultEnv) == point {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
