@@ -49,28 +49,8 @@ func TestClusterSelfFence(t *testing.T) {
 	ctx := ctxFor(t, 10*time.Minute)
 	cl := startCluster(t, ctx)
 	a, c := cl.nodes["cl-a"], cl.nodes["cl-c"]
-
-	// cl-c again, through the proxy.
-	px := startPGProxy(t, filepath.Join(cl.pg.Dir, ".s.PGSQL.5432"))
-	u, err := url.Parse(cl.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.proc.stop(t)
-	c.database = "postgres://torpor@" + px.addr() + u.Path
-	cl.start(c)
-	waitNodes(t, a.c, func(ns []apiv1.Node) bool { return stateOf(ns, c.name) == "active" })
-
-	sb := create(t, c.c, apiv1.CreateSandboxRequest{MemoryMiB: 256})
-	id := sb.ID
-	t.Cleanup(func() { a.c.DeleteSandbox(context.Background(), id) })
-	if err := workload.Start(ctx, c.c, id, 16); err != nil {
-		t.Fatal(err)
-	}
-	before, err := workload.Get(ctx, c.c, id, "/count")
-	if err != nil {
-		t.Fatal(err)
-	}
+	px := throughProxy(t, cl, c, a)
+	id, before := workloadOn(t, ctx, c, a, 256, 16)
 	hib := hibernate(t, c.c, id)
 	if r, err := c.c.Resume(ctx, id); err != nil || r.Node != c.name {
 		t.Fatalf("resume through %s: node %q %v; want %s (the snapshot's node, with room)", c.name, r.Node, err, c.name)
@@ -350,6 +330,39 @@ func stateOf(ns []apiv1.Node, name string) string {
 		}
 	}
 	return ""
+}
+
+// workloadOn creates a sandbox of memMiB through node n (deleted through
+// other when the test ends) running the workload with mib MiB of memory, and
+// returns its id and the workload's first answer.
+func workloadOn(t *testing.T, ctx context.Context, n, other *clusterNode, memMiB, mib int) (string, workload.State) {
+	t.Helper()
+	id := create(t, n.c, apiv1.CreateSandboxRequest{MemoryMiB: memMiB}).ID
+	t.Cleanup(func() { other.c.DeleteSandbox(context.Background(), id) })
+	if err := workload.Start(ctx, n.c, id, mib); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, n.c, id, "/count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, before
+}
+
+// throughProxy restarts node n on a PostgreSQL proxy (startPGProxy) that
+// the test can cut, and waits until other (another node) sees it active.
+func throughProxy(t *testing.T, cl *cluster, n, other *clusterNode) *pgProxy {
+	t.Helper()
+	px := startPGProxy(t, filepath.Join(cl.pg.Dir, ".s.PGSQL.5432"))
+	u, err := url.Parse(cl.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.proc.stop(t)
+	n.database = "postgres://torpor@" + px.addr() + u.Path
+	cl.start(n)
+	waitNodes(t, other.c, func(ns []apiv1.Node) bool { return stateOf(ns, n.name) == "active" })
+	return px
 }
 
 // pgProxy is a loopback TCP proxy to a PostgreSQL unix socket that a test

@@ -185,14 +185,17 @@ func (e *AdmissionError) Error() string {
 func (e *AdmissionError) RetryAfter() time.Duration { return e.Retry }
 
 // RetryAfterSeconds returns the whole seconds (at least 1) an API surface
-// tells the caller to wait before retrying (HTTP Retry-After) when err is
-// an admission refusal (*AdmissionError in its chain), else 0.
+// tells the caller to wait before retrying (HTTP Retry-After) when err has
+// a retryable refusal in its chain (a RetryAfter method: an
+// *AdmissionError, a snapshot still in another node's upload outbox
+// (*UploadPendingError), a hibernate whose commit waits (*StrandedError)),
+// else 0.
 func RetryAfterSeconds(err error) int {
-	var ae *AdmissionError
-	if !errors.As(err, &ae) {
+	var r interface{ RetryAfter() time.Duration }
+	if !errors.As(err, &r) {
 		return 0
 	}
-	return max(1, int(math.Ceil(ae.Retry.Seconds())))
+	return max(1, int(math.Ceil(r.RetryAfter().Seconds())))
 }
 
 // holdsMemory says whether a sandbox in state st holds host memory: every

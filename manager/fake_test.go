@@ -18,6 +18,7 @@ import (
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/snapshot"
 	"github.com/torpor/torpor/snapshot/local"
 )
 
@@ -49,6 +50,10 @@ type hostOpts struct {
 	// (another node of one cluster) and has its own engine.
 	node string
 	peer *host
+	// store, when set, makes the host's snapshot store in its own data
+	// directory dir (a node of a cluster with its own store on a shared
+	// backend); nil: a plain-file store (the peer's, with peer set).
+	store func(t *testing.T, dir string) snapshot.Store
 	// db, when set, is the database the manager gets, made from the host's
 	// (a test's hooks around its writes).
 	db func(metadata.Store) metadata.Store
@@ -88,8 +93,10 @@ func newHost(t *testing.T, o hostOpts) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := local.New(filepath.Join(shared, "snapshots"))
-	if err != nil {
+	var store snapshot.Store
+	if o.store != nil {
+		store = o.store(t, dir)
+	} else if store, err = local.New(filepath.Join(shared, "snapshots")); err != nil {
 		t.Fatal(err)
 	}
 	agentBin := filepath.Join(dir, "agent-binary")

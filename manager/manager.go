@@ -131,8 +131,15 @@ type Manager struct {
 	// removal ends (under mu); Delete waits for it.
 	teardowns sync.WaitGroup
 	exiting   map[string]chan struct{}
-	adm       admission // memory reserved by admitted calls (admission.go)
-	pools     pools     // warm pools' ready clones (pool.go)
+	// strandedHib are the hibernates whose complete checkpoint waits for its
+	// commit or record (stranded.go), by snapshot id; strandedLoop is set
+	// while their background loop runs. Guarded by mu.
+	strandedHib  map[string]*stranded
+	strandedLoop bool
+	// strandedMu serializes FinishStranded's passes.
+	strandedMu sync.Mutex
+	adm        admission // memory reserved by admitted calls (admission.go)
+	pools      pools     // warm pools' ready clones (pool.go)
 }
 
 // Wait blocks until the background teardowns of hibernated sandboxes' exited
@@ -198,6 +205,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m.guestDigest = d
+	m.watchUploads()
 	return m, nil
 }
 
@@ -843,6 +851,15 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 	if err := m.snapshotRoom(op, s, dir); err != nil {
 		return undo(err)
 	}
+	keepNote := false
+	if !leaveRunning {
+		m.writeNote(s, snapID) // until the hibernate is recorded (stranded.go)
+		defer func() {
+			if !keepNote {
+				m.dropNote(snapID)
+			}
+		}()
+	}
 	if !leaveRunning {
 		m.endEnvdStreams(ctx, s.ID)
 		if conns, execs := m.drain(s.ID, HibernateDrain); conns+execs > 0 {
@@ -913,6 +930,13 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		if leaveRunning {
 			return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: commit: %w", s.ID, err)))
 		}
+		if errors.Is(err, snapshot.ErrLockUnavailable) || errors.Is(err, snapshot.ErrUnavailable) {
+			// The instance is gone; its memory is in the staged checkpoint,
+			// which is kept and committed once the database (or the store)
+			// answers again.
+			keepNote = true
+			return "", m.strand(s, snapID, man, async, start, now, fmt.Errorf("commit: %w", err))
+		}
 		// The instance is gone and its snapshot did not commit: the memory is lost.
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		s.PendingSnapshot = ""
@@ -920,6 +944,14 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return "", err
 	}
 	snapRec, err := m.recordSnapshot(ctx, s, man, start, now, leaveRunning)
+	if err != nil && !leaveRunning && !errors.Is(err, metadata.ErrFenced) {
+		// Committed, but the database did not take the record: it is
+		// recorded in the background.
+		keepNote = true
+		st := m.strand(s, snapID, man, async, start, now, fmt.Errorf("record: %w", err))
+		m.markStrandedCommitted(snapID)
+		return "", st
+	}
 	if err != nil {
 		return "", err
 	}
@@ -951,7 +983,7 @@ func (m *Manager) recordSnapshot(ctx context.Context, s *metadata.Sandbox, man s
 		s.LastHibernateAt = &now
 	}
 	s.StateChangedAt = now
-	rec := snapshotRecord(man, s, elapsed.Milliseconds(), now)
+	rec := m.snapshotRecord(ctx, man, s, elapsed.Milliseconds(), now)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		return rec, err
 	}
@@ -992,8 +1024,8 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 		return as.CommitAsync(ctx, snapID, man)
 	}
 	out, err := m.cfg.Store.Commit(ctx, snapID, man)
-	if err == nil || !ok || ctx.Err() != nil {
-		return out, err
+	if err == nil || !ok || ctx.Err() != nil || errors.Is(err, snapshot.ErrLockUnavailable) {
+		return out, err // an asynchronous commit needs the collection lock too
 	}
 	m.log.Warn("synchronous snapshot commit failed; keeping it on local disk for a background upload",
 		"snapshot", snapID, "err", err)
@@ -1005,7 +1037,9 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 // before them): a store that encrypts then removes the plain files
 // (snapshot.Releaser); done is never nil. A snapshot that fails
 // verification, or that the database records but the store no longer has, is
-// sandbox.ErrSnapshotCorrupt (422) naming it; errors start with what
+// sandbox.ErrSnapshotCorrupt (422) naming it — unless its record says it
+// waits in another node's upload outbox: then it is Unavailable (503,
+// Retry-After) with an *UploadPendingError. Errors start with what
 // ("resume sbx-…").
 func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (dir string, man snapshot.Manifest, done func(), err error) {
 	done = func() {}
@@ -1020,6 +1054,9 @@ func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (d
 	case errors.As(err, &ce):
 		return "", man, done, corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound):
+		if perr := m.uploadPending(ctx, id, op, sandboxID); perr != nil {
+			return "", man, done, perr // on its way to the bucket from another node's outbox
+		}
 		return "", man, done, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):
 		return "", man, done, wrongKey(op, sandboxID, err)

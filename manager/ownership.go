@@ -128,6 +128,9 @@ func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error)
 	default:
 		msg += "; it had no snapshot: delete it"
 	}
+	if s.State == sandbox.StateHibernating {
+		msg += fmt.Sprintf(" (node %s may still hold the checkpoint of that hibernate: if it commits it before anyone resumes the sandbox, the sandbox is hibernated on it)", lost)
+	}
 	s.Owner, s.State, s.Error, s.Instance, s.PendingSnapshot = "", sandbox.StateError, msg, "", ""
 	s.StateChangedAt = time.Now().UTC()
 	err = m.cfg.DB.ClaimSandbox(ctx, s)
@@ -152,14 +155,38 @@ func (m *Manager) fenceHibernated(ctx context.Context, s *metadata.Sandbox, lost
 		}
 		return false, err
 	}
-	s.SnapshotID, s.SnapshotNode, s.PendingSnapshot, s.Instance = man.ID, "", "", ""
-	s.State, s.Error, s.StateChangedAt, s.LastHibernateAt = sandbox.StateHibernated, "", man.CreatedAt, &man.CreatedAt
-	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
-	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
+	if err := m.commitFencedHibernate(ctx, s, man, ""); err != nil {
 		return false, err
 	}
 	m.log.Warn("sandbox fenced off a lost node: its hibernate had committed", "sandbox", s.ID, "node", lost, "snapshot", man.ID)
 	return true, nil
+}
+
+// commitFencedHibernate records s, which this node has just claimed with no
+// owner (a new lease token), hibernated on committed snapshot man, whose
+// local copy node snapNode may have ("" for none known).
+func (m *Manager) commitFencedHibernate(ctx context.Context, s *metadata.Sandbox, man snapshot.Manifest, snapNode string) error {
+	s.SnapshotID, s.SnapshotNode, s.PendingSnapshot, s.Instance = man.ID, snapNode, "", ""
+	s.State, s.Error, s.StateChangedAt, s.LastHibernateAt = sandbox.StateHibernated, "", man.CreatedAt, &man.CreatedAt
+	rec := m.snapshotRecord(ctx, man, s, man.HibernateMS, man.CreatedAt)
+	return m.cfg.DB.CommitHibernate(ctx, rec, s)
+}
+
+// recordFencedHibernate records s, fenced (state error, no owner) while
+// this node's hibernate of it was stranded, hibernated on that hibernate's
+// committed snapshot man: a new lease first (fencing any older writer out),
+// then the record, as fenceHibernated does.
+func (m *Manager) recordFencedHibernate(ctx context.Context, s *metadata.Sandbox, man snapshot.Manifest, snapNode string) error {
+	c := *s
+	c.Owner = ""
+	if err := m.cfg.DB.ClaimSandbox(ctx, &c); err != nil {
+		return err
+	}
+	if err := m.commitFencedHibernate(ctx, &c, man, snapNode); err != nil {
+		return err
+	}
+	*s = c
+	return nil
 }
 
 // StopInstances stops every engine instance of a sandbox on this host
@@ -209,6 +236,7 @@ func (m *Manager) eachInstance(ctx context.Context, what string, f func(engName,
 // finished instead), so that any node resumes it from its last committed
 // snapshot. Errors: the database's (the caller tries again).
 func (m *Manager) ReleaseOwned(ctx context.Context, why string) error {
+	m.FinishStranded(ctx) // a hibernate the outage interrupted ends hibernated
 	all, err := m.cfg.DB.ListSandboxes(ctx)
 	if err != nil {
 		return err

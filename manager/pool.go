@@ -571,7 +571,7 @@ func (m *Manager) imageTemplate(ctx context.Context, p metadata.Pool) (metadata.
 		_ = m.cfg.Store.Abort(ctx, snapID)
 		return p, fmt.Errorf("template of image %s: commit: %w", p.Name, err)
 	}
-	rec := snapshotRecord(man, s, man.HibernateMS, at)
+	rec := m.snapshotRecord(ctx, man, s, man.HibernateMS, at)
 	m.pools.setMu.Lock()
 	cur, err := m.cfg.DB.GetPool(ctx, p.Kind, p.Name)
 	if err == nil {

@@ -139,6 +139,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	// store's commit and the database's) are removed; none can be resumed.
 	recs, err := m.cfg.DB.ListSnapshots(ctx)
 	if err == nil {
+		m.recordUploads(ctx, recs)
 		known := map[string]bool{}
 		for _, r := range recs {
 			known[r.ID] = true
@@ -228,7 +229,7 @@ func (m *Manager) finishHibernate(ctx context.Context, s *metadata.Sandbox) {
 	s.State = sandbox.StateHibernated
 	s.StateChangedAt = man.CreatedAt
 	s.LastHibernateAt = &man.CreatedAt
-	rec := snapshotRecord(man, s, man.HibernateMS, man.CreatedAt)
+	rec := m.snapshotRecord(ctx, man, s, man.HibernateMS, man.CreatedAt)
 	if err := m.cfg.DB.CommitHibernate(ctx, rec, s); err != nil {
 		m.log.Warn("reconcile: finish hibernate", "sandbox", s.ID, "err", err)
 	}
@@ -259,22 +260,7 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 		if _, err := m.cfg.Store.Manifest(ctx, s.PendingSnapshot); err == nil {
 			continue // committed; Reconcile finishes it
 		}
-		deadline := time.Now().Add(checkpointWait)
-		exited := false
-		for time.Now().Before(deadline) {
-			if !m.instanceRunning(ctx, s.Instance) {
-				exited = true
-				break
-			}
-			hctx, cancel := context.WithTimeout(ctx, time.Second)
-			err := m.agentFor(s.Instance).Health(hctx)
-			cancel()
-			if err == nil {
-				break // the sandbox runs: the checkpoint did not stop it
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if !exited {
+		if !m.waitCheckpointExit(ctx, s.Instance) {
 			continue
 		}
 		man := m.manifestFor(s, m.eng(s), s.PendingSnapshot, time.Now().UTC())
@@ -284,6 +270,27 @@ func (m *Manager) finishInterruptedCheckpoints(ctx context.Context) {
 		}
 		m.log.Info("reconcile: committed a checkpoint a crash interrupted", "sandbox", s.ID, "snapshot", s.PendingSnapshot)
 	}
+	m.finishFencedCheckpoints(ctx)
+}
+
+// waitCheckpointExit waits (checkpointWait at most) until instance's
+// sandbox process has exited (runsc checkpoint finished and stopped it: true)
+// or its agent answers again (the checkpoint failed; the sandbox runs: false).
+func (m *Manager) waitCheckpointExit(ctx context.Context, instance string) bool {
+	deadline := time.Now().Add(checkpointWait)
+	for time.Now().Before(deadline) {
+		if !m.instanceRunning(ctx, instance) {
+			return true
+		}
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := m.agentFor(instance).Health(hctx)
+		cancel()
+		if err == nil {
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
 }
 
 func (m *Manager) instanceRunning(ctx context.Context, instance string) bool {

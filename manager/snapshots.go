@@ -16,10 +16,13 @@ import (
 
 // snapshotRecord is the metadata record of a committed manifest for sandbox s:
 // sizes from the manifest (a plain-file store has no chunks: its logical, stored
-// and new bytes are all Bytes), hibernate time hibernateMS, created at.
-func snapshotRecord(man snapshot.Manifest, s *metadata.Sandbox, hibernateMS int64, at time.Time) *metadata.Snapshot {
+// and new bytes are all Bytes), hibernate time hibernateMS, created at. A
+// snapshot that waits in this node's upload outbox records this node as its
+// OutboxNode (outbox.go).
+func (m *Manager) snapshotRecord(ctx context.Context, man snapshot.Manifest, s *metadata.Sandbox, hibernateMS int64, at time.Time) *metadata.Snapshot {
 	rec := &metadata.Snapshot{ID: man.ID, SandboxID: s.ID, Parent: man.Parent, Bytes: man.Bytes,
-		HibernateMS: hibernateMS, Engine: man.Engine + " " + man.EngineVersion, CreatedAt: at}
+		HibernateMS: hibernateMS, Engine: man.Engine + " " + man.EngineVersion, CreatedAt: at,
+		OutboxNode: m.outboxNodeOf(ctx, man.ID)}
 	return withSizes(rec, man)
 }
 
@@ -51,9 +54,11 @@ func (m *Manager) snapView(ctx context.Context, rec *metadata.Snapshot, users []
 		v.Parent = &rec.Parent
 	}
 	if as, ok := m.cfg.Store.(snapshot.AsyncStore); ok {
-		// A store that cannot say (its backend is unreachable) is not claiming durability.
+		// A store that cannot say (its backend is unreachable) is not claiming
+		// durability; nor is a record that names the node whose outbox holds
+		// it (this node's store knows nothing of another node's outbox).
 		d, err := as.Durable(ctx, rec.ID)
-		v.Durable = err == nil && d
+		v.Durable = err == nil && d && rec.OutboxNode == ""
 	}
 	if rec.StoredBytes > 0 {
 		v.DedupRatio = float64(rec.LogicalBytes) / float64(rec.StoredBytes)

@@ -196,6 +196,10 @@ type Snapshots interface {
 	// SetSnapshotSizes fills in the sizes (bytes) of a record made before
 	// they were kept. ErrNotFound if there is no such record.
 	SetSnapshotSizes(ctx context.Context, id string, logical, stored, newBytes int64) error
+	// SetSnapshotUploaded records that snapshot id is in the durable tier
+	// (OutboxNode ""): its node calls it once the manifest is uploaded.
+	// ErrNotFound if there is no such record.
+	SetSnapshotUploaded(ctx context.Context, id string) error
 	// UnreferencedSnapshots returns the ids of the records that no sandbox
 	// resumes from (SnapshotID) or is writing (PendingSnapshot) and no pool
 	// restores from (Pool.SnapshotID), sorted.
@@ -456,6 +460,12 @@ type Snapshot struct {
 	// Kept and Name: see sandbox.Snapshot (SetSnapshotKept sets them).
 	Kept bool
 	Name string
+	// OutboxNode is the node whose upload outbox holds the snapshot while its
+	// bytes are on their way to the durable tier (an asynchronous commit, or
+	// a synchronous one that fell back to it); "" once its manifest is there
+	// (SetSnapshotUploaded), for a synchronous commit and for records from
+	// before version 15.
+	OutboxNode string
 }
 
 // Volume is a named volume's record.

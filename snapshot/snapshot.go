@@ -142,6 +142,11 @@ type AsyncStore interface {
 	// upload. It reads local state only (no request to the durable tier), so
 	// listings stay fast and work while that tier is unreachable.
 	Durable(ctx context.Context, id string) (bool, error)
+	// OnUploaded sets f to be called with the id of every snapshot whose
+	// upload has ended (Durable turned true: its manifest, the commit's last
+	// object, is in the durable tier), once per snapshot, from the upload's
+	// goroutine.
+	OnUploaded(f func(id string))
 }
 
 // Usage is a store's footprint in bytes, from its own bookkeeping and a walk of
@@ -196,6 +201,12 @@ func DirBytes(dir string) (int64, error) {
 	})
 	return n, err
 }
+
+// ErrLockUnavailable is wrapped by a commit's error when the lock that keeps
+// other stores' garbage collection away from commits (snapshot/chunked's
+// collection lock, held in the shared database) could not be taken: the
+// database did not answer. The staged files are kept; a later commit works.
+var ErrLockUnavailable = errors.New("the database that holds it does not answer")
 
 // ErrUnavailable is wrapped by errors of a store whose durable tier did not
 // answer (an S3 server down or hung): trying again later may succeed.

@@ -414,7 +414,8 @@ func testSnapshots(t *testing.T, st metadata.Store) {
 		{ID: "snap-2", SandboxID: "sbx-a", Bytes: 100, HibernateMS: 5, Engine: "gvisor 1", CreatedAt: at(2).Add(500 * time.Millisecond),
 			LogicalBytes: 100, StoredBytes: 40, NewBytes: 10},
 		{ID: "snap-1", SandboxID: "sbx-a", Parent: "snap-0", Bytes: 200, Engine: "gvisor 1", CreatedAt: at(2)},
-		{ID: "snap-3", SandboxID: "sbx-b", Bytes: 300, Engine: "gvisor 1", CreatedAt: at(2).Add(500 * time.Millisecond)},
+		{ID: "snap-3", SandboxID: "sbx-b", Bytes: 300, Engine: "gvisor 1", CreatedAt: at(2).Add(500 * time.Millisecond),
+			OutboxNode: "node-a"},
 	}
 	for _, snap := range snaps {
 		s := a
@@ -467,6 +468,15 @@ func testSnapshots(t *testing.T, st metadata.Store) {
 	}
 	if err := st.SetSnapshotSizes(ctx, "snap-none", 1, 1, 1); !errors.Is(err, metadata.ErrNotFound) {
 		t.Errorf("sizes of a missing snapshot: %v", err)
+	}
+	if err := st.SetSnapshotUploaded(ctx, "snap-3"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetSnapshot(ctx, "snap-3"); got.OutboxNode != "" {
+		t.Errorf("an uploaded snapshot still names its outbox's node: %+v", got)
+	}
+	if err := st.SetSnapshotUploaded(ctx, "snap-none"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("upload of a missing snapshot: %v", err)
 	}
 
 	// Users: resuming from it or writing it; snap-2 is used by nobody.

@@ -252,9 +252,9 @@ func (s *Store) lockCommit(ctx context.Context, async bool) (release func(), hel
 	if c == nil {
 		return func() {}, heldAlways, nil
 	}
-	release, held, err = c.lock.Shared(ctx)
+	release, held, err = sharedRetrying(ctx, c.lock)
 	if err != nil {
-		return nil, nil, fmt.Errorf("collection lock: %w", err)
+		return nil, nil, fmt.Errorf("collection lock: %w: %w", snapshot.ErrLockUnavailable, err)
 	}
 	// An asynchronous commit does not wait for a hung S3 (as Stage: 3 s).
 	wait := 10 * time.Second
@@ -291,6 +291,46 @@ func (s *Store) lockCommit(ctx context.Context, async bool) (release func(), hel
 	return release, held, nil
 }
 
+// Taking the collection lock for a commit is retried while its store (the
+// database) does not answer, so that a database that blips (restarted,
+// failed over) does not fail a hibernate outright: attempts commitLockTries
+// times in all, the waits between them doubling from commitLockRetry, all
+// within commitLockWait (and ctx). An attempt that waits for a collection
+// holding the lock exclusively counts against commitLockWait too (a
+// connection held unanswered cannot be told from it): a commit that gets no
+// lock within it fails with snapshot.ErrLockUnavailable, its staged files
+// kept (the manager commits them later).
+const (
+	commitLockTries = 5
+	commitLockRetry = 500 * time.Millisecond
+	commitLockWait  = 15 * time.Second
+)
+
+// sharedRetrying is lock.Shared, tried again (see commitLockTries) when it
+// fails; the error is the last attempt's, saying how many failed.
+func sharedRetrying(ctx context.Context, lock CollectLock) (release func(), held func(context.Context) error, err error) {
+	start := time.Now()
+	deadline := start.Add(commitLockWait)
+	wait := commitLockRetry
+	for try := 1; ; try++ {
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		release, held, err = lock.Shared(actx)
+		cancel()
+		if err == nil {
+			return release, held, nil
+		}
+		if ctx.Err() != nil || try == commitLockTries || time.Now().Add(wait).After(deadline) {
+			return nil, nil, fmt.Errorf("%w (%d attempts in %s)", err, try, time.Since(start).Round(100*time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
 // holdForPending takes the lock shared for as long as asynchronous snapshots
 // wait in the outbox (released by releasePending), if not held yet or if the
 // hold was lost (its session ended: the next upload's lockCommit then sees
@@ -310,9 +350,9 @@ func (s *Store) holdForPending(ctx context.Context) error {
 		c.pendingRelease()
 		c.pendingRelease, c.pendingHeld = nil, nil
 	}
-	release, held, err := c.lock.Shared(ctx)
+	release, held, err := sharedRetrying(ctx, c.lock)
 	if err != nil {
-		return fmt.Errorf("collection lock: %w", err)
+		return fmt.Errorf("collection lock: %w: %w", snapshot.ErrLockUnavailable, err)
 	}
 	c.pendingRelease, c.pendingHeld = release, held
 	return nil

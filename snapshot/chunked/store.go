@@ -238,6 +238,10 @@ func (s *Store) staged(id string) string {
 	return filepath.Join(s.dir, "staging", id)
 }
 
+// StagedDir is the directory Stage makes for snapshot id (Dir/staging/id),
+// whether or not it exists; Recover removes every entry of its parent.
+func (s *Store) StagedDir(id string) string { return s.staged(id) }
+
 func (s *Store) opened(id string) string { return filepath.Join(s.dir, "open", id) }
 
 // Recover implements snapshot.Store: it empties staging (the checkpoints of

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/torpor/torpor/snapshot"
@@ -39,7 +40,17 @@ type uploader struct {
 	// retry is the first delay before a failed upload is tried again
 	// (Config.UploadRetry).
 	retry time.Duration
+	// uploaded, when set (OnUploaded), is told each snapshot id whose
+	// manifest has reached the backend.
+	uploaded atomic.Pointer[func(id string)]
 }
+
+// OnUploaded sets f to be called (from the upload loop, synchronously: f
+// should not block for long) with the id of every snapshot whose upload has
+// ended: its manifest is in the backend and gone from the outbox, so Durable
+// reports true. The manager records it durable in the database then
+// (metadata.Snapshots.SetSnapshotUploaded), which is what other nodes read.
+func (s *Store) OnUploaded(f func(id string)) { s.up.uploaded.Store(&f) }
 
 // Durable implements snapshot.AsyncStore: false while id waits in the outbox.
 func (s *Store) Durable(ctx context.Context, id string) (bool, error) {
@@ -278,6 +289,9 @@ func (s *Store) upload(ctx context.Context, id string, d doc) error {
 	s.up.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	if f := s.up.uploaded.Load(); f != nil && pending {
+		(*f)(id)
 	}
 	s.dropOutboxChunks(ctx, d)
 	return nil

@@ -66,6 +66,10 @@ func checkID(id string) error {
 }
 
 // Stage implements snapshot.Store.
+// StagedDir is the directory Stage makes for snapshot id, whether or not it
+// exists; Recover removes every entry of its parent.
+func (s *Store) StagedDir(id string) string { return s.staged(id) }
+
 func (s *Store) Stage(ctx context.Context, id string) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", err

@@ -24,9 +24,9 @@ func scanPool(r scanner) (metadata.Pool, error) {
 func (st *Store) SetPool(ctx context.Context, p metadata.Pool, snap *metadata.Snapshot) error {
 	return st.inTx(ctx, "set pool "+string(p.Kind)+" "+p.Name, func(tx *sql.Tx) error {
 		if snap != nil {
-			res, err := st.exec(ctx, tx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
+			res, err := st.exec(ctx, tx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
 				snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, st.ts(snap.CreatedAt),
-				snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap))
+				snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap), snap.OutboxNode)
 			if err != nil {
 				return fmt.Errorf("metadata: put snapshot %s: %w", snap.ID, err)
 			}

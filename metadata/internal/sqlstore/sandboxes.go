@@ -212,9 +212,9 @@ func (st *Store) BeginRestore(ctx context.Context, s *metadata.Sandbox) (int64, 
 // CommitHibernate implements metadata.Sandboxes.
 func (st *Store) CommitHibernate(ctx context.Context, snap *metadata.Snapshot, s *metadata.Sandbox) error {
 	err := st.inTx(ctx, "commit hibernate "+s.ID, func(tx *sql.Tx) error {
-		res, err := st.exec(ctx, tx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
+		res, err := st.exec(ctx, tx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`,
 			snap.ID, snap.SandboxID, snap.Parent, snap.Bytes, snap.HibernateMS, snap.Engine, st.ts(snap.CreatedAt),
-			snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap))
+			snap.LogicalBytes, snap.StoredBytes, snap.NewBytes, snap.Kept, snapName(snap), snap.OutboxNode)
 		if err != nil {
 			return fmt.Errorf("metadata: put snapshot %s: %w", snap.ID, err)
 		}
@@ -238,13 +238,13 @@ func (st *Store) SnapshotUsers(ctx context.Context, id string) ([]string, error)
 
 // snapshots
 
-const snapshotCols = `id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at, logical_bytes, stored_bytes, new_bytes, kept, name`
+const snapshotCols = `id, sandbox_id, parent, bytes, hibernate_ms, engine, created_at, logical_bytes, stored_bytes, new_bytes, kept, name, outbox_node`
 
 func scanSnapshot(r scanner) (*metadata.Snapshot, error) {
 	var s metadata.Snapshot
 	var created string
 	if err := r.Scan(&s.ID, &s.SandboxID, &s.Parent, &s.Bytes, &s.HibernateMS, &s.Engine, &created,
-		&s.LogicalBytes, &s.StoredBytes, &s.NewBytes, &s.Kept, &s.Name); err != nil {
+		&s.LogicalBytes, &s.StoredBytes, &s.NewBytes, &s.Kept, &s.Name, &s.OutboxNode); err != nil {
 		return nil, err
 	}
 	s.CreatedAt = parseTS(created)
@@ -273,6 +273,18 @@ func (st *Store) SetSnapshotSizes(ctx context.Context, id string, logical, store
 		logical, stored, newBytes, id)
 	if err != nil {
 		return fmt.Errorf("metadata: set snapshot sizes %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("snapshot %s: %w", id, metadata.ErrNotFound)
+	}
+	return nil
+}
+
+// SetSnapshotUploaded implements metadata.Snapshots.
+func (st *Store) SetSnapshotUploaded(ctx context.Context, id string) error {
+	res, err := st.exec(ctx, st.db, `UPDATE snapshots SET outbox_node = '' WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("metadata: set snapshot %s uploaded: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return fmt.Errorf("snapshot %s: %w", id, metadata.ErrNotFound)
