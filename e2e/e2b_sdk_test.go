@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/api/e2b"
 	"github.com/torpor/torpor/e2e/e2bsdk"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
@@ -35,13 +35,15 @@ func TestE2BSDK(t *testing.T) {
 	for pkg, version := range e2bsdk.Packages {
 		t.Run(version, func(t *testing.T) {
 			ctx := ctxFor(t, 10*time.Minute)
-			w := create(t, srv.Client, apiv1.CreateSandboxRequest{IdleTimeoutS: new(int)})
-			if err := workload.Start(ctx, srv.Client, w.ID, 16); err != nil {
+			// Made through E2B's API: its ports are public on E2B's routing, as
+			// a sandbox made through torpor's own API's are not.
+			w := e2bCreate(t, srv, e2b.NewSandbox{TemplateID: "base", Timeout: i32(900)})
+			if err := workload.Start(ctx, srv.Client, w.SandboxID, 16); err != nil {
 				t.Fatal(err)
 			}
 			cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "e2b_sdk.mjs"), e2bsdk.Module(pkg))
 			cmd.Env = append(cmd.Environ(), "E2B_API_URL="+srv.URL, "E2B_SANDBOX_URL="+srv.URL, "E2B_API_KEY="+srv.APIKey,
-				"TORPOR_WORKLOAD="+w.ID, "TORPOR_DOMAIN="+e2bDomain, "TORPOR_TAG="+strings.ReplaceAll(version, ".", "-"))
+				"TORPOR_WORKLOAD="+w.SandboxID, "TORPOR_DOMAIN="+e2bDomain, "TORPOR_TAG="+strings.ReplaceAll(version, ".", "-"))
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()

@@ -3,7 +3,7 @@
 // Arguments: the SDK's dist/index.mjs (e2e/e2bsdk/node_modules/<package>/...).
 // Environment: E2B_API_URL and E2B_SANDBOX_URL (the server), E2B_API_KEY,
 // TORPOR_WORKLOAD (a sandbox running workload/server.py on port 8080, made by
-// the Go test through torpor's API), TORPOR_TAG (unique per run, for metadata
+// the Go test through E2B's API and started through torpor's), TORPOR_TAG (unique per run, for metadata
 // filters). Run by e2e/e2b_sdk_test.go.
 import { pathToFileURL } from "node:url";
 import http from "node:http";
