@@ -108,6 +108,10 @@ func IsUnauthenticated(err error) bool { return hasCode(err, apiv1.CodeUnauthent
 // IsConflict reports whether err is an APIError with code conflict.
 func IsConflict(err error) bool { return hasCode(err, apiv1.CodeConflict) }
 
+// IsUnavailable reports whether err is an APIError with code unavailable
+// (503: a retry later may succeed; the answer's Retry-After says when).
+func IsUnavailable(err error) bool { return hasCode(err, apiv1.CodeUnavailable) }
+
 // IsSnapshotCorrupt reports whether err is an APIError with code snapshot_corrupt.
 func IsSnapshotCorrupt(err error) bool { return hasCode(err, apiv1.CodeSnapshotCorrupt) }
 

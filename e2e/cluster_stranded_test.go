@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/workload"
 )
@@ -134,9 +135,19 @@ func resumesFromKept(t *testing.T, ctx context.Context, a, n *clusterNode, id st
 	if hib.Snapshot == nil || hib.Node != "" || hib.Error != "" {
 		t.Fatalf("recorded after %s: snapshot %+v node %q error %q; want hibernated on the kept checkpoint", after, hib.Snapshot, hib.Node, hib.Error)
 	}
-	back, err := a.c.Resume(ctx, id)
-	if err != nil {
-		t.Fatalf("resume through %s: %v", a.name, err)
+	// The node that kept the checkpoint may still be ending its fence (it
+	// records the sandbox just before it serves again): its 503 is retried,
+	// as a client would.
+	var back apiv1.Sandbox
+	for {
+		var err error
+		if back, err = a.c.Resume(ctx, id); err == nil {
+			break
+		}
+		if !client.IsUnavailable(err) || time.Now().After(deadline) {
+			t.Fatalf("resume through %s: %v", a.name, err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	cnt, err := workload.Get(ctx, a.c, id, "/count")
 	if err != nil || cnt.Pid != before.Pid || cnt.Count != before.Count+1 {

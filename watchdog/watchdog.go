@@ -314,12 +314,19 @@ func Run(cfg Config) error {
 	return w.afterServer(clean, time.Now())
 }
 
+// HungAfter is how long a server that runs (its pipe open) may send no
+// heartbeat before its watchdog stops its instances: node.SelfFenceAfter and
+// 2.5 s more, so that a server that is alive but cut off from the database
+// fences itself first (checked every second: it stops the instances and,
+// the database back, gives its sandboxes up as the others would), and the
+// watchdog acts only for one that cannot (SIGSTOP, a deadlock) — still 5 s
+// before the others may declare the node lost (node.LeaseTime).
+const HungAfter = node.SelfFenceAfter + 2500*time.Millisecond
+
 // whileServer waits for read's answer on done (the server gone) and
 // meanwhile, every period, checks that the server still sends heartbeats:
-// one that runs but has sent none for node.SelfFenceAfter (hung, stopped by
-// SIGSTOP, or cut off from the database, when its own self-fence does the
-// same) has its instances stopped, once per heartbeat, before the other
-// nodes may declare the node lost. It returns read's answer.
+// one that runs but has sent none for HungAfter has its instances stopped,
+// once per heartbeat. It returns read's answer.
 func (w *watch) whileServer(done <-chan bool, period time.Duration) bool {
 	t := time.NewTicker(period)
 	defer t.Stop()
@@ -330,11 +337,11 @@ func (w *watch) whileServer(done <-chan bool, period time.Duration) bool {
 			return clean
 		case <-t.C:
 			last := w.lastBeat()
-			if last.IsZero() || time.Since(last) < node.SelfFenceAfter || last.Equal(stoppedAfter) {
+			if last.IsZero() || time.Since(last) < HungAfter || last.Equal(stoppedAfter) {
 				continue
 			}
-			w.log.Warn("watchdog: the server runs but has sent no heartbeat for the self-fence time (hung, stopped, or cut off from the database): stopping its instances, as its self-fence does",
-				"last_heartbeat", last, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
+			w.log.Warn("watchdog: the server runs but has sent no heartbeat past its self-fence time (hung or stopped): stopping its instances",
+				"last_heartbeat", last, "hung_after", HungAfter, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
 			if _, err := os.Stat(filepath.Join(w.cfg.DataDir, "gvisor")); err == nil {
 				w.stopAll()
 			}

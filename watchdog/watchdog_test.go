@@ -174,15 +174,15 @@ func TestWhileServerHung(t *testing.T) {
 		return strings.Count(string(b), "list")
 	}
 	done := make(chan bool, 1)
-	w.last = time.Now() // fresh: nothing to do
+	w.last = time.Now().Add(-node.SelfFenceAfter - time.Second) // past the self-fence, not HungAfter: the server's own fence acts
 	ended := make(chan bool, 1)
 	go func() { ended <- w.whileServer(done, 10*time.Millisecond) }()
 	time.Sleep(100 * time.Millisecond)
 	if n := lists(); n != 0 {
-		t.Fatalf("a fresh heartbeat: the instances were listed %d times", n)
+		t.Fatalf("a heartbeat past the self-fence time but not HungAfter: the instances were listed %d times", n)
 	}
 	w.mu.Lock()
-	w.last = time.Now().Add(-node.SelfFenceAfter - time.Second) // stale: the server hangs
+	w.last = time.Now().Add(-HungAfter - time.Second) // stale: the server hangs
 	w.mu.Unlock()
 	for deadline := time.Now().Add(5 * time.Second); lists() == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -197,7 +197,7 @@ func TestWhileServerHung(t *testing.T) {
 	if clean := <-ended; !clean {
 		t.Error("whileServer did not return read's answer")
 	}
-	if !strings.Contains(log.String(), "has sent no heartbeat for the self-fence time") {
+	if !strings.Contains(log.String(), "has sent no heartbeat past its self-fence time") {
 		t.Errorf("log: %s", log.String())
 	}
 }
