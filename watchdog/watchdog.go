@@ -362,7 +362,7 @@ type watch struct {
 	cfg    Config
 	log    *slog.Logger
 	server int // its server's pid
-	mu sync.Mutex
+	mu     sync.Mutex
 	// last is the last heartbeat its server sent (zero: none); under mu
 	// while read runs.
 	last time.Time
