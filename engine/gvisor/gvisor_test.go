@@ -64,6 +64,14 @@ func TestConformance(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
+		// Gone before the next call: its control socket file then refuses
+		// the dial, and the engine must say ErrNotRunning without running
+		// runsc (counted below; CI saw one fall back when the kill won).
+		for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox process %d still there 10 s after SIGKILL", pid)
+			}
+		}
 	}, AfterCheckpointExit: func(t *testing.T, id string) {
 		// The exited sandbox waits frozen for Stop, its teardown off the
 		// commit's CPU (CheckpointExit).
