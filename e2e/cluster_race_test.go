@@ -280,3 +280,119 @@ func TestClusterConcurrentDeletes(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterIdempotentCreates: one create with one Idempotency-Key sent
+// through the three nodes at once (twice each) makes one sandbox, and every
+// call answers 201 with it: a node whose claim of the key lost waits for
+// the call that another node's server runs, as a retry on the same server
+// does. Before the record named its holder, a node that found the key
+// claimed without an answer took the other node's running call for one a
+// crash had cut and made the recorded sandbox too: two creates of one id.
+// Several rounds, a key each.
+func TestClusterIdempotentCreates(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runsc, network namespaces)")
+	}
+	ctx := ctxFor(t, 10*time.Minute)
+	cl := startCluster(t, ctx)
+	nodes := cl.order[:3]
+	// createWith sends one create with key through n (no client retries).
+	createWith := func(n *clusterNode, key string) raceAnswer {
+		resp, err := n.c.Do(ctx, "POST", "/v1/sandboxes", strings.NewReader(`{"memory_mib":128,"idle_timeout_s":0}`),
+			http.Header{"Content-Type": {"application/json"}, apiv1.IdempotencyKeyHeader: {key}})
+		if err != nil {
+			return raceAnswer{n.name, "create", err.Error(), 0}
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return raceAnswer{n.name, "create", string(b), resp.StatusCode}
+	}
+	const rounds = 3
+	for round := range rounds {
+		key := client.NewIdempotencyKey()
+		var calls []func() raceAnswer
+		for _, n := range nodes {
+			for range 2 {
+				calls = append(calls, func() raceAnswer { return createWith(n, key) })
+			}
+		}
+		ids := map[string]int{}
+		for _, ans := range atOnce(calls) {
+			var sb apiv1.Sandbox
+			if ans.status != http.StatusCreated || json.Unmarshal([]byte(ans.body), &sb) != nil || sb.ID == "" {
+				t.Errorf("round %d: create through %s: %d %s; want 201 with the sandbox", round, ans.via, ans.status, ans.body)
+				continue
+			}
+			ids[sb.ID]++
+		}
+		if len(ids) != 1 {
+			t.Fatalf("round %d: the six creates with one key answered %d sandboxes (%v), want one", round, len(ids), ids)
+		}
+		for id := range ids {
+			t.Cleanup(func() { nodes[0].c.DeleteSandbox(context.Background(), id) })
+			sb := get(t, nodes[0].c, id)
+			instances := 0
+			for _, n := range nodes {
+				instances += runscSandboxesOf(t, n.dir, id)
+			}
+			if sb.State != apiv1.StateRunning || instances != 1 {
+				t.Errorf("round %d: %s is %s on %q with %d runsc sandboxes on the three nodes; want running, one", round, id, sb.State, sb.Node, instances)
+			}
+			if _, err := nodes[1].c.Exec(ctx, id, apiv1.ExecRequest{Cmd: []string{"true"}}); err != nil {
+				t.Errorf("round %d: exec in %s: %v", round, id, err)
+			}
+			t.Logf("round %d: six creates with one key through three nodes: one sandbox, %s on %s", round, id, sb.Node)
+		}
+	}
+
+	// A call whose server is killed after it claimed the key: once that
+	// node's server has started again, retries through the two other nodes
+	// at once take the call over (one of them: the other waits for it) and
+	// make its one sandbox.
+	a := nodes[0]
+	a.proc.stop(t)
+	a.env = []string{"TORPOR_TEST_KILL_AT=idempotency-claimed"}
+	cl.start(a)
+	a.env = nil
+	key := client.NewIdempotencyKey()
+	if ans := createWith(a, key); ans.status != 0 {
+		t.Fatalf("create through %s answered %d %s though its server was to be killed after claiming the key", a.name, ans.status, ans.body)
+	}
+	select {
+	case <-a.proc.done:
+		a.proc.done = nil
+	case <-time.After(time.Minute):
+		t.Fatalf("%s's server still runs after the fault point", a.name)
+	}
+	cl.start(a)
+	ids := map[string]int{}
+	for _, ans := range atOnce([]func() raceAnswer{func() raceAnswer { return createWith(nodes[1], key) }, func() raceAnswer { return createWith(nodes[2], key) }}) {
+		var sb apiv1.Sandbox
+		if ans.status != http.StatusCreated || json.Unmarshal([]byte(ans.body), &sb) != nil || sb.ID == "" {
+			t.Errorf("retry of the cut create through %s: %d %s; want 201 with the sandbox", ans.via, ans.status, ans.body)
+			continue
+		}
+		ids[sb.ID]++
+	}
+	taken := 0
+	for _, n := range nodes[1:] {
+		b, _ := os.ReadFile(n.log)
+		taken += strings.Count(string(b), "taking the call over")
+	}
+	if taken != 1 {
+		t.Errorf("%d nodes took the cut call over (their logs), want 1", taken)
+	}
+	if len(ids) != 1 {
+		t.Fatalf("two retries of the cut create answered %d sandboxes (%v), want one", len(ids), ids)
+	}
+	for id := range ids {
+		t.Cleanup(func() { nodes[0].c.DeleteSandbox(context.Background(), id) })
+		instances := 0
+		for _, n := range nodes {
+			instances += runscSandboxesOf(t, n.dir, id)
+		}
+		if sb := get(t, nodes[0].c, id); sb.State != apiv1.StateRunning || instances != 1 {
+			t.Errorf("the retried create's %s is %s on %q with %d runsc sandboxes; want running, one", id, sb.State, sb.Node, instances)
+		}
+	}
+}

@@ -29,8 +29,10 @@ type clusterNode struct {
 	name, dir, log string
 	// database is the URL the node's server is given ("": the cluster's).
 	database string
-	proc     *serveProcess
-	c        *client.Client
+	// env is added to the environment of the node's next server.
+	env  []string
+	proc *serveProcess
+	c    *client.Client
 }
 
 // TestCluster: three `torpor serve` processes (own data directories and
@@ -364,7 +366,7 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 	}
 	cl.start = func(n *clusterNode) {
 		db := cmp.Or(n.database, dbURL)
-		n.proc = serve(t, bin, n.log, append([]string{"--node", n.name, "--database", db, "--data-dir", n.dir,
+		n.proc = serveEnv(t, bin, n.log, n.env, append([]string{"--node", n.name, "--database", db, "--data-dir", n.dir,
 			"--runsc", servertest.Runsc(t), "--agent", servertest.AgentBinary(t),
 			"--store", "s3", "--s3-endpoint", s3.Endpoint, "--s3-bucket", bucket,
 			"--s3-access-key", s3.AccessKey, "--s3-secret-key", s3.SecretKey, "--s3-region", s3.Region}, extra...)...)

@@ -35,6 +35,12 @@ type serveProcess struct {
 // process exits first.
 func serve(t *testing.T, bin, logPath string, args ...string) *serveProcess {
 	t.Helper()
+	return serveEnv(t, bin, logPath, nil, args...)
+}
+
+// serveEnv is serve with env (KEY=VALUE) added to the server's environment.
+func serveEnv(t *testing.T, bin, logPath string, env []string, args ...string) *serveProcess {
+	t.Helper()
 	addr := freeAddr(t)
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -43,6 +49,9 @@ func serve(t *testing.T, bin, logPath string, args ...string) *serveProcess {
 	defer logf.Close()
 	cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--auth", "none"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

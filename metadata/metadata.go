@@ -348,6 +348,12 @@ type IdempotencyKeys interface {
 	// FinishIdempotencyKey sets the Status of the record of key. ErrNotFound
 	// if there is none.
 	FinishIdempotencyKey(ctx context.Context, key string, status int) error
+	// TakeIdempotencyKey makes to the Holder of the record of key if its
+	// Holder is from and it has no Status yet (a call whose holder crashed
+	// or was lost, taken over by a retry), and reports whether it did.
+	// Atomic: of concurrent takes from one holder at most one succeeds.
+	// ErrNotFound if there is no record of key.
+	TakeIdempotencyKey(ctx context.Context, key, from, to string) (bool, error)
 	// DeleteIdempotencyKey removes the record of key (a call that made
 	// nothing, which a retry may run again). ErrNotFound if there is none.
 	DeleteIdempotencyKey(ctx context.Context, key string) error
@@ -370,6 +376,11 @@ type IdempotencyKey struct {
 	// a crash ended it before it answered.
 	Status    int
 	CreatedAt time.Time
+	// Holder is the server process that runs the call: "" with one server,
+	// else its node's name and start time ("name@<StartedAt, Unix ms>"),
+	// so that a retry on another node waits for a call that still runs
+	// there and takes over one whose server is gone.
+	Holder string
 }
 
 // Counters are the store-wide counters.

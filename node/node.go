@@ -266,6 +266,10 @@ func MustFence(renewed, now time.Time) bool { return now.Sub(renewed) > SelfFenc
 // Name is the node's name.
 func (h *Heartbeat) Name() string { return h.cfg.Name }
 
+// StartedAt is when the node registered (its record's StartedAt): with the
+// name it tells this server process from the node's earlier and later ones.
+func (h *Heartbeat) StartedAt() time.Time { return h.start }
+
 // Stop ends the heartbeats and waits for the loop. The record stays: the
 // node counts as lost once LeaseTime has passed, and as itself again when it
 // starts with the same name.

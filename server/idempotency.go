@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -106,7 +109,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 	for i := range ids {
 		ids[i] = manager.NewSandboxID()
 	}
-	rec, created, err := s.idem.db.ClaimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: key, RequestHash: hash, SandboxIDs: ids, CreatedAt: time.Now().UTC()})
+	rec, created, err := s.claimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: key, RequestHash: hash, SandboxIDs: ids, CreatedAt: time.Now().UTC(), Holder: s.idemHolder()})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -164,6 +167,74 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 	}
 	manager.FaultPoint("idempotency-recorded")
 	writeJSON(w, status, v)
+}
+
+// idemHolderPoll is how often a retry checks the record of a call that
+// another node's server still runs.
+const idemHolderPoll = 100 * time.Millisecond
+
+// idemHolder is this server process as idempotency records name it
+// (metadata.IdempotencyKey.Holder): "" without nodes, else
+// "<node>@<registration time, Unix ms>".
+func (s *Server) idemHolder() string {
+	if s.heartbeat == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s@%d", s.node, s.heartbeat.StartedAt().UnixMilli())
+}
+
+// claimIdempotencyKey claims want's key for this server (the metadata
+// store's ClaimIdempotencyKey) and returns the record: want (created), one
+// with another request hash or a status (answered), or one without a
+// status that this server may now salvage and run — its holder is this
+// process's node's earlier server, or a server that is gone (its node lost
+// or started again since), taken over (TakeIdempotencyKey). While another
+// node's live server holds the record (its call still runs there), it
+// waits and reads it again every idemHolderPoll. Errors: the database's;
+// ctx's when it ends first.
+func (s *Server) claimIdempotencyKey(ctx context.Context, want metadata.IdempotencyKey) (metadata.IdempotencyKey, bool, error) {
+	for {
+		rec, created, err := s.idem.db.ClaimIdempotencyKey(ctx, want)
+		if err != nil || created || rec.Status != 0 || !bytes.Equal(rec.RequestHash, want.RequestHash) || rec.Holder == want.Holder {
+			return rec, created, err
+		}
+		if !s.idemHolderLive(ctx, rec.Holder) {
+			ok, err := s.idem.db.TakeIdempotencyKey(ctx, rec.Key, rec.Holder, want.Holder)
+			if errors.Is(err, metadata.ErrNotFound) {
+				continue // its call made nothing and freed the key: claim it
+			}
+			if ok {
+				s.log.Info("idempotent retry: the server that ran the call is gone; taking the call over", "key", rec.Key, "was_held_by", rec.Holder)
+			}
+			if err != nil || ok {
+				rec.Holder = want.Holder
+				return rec, false, err
+			}
+			continue // another retry took it first, or it was answered
+		}
+		select {
+		case <-ctx.Done():
+			return metadata.IdempotencyKey{}, false, ctx.Err()
+		case <-time.After(idemHolderPoll):
+		}
+	}
+}
+
+// idemHolderLive reports whether holder (an idempotency record's Holder) is
+// another node's server that still runs: its node's record names the same
+// registration time and the node is not lost. A holder of this node, or of
+// a record from one server (""), is not: this process holds its own calls
+// (idempotency.hold), and an earlier server of this node is gone.
+func (s *Server) idemHolderLive(ctx context.Context, holder string) bool {
+	name, ms, ok := strings.Cut(holder, "@")
+	if !ok || name == s.node {
+		return false
+	}
+	n, err := s.db.GetNode(ctx, name)
+	if err != nil {
+		return !errors.Is(err, metadata.ErrNotFound) // a database error: not taken over on it
+	}
+	return strconv.FormatInt(n.StartedAt.UnixMilli(), 10) == ms && node.StateOf(n, time.Now()) != node.StateLost
 }
 
 // replay answers a retry of the call recorded in rec: the recorded status

@@ -811,7 +811,7 @@ func testNodes(t *testing.T, st metadata.Store) {
 // frees the key; records made before a time expire, the others stay.
 func testIdempotencyKeys(t *testing.T, st metadata.Store) {
 	first := metadata.IdempotencyKey{Key: "k-1", RequestHash: hash32(1), SandboxIDs: []string{"sbx-a", "sbx-b"},
-		CreatedAt: at(10).Add(500 * time.Millisecond)}
+		CreatedAt: at(10).Add(500 * time.Millisecond), Holder: "node-a@1"}
 	got, created, err := st.ClaimIdempotencyKey(ctx, first)
 	if err != nil || !created || !equal(got, first) {
 		t.Fatalf("first claim: %+v created %v %v, want %+v created", got, created, err, first)
@@ -820,8 +820,48 @@ func testIdempotencyKeys(t *testing.T, st metadata.Store) {
 	if got, created, err := st.ClaimIdempotencyKey(ctx, again); err != nil || created || !equal(got, first) {
 		t.Errorf("second claim: %+v created %v %v, want the first record, not created", got, created, err)
 	}
+	// A take from another holder than the record's changes nothing; of
+	// concurrent takes from its holder exactly one succeeds.
+	if ok, err := st.TakeIdempotencyKey(ctx, "k-1", "node-b@1", "node-c@2"); ok || err != nil {
+		t.Errorf("take from a holder the record does not name: %v %v, want false", ok, err)
+	}
+	var takes sync.WaitGroup
+	took := make(chan string, 4)
+	for i := range 4 {
+		takes.Add(1)
+		go func() {
+			defer takes.Done()
+			to := fmt.Sprintf("node-%d@9", i)
+			ok, err := st.TakeIdempotencyKey(ctx, "k-1", "node-a@1", to)
+			if err != nil {
+				t.Errorf("take %d: %v", i, err)
+			}
+			if ok {
+				took <- to
+			}
+		}()
+	}
+	takes.Wait()
+	close(took)
+	var takers []string
+	for to := range took {
+		takers = append(takers, to)
+	}
+	if len(takers) != 1 {
+		t.Fatalf("concurrent takes of one record: %d succeeded (%v), want exactly 1", len(takers), takers)
+	}
+	first.Holder = takers[0]
+	if got, created, err := st.ClaimIdempotencyKey(ctx, again); err != nil || created || !equal(got, first) {
+		t.Errorf("claim after a take: %+v created %v %v, want %+v", got, created, err, first)
+	}
+	if _, err := st.TakeIdempotencyKey(ctx, "k-none", "", "x"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("take of a missing key: %v, want ErrNotFound", err)
+	}
 	if err := st.FinishIdempotencyKey(ctx, "k-1", 201); err != nil {
 		t.Fatal(err)
+	}
+	if ok, err := st.TakeIdempotencyKey(ctx, "k-1", first.Holder, "node-z@1"); ok || err != nil {
+		t.Errorf("take of a finished record: %v %v, want false", ok, err)
 	}
 	want := first
 	want.Status = 201

@@ -24,8 +24,8 @@ func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.Idempotency
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: idempotency key: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := st.exec(ctx, tx, `INSERT INTO idempotency_keys (key, request_hash, sandbox_ids, status, created_ns)
-		VALUES (?, ?, ?, ?, ?) ON CONFLICT(key) DO NOTHING`, r.Key, r.RequestHash, string(ids), r.Status, r.CreatedAt.UnixNano())
+	res, err := st.exec(ctx, tx, `INSERT INTO idempotency_keys (key, request_hash, sandbox_ids, status, created_ns, holder)
+		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO NOTHING`, r.Key, r.RequestHash, string(ids), r.Status, r.CreatedAt.UnixNano(), r.Holder)
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: claim idempotency key: %w", err)
 	}
@@ -35,8 +35,8 @@ func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.Idempotency
 		idsJSON string
 		created int64
 	)
-	err = st.row(ctx, tx, `SELECT key, request_hash, sandbox_ids, status, created_ns FROM idempotency_keys WHERE key = ?`, r.Key).
-		Scan(&got.Key, &got.RequestHash, &idsJSON, &got.Status, &created)
+	err = st.row(ctx, tx, `SELECT key, request_hash, sandbox_ids, status, created_ns, holder FROM idempotency_keys WHERE key = ?`, r.Key).
+		Scan(&got.Key, &got.RequestHash, &idsJSON, &got.Status, &created, &got.Holder)
 	if err != nil {
 		return metadata.IdempotencyKey{}, false, fmt.Errorf("metadata: read idempotency key: %w", err)
 	}
@@ -54,6 +54,26 @@ func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.Idempotency
 func (st *Store) FinishIdempotencyKey(ctx context.Context, key string, status int) error {
 	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET status = ? WHERE key = ?`, status, key)
 	return updated(res, err, "idempotency key", key)
+}
+
+// TakeIdempotencyKey implements metadata.IdempotencyKeys: one conditional
+// update.
+func (st *Store) TakeIdempotencyKey(ctx context.Context, key, from, to string) (bool, error) {
+	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET holder = ? WHERE key = ? AND holder = ? AND status = 0`, to, key, from)
+	if err != nil {
+		return false, fmt.Errorf("metadata: take idempotency key %q: %w", key, err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return true, nil
+	}
+	var one int
+	switch err := st.row(ctx, st.db, `SELECT 1 FROM idempotency_keys WHERE key = ?`, key).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, fmt.Errorf("idempotency key %q: %w", key, metadata.ErrNotFound)
+	case err != nil:
+		return false, fmt.Errorf("metadata: take idempotency key %q: %w", key, err)
+	}
+	return false, nil
 }
 
 // DeleteIdempotencyKey implements metadata.IdempotencyKeys.
