@@ -66,5 +66,18 @@ func (a *app) nodeCommand() *cobra.Command {
 			},
 		})
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"remove"},
+		Short:   "Remove a lost node's record (one whose server stopped for good); refused while it is active or draining, owns sandboxes or holds volumes",
+		Args:    usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.client().DeleteNode(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s: removed\n", args[0])
+			return nil
+		},
+	})
 	return cmd
 }

@@ -28,3 +28,11 @@ func (c *Client) DrainNode(ctx context.Context, name string, drain bool) (apiv1.
 	err := c.call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(name)+op, nil, &n)
 	return n, err
 }
+
+// DeleteNode removes the record of node name, which must be lost (its
+// server stopped for longer than the lease time), own no sandbox and hold no
+// volume. A server that later starts as name registers it again. Errors:
+// 404 for an unknown node; 409 (IsConflict) naming why otherwise.
+func (c *Client) DeleteNode(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/nodes/"+url.PathEscape(name), nil, nil)
+}

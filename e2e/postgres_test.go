@@ -245,6 +245,21 @@ func TestServePostgres(t *testing.T) {
 	if d := time.Since(stoppedAt); d < node.LeaseTime-node.HeartbeatInterval {
 		t.Errorf("pg-a lost %v after it stopped, before its lease of %v", d, node.LeaseTime)
 	}
+
+	// node rm: an active node's record is refused (409), an unknown one is
+	// 404, the lost pg-a's goes.
+	if out, err := runTorpor(bin, "--url", srv.url, "node", "rm", "pg-b"); err == nil || !strings.Contains(out, "pg-b is active") {
+		t.Errorf("node rm of the active node: %v\n%s", err, out)
+	}
+	if err := c.DeleteNode(ctx, "pg-none"); !client.IsNotFound(err) {
+		t.Errorf("DELETE of an unknown node: %v, want 404", err)
+	}
+	if out, err := runTorpor(bin, "--url", srv.url, "node", "rm", "pg-a"); err != nil || !strings.Contains(out, "pg-a: removed") {
+		t.Errorf("node rm of the lost node: %v\n%s", err, out)
+	}
+	if ns, err := c.ListNodes(ctx); err != nil || len(ns) != 1 || ns[0].Name != "pg-b" {
+		t.Errorf("nodes after node rm pg-a: %+v %v, want pg-b alone", ns, err)
+	}
 }
 
 // waitNodes polls GET /v1/nodes until ok says yes, for up to twice the

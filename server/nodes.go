@@ -99,6 +99,68 @@ func (s *Server) nodeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/nodes", s.listNodes)
 	mux.HandleFunc("POST /v1/nodes/{name}/drain", s.drainNode(true))
 	mux.HandleFunc("POST /v1/nodes/{name}/undrain", s.drainNode(false))
+	mux.HandleFunc("DELETE /v1/nodes/{name}", s.deleteNode)
+}
+
+// deleteNode removes node {name}'s record (torpor node rm): 204. Only a lost
+// node's: an active or draining one is 409, as is one that still owns
+// sandboxes (the other nodes fence a lost node's sandboxes within a
+// heartbeat interval; until then its record names whom they are taken from)
+// or holds volumes (in its data directory: the record is what names it).
+// 404 for an unknown node.
+func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	name := r.PathValue("name")
+	n, err := s.db.GetNode(ctx, name)
+	if errors.Is(err, metadata.ErrNotFound) {
+		err = sandbox.Errorf(sandbox.NotFound, "node %s: not found", name)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if st := node.StateOf(n, time.Now()); st != node.StateLost {
+		s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "node %s is %s: only a lost node's record is removed (stop its server; it is lost %s after its last heartbeat)", name, st, node.LeaseTime))
+		return
+	}
+	sbs, err := s.db.ListSandboxes(ctx)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var owned []string
+	for _, sb := range sbs {
+		if sb.Owner == name {
+			owned = append(owned, sb.ID)
+		}
+	}
+	if len(owned) > 0 {
+		s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "node %s still owns %d sandboxes (%s): the other nodes fence them within %s of its loss; try again then",
+			name, len(owned), strings.Join(owned, ", "), node.HeartbeatInterval))
+		return
+	}
+	vols, err := s.db.ListVolumes(ctx)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var held []string
+	for _, v := range vols {
+		if v.Node == name {
+			held = append(held, v.Name)
+		}
+	}
+	if len(held) > 0 {
+		s.fail(w, r, sandbox.Errorf(sandbox.Conflict, "node %s holds volumes %s in its data directory: start its server and remove them (torpor volume rm) first",
+			name, strings.Join(held, ", ")))
+		return
+	}
+	if err := s.db.DeleteNode(ctx, name); err != nil && !errors.Is(err, metadata.ErrNotFound) {
+		s.fail(w, r, err)
+		return
+	}
+	s.log.Info("node removed", "node", name, "last_heartbeat", n.HeartbeatAt)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/sandbox"
 	"github.com/torpor/torpor/server"
 )
 
@@ -68,5 +70,42 @@ func TestNodes(t *testing.T) {
 	ns, err = c.ListNodes(ctx)
 	if err != nil || len(ns) != 2 || ns[0].Name != "n0" || ns[0].State != "lost" || ns[0].Self || ns[1].State != "draining" {
 		t.Errorf("nodes with a lost and a draining one: %+v %v", ns, err)
+	}
+
+	// node rm (DELETE /v1/nodes/{name}): refused for a draining node, for a
+	// lost one that a record still names the owner of a sandbox, and for
+	// one that holds a volume; then the lost node's record goes.
+	wantConflict := func(name, says string) {
+		t.Helper()
+		if err := c.DeleteNode(ctx, name); !client.IsConflict(err) || !strings.Contains(err.Error(), says) {
+			t.Errorf("DELETE node %s: %v, want 409 saying %q", name, err, says)
+		}
+	}
+	wantConflict("n1", "n1 is draining")
+	owned := &metadata.Sandbox{ID: "sbx-ofn0", State: sandbox.StateRunning, Owner: "n0", Image: "tiny", ImageDigest: "sha256:aa",
+		GuestDigest: "g1", MemoryMiB: 256, CPUs: 1, Generation: 1, Seq: 1, Instance: "sbx-ofn0-00000001",
+		CreatedAt: old, StateChangedAt: old}
+	if err := db.CreateSandbox(ctx, owned); err != nil {
+		t.Fatal(err)
+	}
+	wantConflict("n0", "still owns 1 sandboxes (sbx-ofn0)")
+	if err := db.DeleteSandbox(ctx, owned.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateVolume(ctx, metadata.Volume{Name: "v-n0", CreatedAt: old, Node: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	wantConflict("n0", "holds volumes v-n0")
+	if err := db.DeleteVolume(ctx, "v-n0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteNode(ctx, "n0"); err != nil {
+		t.Fatalf("DELETE of the lost node n0: %v", err)
+	}
+	if err := c.DeleteNode(ctx, "n0"); !client.IsNotFound(err) {
+		t.Errorf("DELETE of n0 again: %v, want 404", err)
+	}
+	if ns, err := c.ListNodes(ctx); err != nil || len(ns) != 1 || ns[0].Name != "n1" {
+		t.Errorf("nodes after n0's removal: %+v %v", ns, err)
 	}
 }
