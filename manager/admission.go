@@ -14,6 +14,7 @@ import (
 
 	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
+	"github.com/torpor/torpor/snapshot"
 )
 
 // LimitsConfig bounds what each sandbox, and all of them together, may take
@@ -184,15 +185,23 @@ func (e *AdmissionError) Error() string {
 // RetryAfter is how long the caller should wait before retrying.
 func (e *AdmissionError) RetryAfter() time.Duration { return e.Retry }
 
+// DurableRetryAfter is the Retry-After of a call that failed because the
+// durable tier (S3) did not answer: about one upload retry round.
+const DurableRetryAfter = 5 * time.Second
+
 // RetryAfterSeconds returns the whole seconds (at least 1) an API surface
 // tells the caller to wait before retrying (HTTP Retry-After) when err has
 // a retryable refusal in its chain (a RetryAfter method: an
 // *AdmissionError, a snapshot still in another node's upload outbox
 // (*UploadPendingError), a hibernate whose commit waits (*StrandedError)),
-// else 0.
+// or a durable tier that did not answer (snapshot.ErrUnavailable:
+// DurableRetryAfter), else 0.
 func RetryAfterSeconds(err error) int {
 	var r interface{ RetryAfter() time.Duration }
 	if !errors.As(err, &r) {
+		if errors.Is(err, snapshot.ErrUnavailable) {
+			return int(DurableRetryAfter / time.Second)
+		}
 		return 0
 	}
 	return max(1, int(math.Ceil(r.RetryAfter().Seconds())))

@@ -1053,9 +1053,14 @@ func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (d
 		return dir, man, done, nil
 	case errors.As(err, &ce):
 		return "", man, done, corrupt(op, sandboxID, err)
-	case errors.Is(err, snapshot.ErrNotFound):
+	case errors.Is(err, snapshot.ErrNotFound), errors.Is(err, snapshot.ErrUnavailable):
+		// A snapshot still in another node's outbox is not in the bucket,
+		// reachable or not: that is the answer (with S3 down too).
 		if perr := m.uploadPending(ctx, id, op, sandboxID); perr != nil {
 			return "", man, done, perr // on its way to the bucket from another node's outbox
+		}
+		if errors.Is(err, snapshot.ErrUnavailable) {
+			return "", man, done, fmt.Errorf("%s %s: %w", op, sandboxID, err)
 		}
 		return "", man, done, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):

@@ -32,10 +32,62 @@ func (h holdManifests) Put(ctx context.Context, key string, r io.Reader, size in
 	return h.Backend.Put(ctx, key, r, size)
 }
 
+// downBackend answers every call with snapshot.ErrUnavailable while down is
+// set, as the S3 backend does when the server does not answer.
+type downBackend struct {
+	chunked.Backend
+	down *atomic.Bool
+}
+
+func (d downBackend) err(key string) error {
+	return fmt.Errorf("s3 %s: %w: connection refused (the test's)", key, snapshot.ErrUnavailable)
+}
+
+func (d downBackend) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if d.down.Load() {
+		return d.err(key)
+	}
+	return d.Backend.Put(ctx, key, r, size)
+}
+
+func (d downBackend) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if d.down.Load() {
+		return nil, d.err(key)
+	}
+	return d.Backend.Get(ctx, key)
+}
+
+func (d downBackend) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	if d.down.Load() {
+		return nil, d.err(key)
+	}
+	return d.Backend.GetRange(ctx, key, off, n)
+}
+
+func (d downBackend) Exists(ctx context.Context, key string) (bool, error) {
+	if d.down.Load() {
+		return false, d.err(key)
+	}
+	return d.Backend.Exists(ctx, key)
+}
+
+func (d downBackend) List(ctx context.Context, prefix string) ([]chunked.Object, error) {
+	if d.down.Load() {
+		return nil, d.err(prefix)
+	}
+	return d.Backend.List(ctx, prefix)
+}
+
 // s3Node returns a hostOpts.store making a chunked store on bucket of srv
 // (created by the first), its manifest Puts held while hold is set (nil:
 // never); the store is also put in *made.
 func s3Node(srv *s3test.Server, bucket string, first bool, hold *atomic.Bool, made **chunked.Store) func(t *testing.T, dir string) snapshot.Store {
+	return s3NodeDown(srv, bucket, first, hold, nil, made)
+}
+
+// s3NodeDown is s3Node whose backend is unreachable while down is set (nil:
+// never).
+func s3NodeDown(srv *s3test.Server, bucket string, first bool, hold, down *atomic.Bool, made **chunked.Store) func(t *testing.T, dir string) snapshot.Store {
 	return func(t *testing.T, dir string) snapshot.Store {
 		b, err := chunked.NewS3(context.Background(), chunked.S3Config{Endpoint: srv.Endpoint, Bucket: bucket,
 			AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, Region: srv.Region, PathStyle: true, CreateBucket: first})
@@ -45,6 +97,9 @@ func s3Node(srv *s3test.Server, bucket string, first bool, hold *atomic.Bool, ma
 		var backend chunked.Backend = b
 		if hold != nil {
 			backend = holdManifests{Backend: b, hold: hold}
+		}
+		if down != nil {
+			backend = downBackend{Backend: backend, down: down}
 		}
 		s, err := chunked.New(context.Background(), chunked.Config{Dir: dir + "/chunks", Backend: backend,
 			CacheBytes: 16 << 20, UploadRetry: 50 * time.Millisecond})
@@ -70,10 +125,10 @@ func TestDurableOnlyOnceInBucket(t *testing.T) {
 	ctx := context.Background()
 	srv := s3test.Start(t)
 	const bucket = "durable"
-	var hold atomic.Bool
+	var hold, downB atomic.Bool
 	var storeB *chunked.Store
 	a := newHost(t, hostOpts{node: "node-a", store: s3Node(srv, bucket, true, &hold, new(*chunked.Store))})
-	b := newHost(t, hostOpts{node: "node-b", peer: a, store: s3Node(srv, bucket, false, nil, &storeB)})
+	b := newHost(t, hostOpts{node: "node-b", peer: a, store: s3NodeDown(srv, bucket, false, nil, &downB, &storeB)})
 	sb := a.create()
 	a.writeFile(sb.ID, "/tmp/f", "before")
 
@@ -103,6 +158,14 @@ func TestDurableOnlyOnceInBucket(t *testing.T) {
 	if r := b.record(sb.ID); r.State != sandbox.StateHibernated || r.SnapshotID != snapID || r.Owner != "" {
 		t.Fatalf("after the refused resume: state %s snapshot %s owner %q, want hibernated on %s with no owner",
 			r.State, r.SnapshotID, r.Owner, snapID)
+	}
+	// The same with the bucket unreachable from node B too (a trial found
+	// the S3 error answered there, without the outbox or a Retry-After).
+	downB.Store(true)
+	_, err = b.m.Resume(ctx, sb.ID)
+	downB.Store(false)
+	if !errors.As(err, &pending) || pending.Node != "node-a" || manager.RetryAfterSeconds(err) <= 0 {
+		t.Fatalf("resume through node B before the upload, with S3 down for B: %v, want Unavailable naming node-a's outbox with a Retry-After", err)
 	}
 
 	hold.Store(false)
@@ -140,5 +203,19 @@ func TestDurableOnlyOnceInBucket(t *testing.T) {
 	}
 	if _, err := b.m.Resume(ctx, other.ID); sandbox.KindOf(err) != sandbox.SnapshotCorrupt {
 		t.Fatalf("resume through node B of a snapshot gone from the bucket: %v (kind %v), want snapshot_corrupt", err, sandbox.KindOf(err))
+	}
+}
+
+// TestRetryAfterDurableUnavailable: a call that failed because the durable
+// tier did not answer tells the caller when to retry (a trial found such
+// 503s without Retry-After).
+func TestRetryAfterDurableUnavailable(t *testing.T) {
+	err := &sandbox.Error{Kind: sandbox.Unavailable, Op: "resume", SandboxID: "sbx-x",
+		Err: fmt.Errorf("manifest: s3 get: %w: connection refused", snapshot.ErrUnavailable)}
+	if got := manager.RetryAfterSeconds(err); got != int(manager.DurableRetryAfter/time.Second) {
+		t.Errorf("Retry-After of a durable tier outage: %d s, want %v", got, manager.DurableRetryAfter)
+	}
+	if got := manager.RetryAfterSeconds(errors.New("other")); got != 0 {
+		t.Errorf("Retry-After of another error: %d, want 0", got)
 	}
 }
