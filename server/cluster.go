@@ -70,6 +70,10 @@ type clusterFront struct {
 	mu     sync.Mutex
 	// proxies are the reverse proxies to other nodes, by base URL.
 	proxies map[string]*httputil.ReverseProxy
+	// nodes is the list of nodes nodeAt read at nodesAt.
+	nodesMu sync.Mutex
+	nodes   []metadata.Node
+	nodesAt time.Time
 }
 
 // call is what the cluster front reads of a request.
@@ -529,7 +533,73 @@ func volumeRefusal(p Placement, state string) error {
 
 // forward sends r to the node at base and copies its answer back, streamed.
 func (f *clusterFront) forward(w http.ResponseWriter, r *http.Request, base *url.URL) {
-	f.proxy(base).ServeHTTP(w, r)
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	go f.watchNode(ctx, cancel, base.String())
+	f.proxy(base).ServeHTTP(w, r.WithContext(ctx))
+}
+
+// nodeWatchPeriod is how often a call forwarded to a node checks, while it
+// waits, that the node still heartbeats.
+const nodeWatchPeriod = time.Second
+
+// silentNodeError ends a forwarded call whose node sent no heartbeat for
+// longer than node.SelfFenceAfter: by then a node cut off from the database
+// has fenced itself, so one that has not answered is hung or gone.
+type silentNodeError struct {
+	node string
+	age  time.Duration
+}
+
+func (e *silentNodeError) Error() string {
+	return fmt.Sprintf("node %s sent no heartbeat for %s (hung, cut off or gone)", e.node, e.age.Round(100*time.Millisecond))
+}
+
+// watchNode ends ctx (cancel, with a *silentNodeError) once the node
+// advertising adv has sent no heartbeat for node.SelfFenceAfter, checking
+// every nodeWatchPeriod until ctx ends. A node that cannot be read (the
+// database does not answer) is not judged.
+func (f *clusterFront) watchNode(ctx context.Context, cancel context.CancelCauseFunc, adv string) {
+	tick := time.NewTicker(nodeWatchPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n, ok := f.nodeAt(ctx, adv)
+		if !ok {
+			continue
+		}
+		if age := time.Since(n.HeartbeatAt); age > node.SelfFenceAfter {
+			cancel(&silentNodeError{node: n.Name, age: age})
+			return
+		}
+	}
+}
+
+// nodeAt is the record of the node advertising adv, from a list of the
+// nodes read at most once per nodeWatchPeriod for all the calls in flight;
+// ok false when no node advertises adv or the list cannot be read.
+func (f *clusterFront) nodeAt(ctx context.Context, adv string) (metadata.Node, bool) {
+	f.nodesMu.Lock()
+	defer f.nodesMu.Unlock()
+	if time.Since(f.nodesAt) >= nodeWatchPeriod {
+		lctx, cancel := context.WithTimeout(ctx, nodeWatchPeriod)
+		ns, err := f.s.db.ListNodes(lctx)
+		cancel()
+		if err != nil {
+			return metadata.Node{}, false
+		}
+		f.nodes, f.nodesAt = ns, time.Now()
+	}
+	for _, n := range f.nodes {
+		if strings.TrimRight(n.Advertise, "/") == strings.TrimRight(adv, "/") {
+			return n, true
+		}
+	}
+	return metadata.Node{}, false
 }
 
 func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
@@ -564,10 +634,27 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 				return
 			}
 			f.s.log.Warn("cluster: forward", "node", key, "path", r.URL.Path, "err", err)
+			w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
+			var silent *silentNodeError
+			if errors.As(context.Cause(r.Context()), &silent) {
+				// Hung or gone: within the lease time it counts as lost and
+				// its sandboxes resume elsewhere.
+				writeError(w, http.StatusBadGateway, apiv1.CodeBadGateway,
+					fmt.Sprintf("%s %s: forwarded to %s, which did not answer: %v; retry: it counts as lost %s after its last heartbeat and its sandboxes resume on another node",
+						r.Method, r.URL.Path, key, silent, node.LeaseTime))
+				return
+			}
+			if n, ok := f.nodeAt(context.WithoutCancel(r.Context()), key); ok && errors.As(err, &op) && op.Op == "dial" {
+				// Gone just now, or never reachable at that URL (it then
+				// heartbeats on and is never declared lost).
+				writeError(w, http.StatusBadGateway, apiv1.CodeBadGateway,
+					fmt.Sprintf("%s %s: node %s does not answer at its advertised URL %s from node %s: %v; its last heartbeat was %s ago: if it went down, it counts as lost %s after that and its sandboxes resume on another node (retry); if it keeps heartbeating, its --advertise URL is wrong or cannot be reached from the other nodes",
+						r.Method, r.URL.Path, n.Name, key, self, err, time.Since(n.HeartbeatAt).Round(time.Second), node.LeaseTime))
+				return
+			}
 			// The owner is down or cut off: within the lease time it counts
 			// as lost and its sandboxes resume elsewhere, so a retry is the
 			// remedy.
-			w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
 			writeError(w, http.StatusBadGateway, apiv1.CodeBadGateway,
 				fmt.Sprintf("%s %s: forwarding to node %s: %v; retry: a node that stays unreachable counts as lost after %s and its sandboxes resume on another node",
 					r.Method, r.URL.Path, key, err, node.LeaseTime))

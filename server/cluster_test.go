@@ -17,6 +17,7 @@ import (
 	"github.com/torpor/torpor/metadata/postgres"
 	"github.com/torpor/torpor/metadata/postgres/pgtest"
 	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/node"
 	"github.com/torpor/torpor/sandbox"
 )
 
@@ -428,6 +429,58 @@ func TestForwardOwnerDown(t *testing.T) {
 	if w.Code != http.StatusBadGateway || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), "bad_gateway") ||
 		!strings.Contains(w.Body.String(), strings.TrimPrefix(down.URL, "http://")) {
 		t.Errorf("forward to a node that does not answer: %d Retry-After %q %s; want 502 bad_gateway with Retry-After 5 naming it",
+			w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+}
+
+// TestForwardOwnerHung: a call forwarded to an owner that accepts it and
+// never answers (a server stopped by SIGSTOP, a deadlock) ends once the
+// owner has sent no heartbeat for node.SelfFenceAfter — by then a node cut
+// off from the database has fenced itself — with 502 bad_gateway,
+// Retry-After and the node named; before, it waited as long as the caller
+// did (a trial's exec hung until the owner was continued, 33 s later).
+func TestForwardOwnerHung(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer hung.Close()
+	defer close(release)
+	// Its last heartbeat is past the self-fence time, not yet the lease:
+	// not lost, so the call is forwarded to it.
+	beat := time.Now().Add(-node.SelfFenceAfter - 2*time.Second)
+	if err := db.PutNode(ctx, metadata.Node{Name: "node-b", Advertise: hung.URL, StartedAt: beat, HeartbeatAt: beat, MemoryOvercommit: 1}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	sb := &metadata.Sandbox{ID: "sbx-hungowner01", State: sandbox.StateRunning, Owner: "node-b", Image: "base", MemoryMiB: 256, CreatedAt: now, StateChangedAt: now}
+	if err := db.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	f := &clusterFront{s: &Server{db: db, node: "node-c", log: defaultLogger()}}
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Errorf("%s served here", r.URL.Path) })
+	w := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.ServeHTTP(w, httptest.NewRequest("POST", "/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"cmd":["true"]}`)), next)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a call forwarded to a hung owner still waits after 30 s")
+	}
+	if w.Code != http.StatusBadGateway || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), "node node-b sent no heartbeat") {
+		t.Errorf("forward to a hung owner: %d Retry-After %q %s; want 502 with Retry-After 5 saying node-b sent no heartbeat",
 			w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }
