@@ -70,6 +70,10 @@ type clusterFront struct {
 	mu     sync.Mutex
 	// proxies are the reverse proxies to other nodes, by base URL.
 	proxies map[string]*httputil.ReverseProxy
+	// placed is the memory this node placed on others lately, by node
+	// (placedOn).
+	placedMu sync.Mutex
+	placed   map[string][]placement
 	// nodes is the list of nodes nodeAt read at nodesAt.
 	nodesMu sync.Mutex
 	nodes   []metadata.Node
@@ -412,12 +416,62 @@ func createRequest(r *http.Request) (mib int, vols []sandbox.VolumeMount) {
 // others' by their records.
 func (f *clusterFront) placeURL(ctx context.Context, p Placement) (*url.URL, error) {
 	s := f.s
-	p.Self, p.SelfCommitted, p.RetryAfter = s.node, s.Manager.CommittedMiB, s.Manager.Limits().RetryAfter
+	p.Self, p.SelfCommitted, p.RetryAfter, p.Pending = s.node, s.Manager.CommittedMiB, s.Manager.Limits().RetryAfter, f.pendingOn
 	n, err := Place(ctx, s.db, p, time.Now())
 	if err != nil || n.Name == s.node {
 		return nil, err
 	}
+	f.placedOn(n.Name, p.MiB)
 	return url.Parse(n.Advertise)
+}
+
+// placement is memory this node placed on another one (placedOn).
+type placement struct {
+	mib int64
+	at  time.Time
+}
+
+// placedMargin is how long before a node's heartbeat a placement on it may
+// have been made and still be missing from that heartbeat's load: the
+// forward's way to the node and its admission.
+const placedMargin = time.Second
+
+// placedOn notes that mib MiB were just placed on node name (a forwarded
+// create or resume): until that node heartbeats the load with it, this
+// node's placements count it (pendingOn), so that calls placed in a row do
+// not all go to the node that looked emptiest at its last heartbeat (a
+// trial's sequential creates were all sent to one node, which refused them,
+// while another stood empty).
+func (f *clusterFront) placedOn(name string, mib int) {
+	f.placedMu.Lock()
+	defer f.placedMu.Unlock()
+	if f.placed == nil {
+		f.placed = map[string][]placement{}
+	}
+	now := time.Now()
+	keep := f.placed[name][:0]
+	for _, pl := range f.placed[name] {
+		if now.Sub(pl.at) < 2*node.HeartbeatInterval {
+			keep = append(keep, pl)
+		}
+	}
+	f.placed[name] = append(keep, placement{mib: int64(mib), at: now})
+}
+
+// pendingOn is Placement.Pending: the memory this node placed on node name
+// that name's heartbeat at beat may not count (placed less than
+// placedMargin before it, or after), within the last two heartbeat
+// intervals.
+func (f *clusterFront) pendingOn(name string, beat time.Time) int64 {
+	f.placedMu.Lock()
+	defer f.placedMu.Unlock()
+	var mib int64
+	for _, pl := range f.placed[name] {
+		if time.Since(pl.at) < 2*node.HeartbeatInterval && pl.at.Add(placedMargin).After(beat) {
+			mib += pl.mib
+		}
+	}
+	return mib
 }
 
 // Placement is what Place places: a sandbox of MiB MiB for Op ("create",
@@ -436,6 +490,10 @@ type Placement struct {
 	SelfCommitted func(context.Context) (int64, error)
 	// RetryAfter is what a refusal tells the caller to wait.
 	RetryAfter time.Duration
+	// Pending, if set, is the memory (MiB) Self has placed on node name
+	// since that node's heartbeat at beat, which its record's load does not
+	// count yet; Place adds it to that load.
+	Pending func(name string, beat time.Time) int64
 }
 
 // Place picks the node that starts or resumes the sandbox p says: among the
@@ -486,6 +544,8 @@ func Place(ctx context.Context, nodes metadata.Nodes, p Placement, now time.Time
 			if n.Load.MemoryMiB, err = p.SelfCommitted(ctx); err != nil {
 				return nil, err
 			}
+		} else if p.Pending != nil {
+			n.Load.MemoryMiB += p.Pending(n.Name, n.HeartbeatAt)
 		}
 		active++
 		if best == nil || room(n) > room(*best) {

@@ -484,3 +484,56 @@ func TestForwardOwnerHung(t *testing.T) {
 			w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }
+
+// TestPlacePending: creates placed in a row through one node, faster than
+// the nodes heartbeat, spread over the nodes with room: each placement
+// counts on its node until that node's next heartbeat (a trial's second
+// and third creates went to the node that looked emptiest at its last
+// heartbeat, which refused them, while another stood empty).
+func TestPlacePending(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	beat := time.Now().Add(-time.Second)
+	for name, load := range map[string]int64{"na": 400, "nb": 0, "nc": 0} {
+		if err := db.PutNode(ctx, metadata.Node{Name: name, Advertise: "http://" + name, Capacity: metadata.NodeResources{MemoryMiB: 482},
+			Load: metadata.NodeResources{MemoryMiB: load}, MemoryOvercommit: 1, StartedAt: beat, HeartbeatAt: beat}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &clusterFront{}
+	place := func() (string, error) {
+		n, err := Place(ctx, db, Placement{Op: "create", MiB: 256, Self: "na", Pending: f.pendingOn}, time.Now())
+		if err != nil {
+			return "", err
+		}
+		f.placedOn(n.Name, 256)
+		return n.Name, nil
+	}
+	first, err := place()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := place()
+	if err != nil || second == first {
+		t.Fatalf("second create placed on %q (%v) after the first on %q: want the other empty node", second, err, first)
+	}
+	if n, err := place(); sandbox.KindOf(err) != sandbox.Unavailable {
+		t.Fatalf("third create placed on %q (%v): want 503, both placements pending", n, err)
+	}
+	// The first node's next heartbeat counts its sandbox in its load.
+	later := time.Now().Add(2 * placedMargin)
+	if err := db.PutNode(ctx, metadata.Node{Name: first, Advertise: "http://" + first, Capacity: metadata.NodeResources{MemoryMiB: 482},
+		Load: metadata.NodeResources{MemoryMiB: 0}, MemoryOvercommit: 1, StartedAt: beat, HeartbeatAt: later}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.pendingOn(first, later); got != 0 {
+		t.Errorf("pending on %s after a heartbeat past the placement: %d MiB, want 0", first, got)
+	}
+	if got := f.pendingOn(second, beat); got != 256 {
+		t.Errorf("pending on %s before its heartbeat: %d MiB, want 256", second, got)
+	}
+}
