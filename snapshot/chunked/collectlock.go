@@ -69,9 +69,14 @@ import (
 // nothing can reference them later without re-listing first.
 //
 // A collection on a shared backend keeps every copy of a referenced chunk
-// (another node may read from any of them) and does not rewrite packs
-// (repack): another node's index would still locate the moved chunks in the
-// old pack.
+// (another node may read from any of them). It rewrites a mostly dead pack
+// (repack, gc.go) as on a single store, but keeps in the new pack every chunk
+// a manifest references, not only those its own index locates there (another
+// node's may), and deletes the old pack only once the new one is durable in
+// the backend, as a deletion of step 3 (lock still held, generation written).
+// Another node's index still locates the moved chunks in the old pack until it
+// refreshes: its next commit does first (step 5: the generation changed), and
+// its opens as below (the moved chunk is then found in the new pack).
 //
 // Opens (resumes) take no lock, but their index must follow other stores'
 // collections too: a collection deletes pack P with chunk c (unreferenced
@@ -544,19 +549,38 @@ func (s *Store) beginRound(ctx context.Context, live []string) (round *exclusive
 }
 
 // beforeDelete is called before each deletion of a collection: it checks
-// the lock is still held and, the first time, writes a new generation
-// (step 3 above). Nil r (a store without a CollectLock) allows everything.
+// the lock is still held and the round's budget not spent and, the first
+// time, writes a new generation (step 3 above). Nil r (a store without a
+// CollectLock) allows everything.
 func (r *exclusiveRound) beforeDelete(ctx context.Context) error {
+	return r.check(ctx, true, true)
+}
+
+// inBudget checks, before a pack is rewritten (repack), that the lock is still
+// held and the round's budget not spent; it writes nothing.
+func (r *exclusiveRound) inBudget(ctx context.Context) error {
+	return r.check(ctx, true, false)
+}
+
+// beforeFinish is beforeDelete without the budget, for the deletion of a pack
+// whose rewrite (repack) is written and durable: stopping there would leave
+// both packs, and the next round would rewrite the old one again. The lock
+// must still be held, and the generation is written as before any deletion.
+func (r *exclusiveRound) beforeFinish(ctx context.Context) error {
+	return r.check(ctx, false, true)
+}
+
+func (r *exclusiveRound) check(ctx context.Context, budget, deleting bool) error {
 	if r == nil {
 		return nil
 	}
 	if err := r.held(ctx); err != nil {
 		return fmt.Errorf("collection lock lost: %w", err)
 	}
-	if time.Now().After(r.until) {
+	if budget && time.Now().After(r.until) {
 		return errRoundOver
 	}
-	if r.written {
+	if !deleting || r.written {
 		return nil
 	}
 	gen := fmt.Sprintf("%s-%d", rnd(), time.Now().UnixNano())
