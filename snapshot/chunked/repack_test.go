@@ -1,7 +1,13 @@
 package chunked
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"path"
+	"sort"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -238,4 +244,158 @@ func TestClusterRepackWhileOpeningAndCommitting(t *testing.T) {
 	if _, err := c.Verify(ctx, "b-new"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// watchReads is a Backend whose ranged reads first call before (its error
+// fails the read) and whose listings call listed when they return.
+type watchReads struct {
+	Backend
+	before func(ctx context.Context, key string) error
+	listed func(prefix string)
+}
+
+func (w *watchReads) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	if err := w.before(ctx, key); err != nil {
+		return nil, err
+	}
+	return w.Backend.GetRange(ctx, key, off, n)
+}
+
+func (w *watchReads) List(ctx context.Context, prefix string) ([]Object, error) {
+	objs, err := w.Backend.List(ctx, prefix)
+	w.listed(prefix)
+	return objs, err
+}
+
+// One resume can meet several packs rewritten under it by one collection
+// round: it finds a chunk missing, re-lists, and while it reads again the
+// round moves the next pack it needs. Node A rewrites three partly dead packs
+// P1 < P2 < P3 (each holding shared bytes that "keep" names); node D has
+// refreshed its index once P1's new pack was written, and resumes "keep"
+// meanwhile: its read of P2 lands after P2 is deleted, its re-listing before
+// P3's new pack is written, and its second read of P3 after P3 is deleted.
+// The resume re-lists and reads again each time, and gets the exact bytes.
+func TestClusterOpenAcrossSeveralRepacks(t *testing.T) {
+	srv := s3test.Start(t)
+	var mu sync.Mutex
+	armed := false
+	var p2, p3 string
+	p2Gone, p3Gone, dListed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var p2Once, listedOnce sync.Once
+	packPuts := 0
+	wait := func(ctx context.Context, ch chan struct{}) error {
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Second):
+			return errors.New("test: timed out")
+		}
+	}
+	nodes, _ := clusterStoresWith(t, srv, 3, func(i int, b Backend) Backend {
+		switch i {
+		case 0: // A: its third rewritten pack waits for D's re-listing
+			return &watchPuts{Backend: b, put: func(key string) error {
+				mu.Lock()
+				on := armed && strings.HasPrefix(key, "packs/")
+				if on {
+					packPuts++
+				}
+				third := on && packPuts == 3
+				mu.Unlock()
+				if third {
+					p2Once.Do(func() { close(p2Gone) })
+					return wait(ctx, dListed)
+				}
+				return nil
+			}}
+		case 2: // D
+			return &watchReads{Backend: b,
+				before: func(ctx context.Context, key string) error {
+					mu.Lock()
+					k2, k3 := p2 != "" && key == packKey(p2), p3 != "" && key == packKey(p3)
+					mu.Unlock()
+					switch {
+					case k2:
+						return wait(ctx, p2Gone)
+					case k3:
+						return wait(ctx, p3Gone)
+					}
+					return nil
+				},
+				listed: func(prefix string) {
+					select {
+					case <-p2Gone:
+						if prefix == "index/" {
+							listedOnce.Do(func() { close(dListed) })
+						}
+					default:
+					}
+				}}
+		}
+		return b
+	})
+	a, c, d := nodes[0], nodes[1], nodes[2]
+	keep := map[string][]byte{"pages.img": memImage(64)}
+	var packs []string
+	for i := 1; i <= 3; i++ {
+		x, y := memImage(128), memImage(512)
+		id := fmt.Sprintf("s%d", i)
+		commit(t, a, id, map[string][]byte{"shared.img": x, "pages.img": y})
+		keep[fmt.Sprintf("x%d.img", i)] = x
+		sd, err := a.readDoc(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, _ := a.idx.known.locs[firstChunk(sd)]
+		packs = append(packs, l.Pack)
+	}
+	commit(t, a, "keep", keep)
+	mustOpen(t, d, "keep", keep)
+	for i := 1; i <= 3; i++ {
+		if err := a.Delete(ctx, fmt.Sprintf("s%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropLocal(t, d)
+	sort.Strings(packs)
+	mu.Lock()
+	p2, p3 = packs[1], packs[2]
+	armed = true
+	mu.Unlock()
+	opened := make(chan error, 1)
+	var hooked []string
+	testBeforePackDelete = func(st *Store, pid string) {
+		if st != a {
+			return
+		}
+		if hooked = append(hooked, pid); len(hooked) == 1 {
+			d.freshForOpen(ctx) // D's index: P1's new pack, P2 and P3; the generation seen
+			go func() {
+				_, _, err := d.Open(ctx, "keep")
+				opened <- err
+			}()
+		}
+	}
+	defer func() { testBeforePackDelete = nil }()
+	budget := clusterRoundBudget
+	clusterRoundBudget = time.Minute
+	defer func() { clusterRoundBudget = budget }()
+	n, err := a.Collect(ctx, nil)
+	testBeforePackDelete = nil
+	close(p3Gone)
+	if err != nil || len(hooked) != 3 || hooked[0] != packs[0] {
+		t.Fatalf("collect on A: %d chunks, %v; rewritten %v, want %v", n, err, hooked, packs)
+	}
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Fatalf("D's resume during the collection: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("D's resume did not finish")
+	}
+	mustOpen(t, d, "keep", keep) // the copy D's resume built
+	mustOpen(t, c, "keep", keep)
 }
