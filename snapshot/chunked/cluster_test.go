@@ -31,6 +31,17 @@ func clusterStores(t *testing.T, srv *s3test.Server, n int, put func(key string)
 // clusterStoresURL is clusterStores, also returning the database's URL.
 func clusterStoresURL(t *testing.T, srv *s3test.Server, n int, put func(key string) error) ([]*Store, string) {
 	t.Helper()
+	return clusterStoresWith(t, srv, n, func(i int, b Backend) Backend {
+		if put != nil && i == 0 {
+			return &watchPuts{Backend: b, put: put}
+		}
+		return b
+	})
+}
+
+// clusterStoresWith is clusterStoresURL with store i's backend wrap(i, b).
+func clusterStoresWith(t *testing.T, srv *s3test.Server, n int, wrap func(i int, b Backend) Backend) ([]*Store, string) {
+	t.Helper()
 	pg := pgtest.Start(t)
 	url := pg.NewDatabase(t)
 	bucketMu.Lock()
@@ -50,11 +61,7 @@ func clusterStoresURL(t *testing.T, srv *s3test.Server, n int, put func(key stri
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		var backend Backend = b
-		if put != nil && i == 0 {
-			backend = &watchPuts{Backend: b, put: put}
-		}
-		s, err := New(ctx, Config{Dir: t.TempDir(), Backend: backend, CacheBytes: 64 << 20,
+		s, err := New(ctx, Config{Dir: t.TempDir(), Backend: wrap(i, b), CacheBytes: 64 << 20,
 			UploadRetry: 20 * time.Millisecond, CollectLock: db.CollectLock("store-1")})
 		if err != nil {
 			t.Fatal(err)

@@ -69,9 +69,14 @@ import (
 // nothing can reference them later without re-listing first.
 //
 // A collection on a shared backend keeps every copy of a referenced chunk
-// (another node may read from any of them) and does not rewrite packs
-// (repack): another node's index would still locate the moved chunks in the
-// old pack.
+// (another node may read from any of them). It rewrites a mostly dead pack
+// (repack, gc.go) as on a single store, but keeps in the new pack every chunk
+// a manifest references, not only those its own index locates there (another
+// node's may), and deletes the old pack only once the new one is durable in
+// the backend, as a deletion of step 3 (lock still held, generation written).
+// Another node's index still locates the moved chunks in the old pack until it
+// refreshes: its next commit does first (step 5: the generation changed), and
+// its opens as below (the moved chunk is then found in the new pack).
 //
 // Opens (resumes) take no lock, but their index must follow other stores'
 // collections too: a collection deletes pack P with chunk c (unreferenced
@@ -82,9 +87,14 @@ import (
 // its last look (freshForOpen), its reload for a chunk it cannot place drops
 // the packs that are gone (refreshKnown, not the merging loadKnown), and a
 // chunk still missing where the index placed it (a collection overlapped
-// that refresh) makes it refresh and read once more (refreshAfterMissing).
-// An open needs no more: every chunk a committed snapshot names stays, in
-// every copy, as long as the snapshot is listed.
+// that refresh) makes it refresh and read again (refreshAfterMissing).
+// Every chunk a committed snapshot names stays in the bucket as long as the
+// snapshot is listed, though not always in the same pack: a rewrite (repack)
+// moves it to a new pack written before the old one is deleted, so a listing
+// after the deletion finds it. One round can move several packs an open
+// reads, one after another while the open reads again: the open reads again
+// as long as each refresh finds the missing chunk in a new place
+// (maxMissingRereads bounds it; TestClusterOpenAcrossSeveralRepacks).
 
 // CollectLock is the lock by which stores sharing one backend keep garbage
 // collection away from commits (see above). Every store on the backend must
@@ -219,16 +229,29 @@ func (s *Store) freshForOpen(ctx context.Context) {
 }
 
 // chunkMissing is the *snapshot.CorruptError of a chunk that is in none of
-// the places the index knows for it (errors.As finds the CorruptError).
-type chunkMissing struct{ *snapshot.CorruptError }
+// the places the index knows for it (errors.As finds the CorruptError): chunk
+// id, looked for at in tier (nil: the index placed it nowhere).
+type chunkMissing struct {
+	*snapshot.CorruptError
+	id   string
+	tier Backend
+	at   chunkLoc
+}
 
 func (e chunkMissing) Unwrap() error { return e.CorruptError }
 
+// maxMissingRereads bounds how many times one open reads again after a chunk
+// was missing (refreshAfterMissing).
+const maxMissingRereads = 8
+
 // refreshAfterMissing says whether an open that failed with err should be
-// tried once more: on a shared backend a chunk found missing may have been
-// deleted where this store's index placed it and stored again elsewhere by
-// another store (a collection overlapping freshForOpen's refresh); the index
-// is refreshed first. Elsewhere a missing chunk is missing.
+// tried again: on a shared backend a chunk found missing may have been moved
+// (another store's collection rewrote its pack) or deleted where this store's
+// index placed it and stored again elsewhere by another store (a collection
+// overlapping freshForOpen's refresh). The index is refreshed first, and the
+// open is tried again only if the refresh found the chunk in another place
+// than where it was missing: else it is missing. Elsewhere a missing chunk is
+// missing.
 func (s *Store) refreshAfterMissing(ctx context.Context, err error) bool {
 	var m chunkMissing
 	if s.gc.cluster == nil || !errors.As(err, &m) || ctx.Err() != nil {
@@ -236,6 +259,9 @@ func (s *Store) refreshAfterMissing(ctx context.Context, err error) bool {
 	}
 	if rerr := s.refreshKnown(ctx); rerr != nil {
 		s.log.Warn("snapshot open: refreshing the pack index after a missing chunk", "err", rerr)
+		return false
+	}
+	if tier, l, ok := s.locate(m.id); !ok || tier == m.tier && l == m.at {
 		return false
 	}
 	s.log.Info("snapshot open: a chunk was missing where the index placed it; trying again with the index refreshed", "err", err)
@@ -544,19 +570,38 @@ func (s *Store) beginRound(ctx context.Context, live []string) (round *exclusive
 }
 
 // beforeDelete is called before each deletion of a collection: it checks
-// the lock is still held and, the first time, writes a new generation
-// (step 3 above). Nil r (a store without a CollectLock) allows everything.
+// the lock is still held and the round's budget not spent and, the first
+// time, writes a new generation (step 3 above). Nil r (a store without a
+// CollectLock) allows everything.
 func (r *exclusiveRound) beforeDelete(ctx context.Context) error {
+	return r.check(ctx, true, true)
+}
+
+// inBudget checks, before a pack is rewritten (repack), that the lock is still
+// held and the round's budget not spent; it writes nothing.
+func (r *exclusiveRound) inBudget(ctx context.Context) error {
+	return r.check(ctx, true, false)
+}
+
+// beforeFinish is beforeDelete without the budget, for the deletion of a pack
+// whose rewrite (repack) is written and durable: stopping there would leave
+// both packs, and the next round would rewrite the old one again. The lock
+// must still be held, and the generation is written as before any deletion.
+func (r *exclusiveRound) beforeFinish(ctx context.Context) error {
+	return r.check(ctx, false, true)
+}
+
+func (r *exclusiveRound) check(ctx context.Context, budget, deleting bool) error {
 	if r == nil {
 		return nil
 	}
 	if err := r.held(ctx); err != nil {
 		return fmt.Errorf("collection lock lost: %w", err)
 	}
-	if time.Now().After(r.until) {
+	if budget && time.Now().After(r.until) {
 		return errRoundOver
 	}
-	if r.written {
+	if !deleting || r.written {
 		return nil
 	}
 	gen := fmt.Sprintf("%s-%d", rnd(), time.Now().UnixNano())

@@ -65,7 +65,8 @@
 // # Garbage collection
 //
 // Delete removes a manifest; Collect deletes packs none of whose chunks a live
-// manifest references (and loose chunks no manifest references). Collect is safe against concurrent Commits in this process: every
+// manifest references (and loose chunks no manifest references), and rewrites
+// packs mostly unreferenced with their referenced chunks only (repack). Collect is safe against concurrent Commits in this process: every
 // chunk a Commit uses is pinned in memory from before the Commit checks whether
 // the chunk exists until its manifest is written, pins released while a
 // collection runs stay protected until it ends, and a Commit that needs a chunk

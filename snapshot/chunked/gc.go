@@ -190,12 +190,19 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 		}
 		if !dead {
 			s.idx.mu.Unlock()
-			if ok && round == nil { // no repack on a shared backend (collectlock.go)
-				k, err := s.repack(ctx, pid, ref)
+			if ok {
+				k, err := s.repack(ctx, pid, ref, round)
+				n += k
+				var stop roundStop
+				if errors.As(err, &stop) {
+					if errors.Is(err, errRoundOver) {
+						return n, err
+					}
+					return n, fmt.Errorf("collect: pack %s: %w", pid, stop.error)
+				}
 				if err != nil {
 					s.log.Warn("snapshot store: repack", "pack", pid, "err", err)
 				}
-				n += k
 			}
 			continue
 		}
@@ -319,14 +326,24 @@ func (x *index) usedIn(id, pid string, ref map[string]bool) bool {
 // again; the kept ones get their new location before the old pack goes, and a
 // resume that located one in the old pack falls back to the new copy
 // (fromAlternative).
-func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (int, error) {
+//
+// On a shared backend (round != nil) the new pack keeps every chunk of the old
+// one that ref references, also where this store's index locates it in
+// another pack: another store's index may locate it in this one. The round's
+// lock and budget are checked before anything is written, and the old pack is
+// deleted only once the new one is durable, after the checks of any deletion
+// but the budget (beforeFinish: the generation is written, so other stores
+// refresh their index before they deduplicate or read; collectlock.go). An
+// error from the round (roundStop) stops the collection: the old pack then
+// stays beside the new one, both whole.
+func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool, round *exclusiveRound) (int, error) {
 	s.idx.mu.Lock()
 	entries := s.idx.known.packs[pid]
 	var keep, drop []indexEntry
 	var total, live int64
 	for _, e := range entries {
 		total += e.Len
-		if s.idx.usedIn(e.ID, pid, ref) {
+		if s.idx.usedIn(e.ID, pid, ref) || round != nil && ref[e.ID] {
 			keep = append(keep, e)
 			live += e.Len
 		} else {
@@ -360,6 +377,10 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		}
 		close(ch)
 	}
+	if err := round.inBudget(ctx); err != nil {
+		release(true)
+		return 0, roundStop{err}
+	}
 	// Copy the kept chunks, checked, into a new pack (one read of the old one).
 	var end int64
 	for _, e := range entries {
@@ -389,9 +410,16 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 		release(true)
 		return 0, err
 	}
+	if err := round.beforeFinish(ctx); err != nil {
+		release(true)
+		return 0, roundStop{err}
+	}
 	s.idx.mu.Lock()
 	s.idx.removing(pid) // a listing meanwhile must not put the old pack back
 	s.idx.mu.Unlock()
+	if testBeforePackDelete != nil {
+		testBeforePackDelete(s, pid)
+	}
 	indexGone, err := deletePack(ctx, s.b, pid)
 	if err != nil && !indexGone {
 		s.idx.mu.Lock()
@@ -420,6 +448,13 @@ func (s *Store) repack(ctx context.Context, pid string, ref map[string]bool) (in
 	return len(drop), err
 }
 
+// roundStop is an error of the collection round (its lock lost, its budget
+// spent, its generation not written) met by repack: the collection stops, as
+// it does when one is met before a deletion.
+type roundStop struct{ error }
+
+func (e roundStop) Unwrap() error { return e.error }
+
 // collector is the garbage collection's state (Store.gc).
 type collector struct {
 	// mu makes Collect one at a time. Taken before idx.loadMu and idx.mu.
@@ -438,9 +473,10 @@ type collector struct {
 	more bool
 }
 
-// testBeforePackDelete, when set (tests only), runs in Collect after a dead
-// pack has left the index (and, on a shared backend, the generation is
-// written) and before it is deleted from the backend.
+// testBeforePackDelete, when set (tests only), runs in Collect before a pack
+// is deleted from the backend: a dead pack once it has left the index, a
+// rewritten one (repack) once its new pack is written and its kept chunks
+// located there; on a shared backend after the generation is written.
 var testBeforePackDelete func(s *Store, pid string)
 
 // gcMaxWait bounds how long deletes keep postponing a collection (gcLoop).

@@ -96,7 +96,7 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 	s.freshForOpen(ctx)
 	build := filepath.Join(s.dir, "open", ".build-"+id+"-"+rnd())
 	keys, err := s.assemble(ctx, id, build, d, true)
-	if err != nil && s.refreshAfterMissing(ctx, err) {
+	for n := 0; err != nil && n < maxMissingRereads && s.refreshAfterMissing(ctx, err); n++ {
 		_ = os.RemoveAll(build)
 		keys, err = s.assemble(ctx, id, build, d, true)
 	}
@@ -129,7 +129,7 @@ func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error
 	}
 	s.freshForOpen(ctx)
 	_, err = s.assemble(ctx, id, "", d, false)
-	if err != nil && s.refreshAfterMissing(ctx, err) {
+	for n := 0; err != nil && n < maxMissingRereads && s.refreshAfterMissing(ctx, err); n++ {
 		_, err = s.assemble(ctx, id, "", d, false)
 	}
 	return d.Manifest, err
@@ -286,7 +286,8 @@ func (s *Store) runFetch(ctx context.Context, snap, file string, k *Key, ft *fet
 		if ok, _ := s.outbox.Exists(ctx, manifestKey(snap)); ok {
 			return corrupt(i, "missing: the snapshot is not durable yet (its upload is pending) and neither its local copy nor the backend has this chunk")
 		}
-		return chunkMissing{corrupt(i, "missing").(*snapshot.CorruptError)}
+		return chunkMissing{CorruptError: corrupt(i, "missing").(*snapshot.CorruptError),
+			id: ft.refs[i].ID, tier: ft.tier, at: ft.locs[i]}
 	}
 	// Each chunk decodes into its own slot of one buffer, side by side, so
 	// neighbours in the file are written with one write (writeRuns).

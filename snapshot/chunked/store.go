@@ -188,13 +188,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		// synchronous commit.
 		s.log.Warn("snapshot store: backend unreachable at start", "err", err)
 	}
+	// Before the upload loop: its first round (a restart's pending uploads)
+	// takes the collection lock, and must not see a store without one.
+	if cfg.CollectLock != nil {
+		s.gc.cluster = &clusterState{lock: cfg.CollectLock}
+	}
 	if !cfg.ReadOnly {
 		go s.uploadLoop()
 	} else {
 		close(s.up.done)
-	}
-	if cfg.CollectLock != nil {
-		s.gc.cluster = &clusterState{lock: cfg.CollectLock}
 	}
 	if cfg.AutoGC {
 		s.gc.kick = make(chan struct{}, 1)
