@@ -36,8 +36,12 @@ func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg
 	if err != nil {
 		return nil, err
 	}
+	// The capacity in sandboxes is how many default ones admission control
+	// admits (the memory at the overcommit ratio), not how many the memory
+	// holds.
 	lim := mgr.Limits()
 	capacity.MemoryMiB = lim.HostMemoryBytes >> 20
+	capacity.Sandboxes = int(node.AdmittedMiB(capacity.MemoryMiB, lim.MemoryOvercommit) / node.SandboxMiB)
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, MemoryOvercommit: lim.MemoryOvercommit,
 		Logger: cfg.Logger, Renewed: renewed,
 		Load: func(ctx context.Context) (metadata.NodeResources, error) {
