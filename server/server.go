@@ -220,6 +220,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := node.CheckName(cfg.Node); err != nil {
 		return nil, err
 	}
+	if cfg.Advertise != "" {
+		if err := CheckAdvertise(cfg.Advertise); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkStoreConfig(dir, cfg.Store); err != nil {
 		return nil, err
 	}
