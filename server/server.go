@@ -642,7 +642,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// registration given up, its watchdog released).
 	selfc := make(chan error, 1)
 	if cfg.Database != "" {
-		go func() { selfc <- s.checkAdvertise(ctx, nodeAdvertise(cfg)) }()
+		cctx, stopCheck := context.WithCancel(ctx) // ends with Run
+		defer stopCheck()
+		go func() { selfc <- s.checkAdvertise(cctx, nodeAdvertise(cfg)) }()
 	}
 	var fatal error // this server is no longer its node (nodeLockTaken), or its URL is not its own
 wait:
