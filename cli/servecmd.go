@@ -123,13 +123,17 @@ func (a *app) serveCommand() *cobra.Command {
 			if err := server.CheckDatabase(cfg.Database); err != nil {
 				return usageError{err}
 			}
-			if cfg.Node != "" {
+			// --node '' is no name (not the default's host name), and an
+			// --advertise given is checked as given: empty is refused too.
+			if cfg.Node != "" || cmd.Flags().Changed("node") {
 				if err := node.CheckName(cfg.Node); err != nil {
 					return usageError{fmt.Errorf("--node: %w", err)}
 				}
 			}
-			if a := cfg.Advertise; a != "" && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
-				return usagef("--advertise %q: want http://host:port or https://host:port", a)
+			if cfg.Advertise != "" || cmd.Flags().Changed("advertise") {
+				if err := server.CheckAdvertise(cfg.Advertise); err != nil {
+					return usageError{err}
+				}
 			}
 			if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 				return usagef("--tls-cert and --tls-key go together")

@@ -41,3 +41,33 @@ func TestServeStoreFlagsBeforeTheDisk(t *testing.T) {
 		t.Errorf("the refused serve left %d entries in %s (%v), want only its store record", len(ents), dir, err)
 	}
 }
+
+// TestServeNodeAndAdvertiseFlags: an explicitly empty --node, and an
+// --advertise with a path, query, fragment or user info, are wrong command
+// lines (exit 2, naming the flag) refused before the data directory is
+// made (a trial's --node ” fell back to the host name, its
+// --advertise http://127.0.0.1:47120/some/path?x=1 was accepted).
+func TestServeNodeAndAdvertiseFlags(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--node", ""}, `--node: node name ""`},
+		{[]string{"--node="}, `--node: node name ""`},
+		{[]string{"--advertise", ""}, `--advertise "": want http://host:port`},
+		{[]string{"--advertise", "http://127.0.0.1:47120/some/path?x=1"}, `--advertise "http://127.0.0.1:47120/some/path?x=1": want http://host:port or https://host:port (a path)`},
+		{[]string{"--advertise", "http://127.0.0.1:47120?x=1"}, "(a query)"},
+		{[]string{"--advertise", "http://127.0.0.1:47120/#f"}, "(a fragment)"},
+		{[]string{"--advertise", "https://me:pw@127.0.0.1:47120"}, "(user info)"},
+		{[]string{"--advertise", "127.0.0.1:47120"}, "want http://host:port"},
+	} {
+		r := runTorpor(append([]string{"serve", "--data-dir", dir, "--auth", "none", "--listen", "127.0.0.1:0"}, tc.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("serve %q: %+v, want exit 2 saying %s", tc.args, r, tc.want)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("the refused serve %q made its data directory %s (%v)", tc.args, dir, err)
+		}
+	}
+}

@@ -184,7 +184,7 @@ func TestCluster(t *testing.T) {
 	logb, _ := os.ReadFile(lost.log)
 	wlog, _ := os.ReadFile(filepath.Join(lost.dir, watchdog.LogFile))
 	if !(strings.Contains(string(logb), "stopping orphaned instance") && strings.Contains(string(logb), id)) &&
-		!(strings.Contains(string(wlog), "stopped the instances of the dead server") && strings.Contains(string(wlog), id)) {
+		!(strings.Contains(string(wlog), "the server is gone: stopped its instances") && strings.Contains(string(wlog), id)) {
 		t.Errorf("%s back: neither its log nor its watchdog's says it stopped %s's old instance", lost.name, id)
 	}
 	if left := runscSandboxesOf(t, lost.dir, id); left != 0 {

@@ -78,7 +78,7 @@ func TestClusterWatchdog(t *testing.T) {
 	t.Logf("server killed: its watchdog stopped the instance %v after the kill; %s declared lost %v after it (self-fence time %v, lease %v)",
 		stopped.Sub(killed).Round(100*time.Millisecond), c.name, lost.Sub(killed).Round(100*time.Millisecond), node.SelfFenceAfter, node.LeaseTime)
 	wlog, _ := os.ReadFile(filepath.Join(c.dir, watchdog.LogFile))
-	if !strings.Contains(string(wlog), "stopped the instances of the dead server") || !strings.Contains(string(wlog), id) {
+	if !strings.Contains(string(wlog), "the server is gone: stopped its instances") || !strings.Contains(string(wlog), id) {
 		t.Errorf("%s's watchdog log does not say it stopped %s's instance:\n%s", c.name, id, wlog)
 	}
 
@@ -154,7 +154,7 @@ func TestClusterWatchdog(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	if strings.Count(string(wlog), "stopped the instances of the dead server") != 1 {
+	if strings.Count(string(wlog), "the server is gone: stopped its instances") != 1 {
 		t.Errorf("%s's watchdogs stopped instances again after the quick restart:\n%s", c.name, wlog)
 	}
 	// Past the self-fence time and the lease of the last heartbeat before

@@ -22,18 +22,7 @@ import (
 func StartFake(t *testing.T, cfg Config) (*Server, string, string, *fake.Engine) {
 	t.Helper()
 	dir := t.TempDir()
-	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engines, err := engine.NewRegistry(eng.Name(), eng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := filepath.Join(dir, "agent-binary")
-	if err := os.WriteFile(agent, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	eng, engines, agent := fakeEngines(t, dir)
 	ctx := context.Background()
 	cfg.DataDir, cfg.AgentPath, cfg.Engines, cfg.Store, cfg.DisableLifecycle = dir, agent, engines, StoreConfig{Kind: "plain"}, true
 	srv, err := New(ctx, cfg)
@@ -57,4 +46,23 @@ func StartFake(t *testing.T, cfg Config) (*Server, string, string, *fake.Engine)
 		t.Fatalf("import image: %v", err)
 	}
 	return srv, hs.URL, dir, eng
+}
+
+// fakeEngines makes the in-memory engine (its state in dir/fake), a
+// registry of it alone and a stand-in agent binary file in dir.
+func fakeEngines(t *testing.T, dir string) (*fake.Engine, *engine.Registry, string) {
+	t.Helper()
+	eng, err := fake.New(fake.Config{Dir: filepath.Join(dir, "fake")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines, err := engine.NewRegistry(eng.Name(), eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := filepath.Join(dir, "agent-binary")
+	if err := os.WriteFile(agent, []byte("not run: the fake engine serves the agent in-process"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return eng, engines, agent
 }

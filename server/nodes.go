@@ -28,16 +28,17 @@ import (
 // judges a node's room by admission control's rule (node.HasRoom).
 // renewed, if set, is called with each heartbeat written (node.Config.Renewed).
 func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg Config, renewed func(time.Time)) (*node.Heartbeat, error) {
-	name, adv := cfg.Node, cfg.Advertise
-	if adv == "" {
-		adv = advertiseURL(cfg.Listen, cfg.TLSCert != "")
-	}
+	name, adv := cfg.Node, nodeAdvertise(cfg)
 	capacity, err := node.HostCapacity()
 	if err != nil {
 		return nil, err
 	}
+	// The capacity in sandboxes is how many default ones admission control
+	// admits (the memory at the overcommit ratio), not how many the memory
+	// holds.
 	lim := mgr.Limits()
 	capacity.MemoryMiB = lim.HostMemoryBytes >> 20
+	capacity.Sandboxes = int(node.AdmittedMiB(capacity.MemoryMiB, lim.MemoryOvercommit) / node.SandboxMiB)
 	return node.Start(ctx, db, node.Config{Name: name, Advertise: adv, Capacity: capacity, MemoryOvercommit: lim.MemoryOvercommit,
 		Logger: cfg.Logger, Renewed: renewed,
 		Load: func(ctx context.Context) (metadata.NodeResources, error) {
@@ -48,6 +49,15 @@ func startNode(ctx context.Context, db metadata.Store, mgr *manager.Manager, cfg
 			load.MemoryMiB, err = mgr.CommittedMiB(ctx)
 			return load, err
 		}})
+}
+
+// nodeAdvertise is the URL the node of cfg advertises: cfg.Advertise, else
+// advertiseURL's default.
+func nodeAdvertise(cfg Config) string {
+	if cfg.Advertise != "" {
+		return cfg.Advertise
+	}
+	return advertiseURL(cfg.Listen, cfg.TLSCert != "")
 }
 
 // advertiseURL is the URL a server on listen advertises by default:

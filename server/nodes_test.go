@@ -11,6 +11,7 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/manager"
 	"github.com/torpor/torpor/metadata"
 	"github.com/torpor/torpor/metadata/sqlite"
 	"github.com/torpor/torpor/node"
@@ -107,5 +108,29 @@ func TestNodes(t *testing.T) {
 	}
 	if ns, err := c.ListNodes(ctx); err != nil || len(ns) != 1 || ns[0].Name != "n1" {
 		t.Errorf("nodes after n0's removal: %+v %v", ns, err)
+	}
+}
+
+// TestNodeCapacityFollowsOvercommit: the sandboxes a node's capacity counts
+// are the default ones admission control admits at --memory-overcommit
+// (node.AdmittedMiB), not the ones the memory holds: at 0.02 a host of a
+// few GiB admits none, at 2 twice as many as at 1 (a trial's node ls said
+// /47 where none fitted).
+func TestNodeCapacityFollowsOvercommit(t *testing.T) {
+	host, err := node.HostCapacity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ratio := range []float64{0.02, 1, 2} {
+		_, url, _, _ := startFake(t, server.Config{Auth: server.AuthNone, Node: "n1", Limits: manager.LimitsConfig{MemoryOvercommit: ratio},
+			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		ns, err := client.New(url).ListNodes(context.Background())
+		if err != nil || len(ns) != 1 {
+			t.Fatalf("nodes: %+v %v", ns, err)
+		}
+		want := int(node.AdmittedMiB(host.MemoryMiB, ratio) / node.SandboxMiB)
+		if got := ns[0].Capacity; got.Sandboxes != want || got.MemoryMiB != host.MemoryMiB {
+			t.Errorf("overcommit %g: capacity %+v, want %d sandboxes of %d MiB of %d MiB", ratio, got, want, node.SandboxMiB, host.MemoryMiB)
+		}
 	}
 }

@@ -248,8 +248,12 @@ func (s *Server) refuseFenced(w http.ResponseWriter, r *http.Request) bool {
 // 503 {"ok": false, "reason": …} with Retry-After (one heartbeat) while it
 // refuses every sandbox call (self-fenced, its node lock not held, or taken
 // by another server: refuseFenced's reasons), so that a load balancer sends
-// its traffic to the other nodes meanwhile.
+// its traffic to the other nodes meanwhile. Either way NodeHeader names the
+// server process that answered.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if id := s.idemHolder(); id != "" {
+		w.Header().Set(NodeHeader, id)
+	}
 	if why := s.fence.fenced(s.node); why != "" {
 		w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ok": false, "reason": why})

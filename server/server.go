@@ -220,6 +220,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := node.CheckName(cfg.Node); err != nil {
 		return nil, err
 	}
+	if cfg.Advertise != "" {
+		if err := CheckAdvertise(cfg.Advertise); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkStoreConfig(dir, cfg.Store); err != nil {
 		return nil, err
 	}
@@ -563,7 +568,10 @@ func tuneGC() {
 // the pair again on every SIGHUP (a pair that fails to load is logged and
 // the previous certificate kept). On a shared database it also ends, with
 // an error wrapping postgres.ErrLocked, when another server took this
-// node's lock while this one had lost it (docs/multi-host.md#one-server-per-node).
+// node's lock while this one had lost it (docs/multi-host.md#one-server-per-node),
+// and with an error naming the URL when its advertised URL does not reach
+// it within advertiseCheckFor of serving (checkAdvertise). A Listen port 0
+// is the port the kernel picked in the default advertised URL.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:7070"
@@ -590,6 +598,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	if host, port, err := net.SplitHostPort(cfg.Listen); err == nil && port == "0" {
+		// A port the kernel picked: the default advertised URL names it.
+		_, port, _ = net.SplitHostPort(ln.Addr().String())
+		cfg.Listen = net.JoinHostPort(host, port)
+	}
 	if certs != nil {
 		stop := reloadOnSIGHUP(certs)
 		defer stop()
@@ -623,12 +636,36 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		errc <- hs.Serve(ln)
 	}()
-	var fatal error // this server is no longer its node (nodeLockTaken)
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	case fatal = <-s.fatal:
+	// A cluster server checks, now that it serves, that its advertised URL
+	// reaches it: the other nodes forward calls there (checkAdvertise). One
+	// that never does stops as it stops otherwise (its node's lock and
+	// registration given up, its watchdog released).
+	selfc := make(chan error, 1)
+	if cfg.Database != "" {
+		cctx, stopCheck := context.WithCancel(ctx) // ends with Run
+		defer stopCheck()
+		go func() { selfc <- s.checkAdvertise(cctx, nodeAdvertise(cfg)) }()
+	}
+	var fatal error // this server is no longer its node (nodeLockTaken), or its URL is not its own
+wait:
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			break wait
+		case fatal = <-s.fatal:
+			break wait
+		case err := <-selfc:
+			if ctx.Err() != nil {
+				break wait
+			}
+			if err != nil {
+				fatal = err
+				break wait
+			}
+			s.log.Info("cluster: the advertised URL reaches this server", "advertise", nodeAdvertise(cfg))
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

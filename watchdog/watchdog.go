@@ -343,7 +343,7 @@ func (w *watch) whileServer(done <-chan bool, period time.Duration) bool {
 			w.log.Warn("watchdog: the server runs but has sent no heartbeat past its self-fence time (hung or stopped): stopping its instances",
 				"last_heartbeat", last, "hung_after", HungAfter, "self_fence_after", node.SelfFenceAfter, "lease", node.LeaseTime)
 			if _, err := os.Stat(filepath.Join(w.cfg.DataDir, "gvisor")); err == nil {
-				w.stopAll()
+				w.stopAll(fmt.Sprintf("the server runs but sent no heartbeat for %s", time.Since(last).Round(time.Second)))
 			}
 			stoppedAfter = last
 		}
@@ -434,14 +434,15 @@ func (w *watch) afterServer(clean bool, gone time.Time) error {
 		w.log.Error("watchdog: the data directory's engine state is gone: no instance can be stopped by it", "err", err)
 		return err
 	}
-	return w.stopAll()
+	return w.stopAll("the server is gone")
 }
 
 // stopAll stops every instance of the data directory's gVisor engine (its
 // runsc root: this node's instances only), each as the engine stops one
 // (runsc delete, then the processes under its bundle, its network
-// namespaces), at most 8 at once.
-func (w *watch) stopAll() error {
+// namespaces), at most 8 at once. why, the log's reason, says what
+// happened to the server (gone, or running without heartbeats).
+func (w *watch) stopAll(why string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	gv, err := gvisor.New(gvisor.Config{Runsc: w.cfg.Runsc, StateDir: filepath.Join(w.cfg.DataDir, "gvisor")})
@@ -476,7 +477,7 @@ func (w *watch) stopAll() error {
 		}(i)
 	}
 	wg.Wait()
-	w.log.Warn("watchdog: stopped the instances of the dead server before the other nodes may declare the node lost",
+	w.log.Warn("watchdog: "+why+": stopped its instances before the other nodes may declare the node lost",
 		"stopped", len(stopped), "instances", strings.Join(stopped, ","), "failed", len(failed), "took", time.Since(t0).Round(time.Millisecond))
 	if len(failed) > 0 {
 		return fmt.Errorf("%s: %d instances not stopped: %s", Command, len(failed), strings.Join(failed, ","))
