@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/torpor/torpor/apiv1"
+	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/node"
 )
 
@@ -66,9 +67,14 @@ func TestClusterFull(t *testing.T) {
 		}
 	}
 	first := cl.order[0]
-	on := map[string]int{} // sandboxes created per node
+	on := map[string]int{}            // sandboxes created per node
+	key := client.NewIdempotencyKey() // the last create's
 	for i := range cl.order {
-		code, _, msg, sb := createRaw(t, ctx, first.proc.url, sbMiB)
+		k := ""
+		if i == len(cl.order)-1 {
+			k = key
+		}
+		code, _, msg, sb := createKeyed(t, ctx, first.proc.url, sbMiB, k)
 		if code != http.StatusCreated && code != http.StatusOK {
 			t.Fatalf("create %d through %s: %d %s", i+1, first.name, code, msg)
 		}
@@ -88,6 +94,14 @@ func TestClusterFull(t *testing.T) {
 			t.Fatalf("create through full %s: %d %s; want 503", n.name, code, msg)
 		}
 		checkRefusal(t, n.name, retry, msg)
+	}
+	// A retry of the last create's key through each full node gets that
+	// create's sandbox, not placement's refusal (a trial: 503 "on every
+	// node" for a key whose own sandbox filled the last room).
+	for _, n := range cl.order {
+		if code, _, msg, sb := createKeyed(t, ctx, n.proc.url, sbMiB, key); code != http.StatusCreated || sb.ID != made[len(made)-1] {
+			t.Errorf("retry of the last create's key through full %s: %d %s %s; want 201 with %s", n.name, code, msg, sb.ID, made[len(made)-1])
+		}
 	}
 	// Through a draining node: no other node has room by its registered
 	// memory and overcommit ratio, so placement refuses it; also once the
@@ -197,12 +211,21 @@ func TestClusterFull(t *testing.T) {
 // and the sandbox created.
 func createRaw(t *testing.T, ctx context.Context, url string, mib int) (int, string, string, apiv1.Sandbox) {
 	t.Helper()
+	return createKeyed(t, ctx, url, mib, "")
+}
+
+// createKeyed is createRaw with header Idempotency-Key key ("": none).
+func createKeyed(t *testing.T, ctx context.Context, url string, mib int, key string) (int, string, string, apiv1.Sandbox) {
+	t.Helper()
 	body, _ := json.Marshal(apiv1.CreateSandboxRequest{MemoryMiB: mib})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/sandboxes", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(apiv1.IdempotencyKeyHeader, key)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

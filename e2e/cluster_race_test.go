@@ -345,54 +345,78 @@ func TestClusterIdempotentCreates(t *testing.T) {
 		}
 	}
 
-	// A call whose server is killed after it claimed the key: once that
-	// node's server has started again, retries through the two other nodes
-	// at once take the call over (one of them: the other waits for it) and
-	// make its one sandbox.
+	// A create whose server is killed after it recorded the sandbox (the
+	// record owned by that node, its instance never started), retried
+	// through the two other nodes at once: (1) the node's server started
+	// again: the retries go to it (it owns what the cut call made) and it
+	// takes the call over, remaking the sandbox; (2) the node not back: the
+	// retries wait until it is lost and its sandboxes fenced, then one takes
+	// it over and the other waits for it. Each time one sandbox, running.
+	// Before, a retry took over at once and failed to remove the sandbox
+	// the restarted node owned (409, then a stuck key), or answered the
+	// lost node's sandbox as it was ("creating", then "error" for good).
 	a := nodes[0]
-	a.proc.stop(t)
-	a.env = []string{"TORPOR_TEST_KILL_AT=idempotency-claimed"}
+	cutCreate := func() string {
+		t.Helper()
+		a.proc.stop(t)
+		a.env = []string{"TORPOR_TEST_KILL_AT=create-recorded"}
+		cl.start(a)
+		a.env = nil
+		key := client.NewIdempotencyKey()
+		if ans := createWith(a, key); ans.status != 0 {
+			t.Fatalf("create through %s answered %d %s though its server was to be killed", a.name, ans.status, ans.body)
+		}
+		select {
+		case <-a.proc.done:
+			a.proc.done = nil
+		case <-time.After(time.Minute):
+			t.Fatalf("%s's server still runs after the fault point", a.name)
+		}
+		return key
+	}
+	retried := func(key, what string) {
+		t.Helper()
+		ids := map[string]int{}
+		for _, ans := range atOnce([]func() raceAnswer{func() raceAnswer { return createWith(nodes[1], key) }, func() raceAnswer { return createWith(nodes[2], key) }}) {
+			var sb apiv1.Sandbox
+			if ans.status != http.StatusCreated || json.Unmarshal([]byte(ans.body), &sb) != nil || sb.ID == "" {
+				t.Errorf("%s: retry of the cut create through %s: %d %s; want 201 with the sandbox", what, ans.via, ans.status, ans.body)
+				continue
+			}
+			ids[sb.ID]++
+		}
+		if len(ids) != 1 {
+			t.Fatalf("%s: two retries of the cut create answered %d sandboxes (%v), want one", what, len(ids), ids)
+		}
+		for id := range ids {
+			t.Cleanup(func() { nodes[1].c.DeleteSandbox(context.Background(), id) })
+			instances := 0
+			for _, n := range nodes {
+				instances += runscSandboxesOf(t, n.dir, id)
+			}
+			if sb := get(t, nodes[1].c, id); sb.State != apiv1.StateRunning || instances != 1 {
+				t.Errorf("%s: the retried create's %s is %s on %q (%s) with %d runsc sandboxes; want running, one", what, id, sb.State, sb.Node, sb.Error, instances)
+			}
+		}
+	}
+	takenIn := func(ns ...*clusterNode) int {
+		taken := 0
+		for _, n := range ns {
+			b, _ := os.ReadFile(n.log)
+			taken += strings.Count(string(b), "taking the call over")
+		}
+		return taken
+	}
+	key := cutCreate()
 	cl.start(a)
-	a.env = nil
-	key := client.NewIdempotencyKey()
-	if ans := createWith(a, key); ans.status != 0 {
-		t.Fatalf("create through %s answered %d %s though its server was to be killed after claiming the key", a.name, ans.status, ans.body)
+	retried(key, "node restarted")
+	if n := takenIn(a); n != 1 {
+		t.Errorf("node restarted: %s took the cut call over %d times (its log), want 1", a.name, n)
 	}
-	select {
-	case <-a.proc.done:
-		a.proc.done = nil
-	case <-time.After(time.Minute):
-		t.Fatalf("%s's server still runs after the fault point", a.name)
-	}
-	cl.start(a)
-	ids := map[string]int{}
-	for _, ans := range atOnce([]func() raceAnswer{func() raceAnswer { return createWith(nodes[1], key) }, func() raceAnswer { return createWith(nodes[2], key) }}) {
-		var sb apiv1.Sandbox
-		if ans.status != http.StatusCreated || json.Unmarshal([]byte(ans.body), &sb) != nil || sb.ID == "" {
-			t.Errorf("retry of the cut create through %s: %d %s; want 201 with the sandbox", ans.via, ans.status, ans.body)
-			continue
-		}
-		ids[sb.ID]++
-	}
-	taken := 0
-	for _, n := range nodes[1:] {
-		b, _ := os.ReadFile(n.log)
-		taken += strings.Count(string(b), "taking the call over")
-	}
-	if taken != 1 {
-		t.Errorf("%d nodes took the cut call over (their logs), want 1", taken)
-	}
-	if len(ids) != 1 {
-		t.Fatalf("two retries of the cut create answered %d sandboxes (%v), want one", len(ids), ids)
-	}
-	for id := range ids {
-		t.Cleanup(func() { nodes[0].c.DeleteSandbox(context.Background(), id) })
-		instances := 0
-		for _, n := range nodes {
-			instances += runscSandboxesOf(t, n.dir, id)
-		}
-		if sb := get(t, nodes[0].c, id); sb.State != apiv1.StateRunning || instances != 1 {
-			t.Errorf("the retried create's %s is %s on %q with %d runsc sandboxes; want running, one", id, sb.State, sb.Node, instances)
-		}
+	before := takenIn(nodes[1], nodes[2])
+	key = cutCreate()
+	retried(key, "node lost")
+	if n := takenIn(nodes[1], nodes[2]) - before; n != 1 {
+		t.Errorf("node lost: the other nodes took the cut call over %d times (their logs), want 1", n)
 	}
 }

@@ -145,6 +145,13 @@ func (f *clusterFront) ServeHTTP(w http.ResponseWriter, r *http.Request, next ht
 		return
 	}
 	target, placed, err := f.target(r.Context(), c, r)
+	if c.create && r.Header.Get(apiv1.IdempotencyKeyHeader) != "" && manager.RetryAfterSeconds(err) > 0 {
+		// No node has room for another sandbox, but a retry of a create
+		// that made one is answered from its key's record (this node's
+		// admission refuses a new one the same way).
+		f.serveHere(w, r, c, next)
+		return
+	}
 	if manager.RetryAfterSeconds(err) > 0 || sandbox.KindOf(err) == sandbox.Conflict {
 		// No node has room: refused as admission control refuses (503); or
 		// no node can serve it (409: volumes on two nodes).

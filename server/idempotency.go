@@ -6,7 +6,9 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,9 +111,18 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 	for i := range ids {
 		ids[i] = manager.NewSandboxID()
 	}
-	rec, created, err := s.claimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: key, RequestHash: hash, SandboxIDs: ids, CreatedAt: time.Now().UTC(), Holder: s.idemHolder()})
+	holder := s.idemHolder()
+	rec, created, forward, err := s.claimIdempotencyKey(ctx, metadata.IdempotencyKey{Key: key, RequestHash: hash, SandboxIDs: ids, CreatedAt: time.Now().UTC(), Holder: holder})
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if forward != nil && s.cluster != nil {
+		// The holder's node runs again and owns what the cut call made.
+		s.log.Info("idempotent retry: the call's node runs a new server; forwarding the retry there", "key", key, "node", forward.Host)
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		s.cluster.forward(w, r, forward)
 		return
 	}
 	if !created {
@@ -130,6 +141,13 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		// now with the recorded ids.
 		made, err := s.salvage(ctx, rec.SandboxIDs)
 		if err != nil {
+			if holder != "" {
+				// Nobody runs the call now: a retry elsewhere takes it over
+				// instead of waiting for this server.
+				if _, terr := s.idem.db.TakeIdempotencyKey(context.WithoutCancel(ctx), key, holder, ""); terr != nil {
+					s.log.Warn("idempotency key: give up the call after a failed salvage", "key", key, "err", terr)
+				}
+			}
 			s.fail(w, r, err)
 			return
 		}
@@ -183,22 +201,33 @@ func (s *Server) idemHolder() string {
 	return fmt.Sprintf("%s@%d", s.node, s.heartbeat.StartedAt().UnixMilli())
 }
 
+// idemWaitMax bounds how long a retry waits for the call another node's
+// server runs with its key: then it is 503 with Retry-After (a create or a
+// fork takes seconds; a call that runs longer is not waited on forever).
+const idemWaitMax = time.Minute
+
 // claimIdempotencyKey claims want's key for this server (the metadata
 // store's ClaimIdempotencyKey) and returns the record: want (created), one
 // with another request hash or a status (answered), or one without a
 // status that this server may now salvage and run — its holder is this
-// process's node's earlier server, or a server that is gone (its node lost
-// or started again since), taken over (TakeIdempotencyKey). While another
-// node's live server holds the record (its call still runs there), it
-// waits and reads it again every idemHolderPoll. Errors: the database's;
+// process's node's earlier server, or a server whose node is gone (lost,
+// and its sandboxes fenced, or removed), taken over (TakeIdempotencyKey).
+// While another node's live server holds the record (its call still runs
+// there), it waits and reads it again every idemHolderPoll, up to
+// idemWaitMax. When the holder is an earlier server of a node that runs
+// again, the call is that node's to salvage (it owns what the cut call
+// made): forward is its URL, and the caller forwards the call there.
+// Errors: the database's; Unavailable (Retry-After) after idemWaitMax;
 // ctx's when it ends first.
-func (s *Server) claimIdempotencyKey(ctx context.Context, want metadata.IdempotencyKey) (metadata.IdempotencyKey, bool, error) {
+func (s *Server) claimIdempotencyKey(ctx context.Context, want metadata.IdempotencyKey) (rec metadata.IdempotencyKey, created bool, forward *url.URL, err error) {
+	waited := time.Now()
 	for {
 		rec, created, err := s.idem.db.ClaimIdempotencyKey(ctx, want)
 		if err != nil || created || rec.Status != 0 || !bytes.Equal(rec.RequestHash, want.RequestHash) || rec.Holder == want.Holder {
-			return rec, created, err
+			return rec, created, nil, err
 		}
-		if !s.idemHolderLive(ctx, rec.Holder) {
+		switch verdict, to := s.idemHolderState(ctx, rec); verdict {
+		case holderGone:
 			ok, err := s.idem.db.TakeIdempotencyKey(ctx, rec.Key, rec.Holder, want.Holder)
 			if errors.Is(err, metadata.ErrNotFound) {
 				continue // its call made nothing and freed the key: claim it
@@ -208,33 +237,90 @@ func (s *Server) claimIdempotencyKey(ctx context.Context, want metadata.Idempote
 			}
 			if err != nil || ok {
 				rec.Holder = want.Holder
-				return rec, false, err
+				return rec, false, nil, err
 			}
 			continue // another retry took it first, or it was answered
+		case holderRestarted:
+			return rec, false, to, nil
+		}
+		if time.Since(waited) > idemWaitMax {
+			name, _, _ := strings.Cut(rec.Holder, "@")
+			return rec, false, nil, &sandbox.Error{Kind: sandbox.Unavailable, Op: "idempotent retry",
+				Err: &idemRunningError{key: rec.Key, node: name, waited: time.Since(waited)}}
 		}
 		select {
 		case <-ctx.Done():
-			return metadata.IdempotencyKey{}, false, ctx.Err()
+			return metadata.IdempotencyKey{}, false, nil, ctx.Err()
 		case <-time.After(idemHolderPoll):
 		}
 	}
 }
 
-// idemHolderLive reports whether holder (an idempotency record's Holder) is
-// another node's server that still runs: its node's record names the same
-// registration time and the node is not lost. A holder of this node, or of
-// a record from one server (""), is not: this process holds its own calls
-// (idempotency.hold), and an earlier server of this node is gone.
-func (s *Server) idemHolderLive(ctx context.Context, holder string) bool {
-	name, ms, ok := strings.Cut(holder, "@")
+// idemRunningError: a retry waited idemWaitMax for the call another node
+// runs with its key.
+type idemRunningError struct {
+	key, node string
+	waited    time.Duration
+}
+
+func (e *idemRunningError) Error() string {
+	return fmt.Sprintf("the first call with %s %q still runs on node %s (waited %s): retry", apiv1.IdempotencyKeyHeader, e.key, e.node, e.waited.Round(time.Second))
+}
+
+// RetryAfter implements the retryable refusal (manager.RetryAfterSeconds).
+func (e *idemRunningError) RetryAfter() time.Duration { return 5 * time.Second }
+
+// holderVerdict is what a retry makes of an unanswered record's holder.
+type holderVerdict int
+
+const (
+	// holderRunning: another node's server that still runs holds it, or
+	// the holder's node is lost but still owns some of the call's
+	// sandboxes (not fenced yet): wait.
+	holderRunning holderVerdict = iota
+	// holderGone: no server runs the call any more and none will salvage
+	// it but a retry: take it over.
+	holderGone
+	// holderRestarted: the holder's node runs a later server, which owns
+	// what the cut call made: forward the retry there.
+	holderRestarted
+)
+
+// idemHolderState judges rec's holder (another server than this one): by
+// its node's record (same start time and not lost: running; lost with the
+// call's sandboxes still its own: running, until the others fence them;
+// started again: restarted, with its URL) — a holder of this node's name,
+// one that names no node (a record of one server, ""), or a node without a
+// record is gone. A database error counts as running (not taken over on
+// it).
+func (s *Server) idemHolderState(ctx context.Context, rec metadata.IdempotencyKey) (holderVerdict, *url.URL) {
+	name, ms, ok := strings.Cut(rec.Holder, "@")
 	if !ok || name == s.node {
-		return false
+		return holderGone, nil
 	}
 	n, err := s.db.GetNode(ctx, name)
-	if err != nil {
-		return !errors.Is(err, metadata.ErrNotFound) // a database error: not taken over on it
+	if errors.Is(err, metadata.ErrNotFound) {
+		return holderGone, nil
 	}
-	return strconv.FormatInt(n.StartedAt.UnixMilli(), 10) == ms && node.StateOf(n, time.Now()) != node.StateLost
+	if err != nil {
+		return holderRunning, nil
+	}
+	lost := node.StateOf(n, time.Now()) == node.StateLost
+	if !lost && strconv.FormatInt(n.StartedAt.UnixMilli(), 10) != ms {
+		if u, err := url.Parse(n.Advertise); err == nil {
+			return holderRestarted, u
+		}
+		return holderGone, nil
+	}
+	if !lost {
+		return holderRunning, nil
+	}
+	for _, id := range rec.SandboxIDs {
+		if sb, err := s.db.GetSandbox(ctx, id); err == nil && sb.Owner == name {
+			return holderRunning, nil
+		}
+	}
+	return holderGone, nil
 }
 
 // replay answers a retry of the call recorded in rec: the recorded status
