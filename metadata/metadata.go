@@ -345,9 +345,11 @@ type IdempotencyKeys interface {
 	// existing one, unchanged (created false). Atomic: of concurrent claims
 	// of one key exactly one creates.
 	ClaimIdempotencyKey(ctx context.Context, r IdempotencyKey) (stored IdempotencyKey, created bool, err error)
-	// FinishIdempotencyKey sets the Status of the record of key. ErrNotFound
-	// if there is none.
-	FinishIdempotencyKey(ctx context.Context, key string, status int) error
+	// FinishIdempotencyKey sets the Status of the record of key if its
+	// Holder is holder (a server whose call was taken over meanwhile
+	// changes nothing). ErrNotFound if there is no record of key held by
+	// holder.
+	FinishIdempotencyKey(ctx context.Context, key, holder string, status int) error
 	// TakeIdempotencyKey makes to the Holder of the record of key if its
 	// Holder is from and it has no Status yet (a call whose holder crashed
 	// or was lost, taken over by a retry), and reports whether it did.
@@ -355,8 +357,9 @@ type IdempotencyKeys interface {
 	// ErrNotFound if there is no record of key.
 	TakeIdempotencyKey(ctx context.Context, key, from, to string) (bool, error)
 	// DeleteIdempotencyKey removes the record of key (a call that made
-	// nothing, which a retry may run again). ErrNotFound if there is none.
-	DeleteIdempotencyKey(ctx context.Context, key string) error
+	// nothing, which a retry may run again) if its Holder is holder.
+	// ErrNotFound if there is no record of key held by holder.
+	DeleteIdempotencyKey(ctx context.Context, key, holder string) error
 	// DeleteIdempotencyKeysBefore removes every record whose CreatedAt is
 	// before t and returns how many it removed.
 	DeleteIdempotencyKeysBefore(ctx context.Context, t time.Time) (int, error)

@@ -153,7 +153,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		}
 		if len(made) > 0 {
 			rec.Status = http.StatusCreated
-			if err := s.idem.db.FinishIdempotencyKey(context.WithoutCancel(ctx), key, rec.Status); err != nil {
+			if err := s.idem.db.FinishIdempotencyKey(context.WithoutCancel(ctx), key, holder, rec.Status); err != nil {
 				s.fail(w, r, err)
 				return
 			}
@@ -169,16 +169,16 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		status, _ = classify(err)
 		if len(s.existing(wctx, ids)) == 0 {
 			// Nothing made: a retry may run the call again.
-			if derr := s.idem.db.DeleteIdempotencyKey(wctx, key); derr != nil {
+			if derr := s.idem.db.DeleteIdempotencyKey(wctx, key, holder); derr != nil {
 				s.log.Error("idempotency key: remove the record of a call that made nothing", "key", key, "err", derr)
 			}
-		} else if ferr := s.idem.db.FinishIdempotencyKey(wctx, key, status); ferr != nil {
+		} else if ferr := s.idem.db.FinishIdempotencyKey(wctx, key, holder, status); ferr != nil {
 			s.log.Error("idempotency key: record a failed call's status", "key", key, "err", ferr)
 		}
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.idem.db.FinishIdempotencyKey(wctx, key, status); err != nil {
+	if err := s.idem.db.FinishIdempotencyKey(wctx, key, holder, status); err != nil {
 		// The sandboxes exist and the record names them: a retry answers
 		// them (as after a crash).
 		s.log.Error("idempotency key: record the answer's status", "key", key, "err", err)

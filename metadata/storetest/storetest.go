@@ -857,7 +857,15 @@ func testIdempotencyKeys(t *testing.T, st metadata.Store) {
 	if _, err := st.TakeIdempotencyKey(ctx, "k-none", "", "x"); !errors.Is(err, metadata.ErrNotFound) {
 		t.Errorf("take of a missing key: %v, want ErrNotFound", err)
 	}
-	if err := st.FinishIdempotencyKey(ctx, "k-1", 201); err != nil {
+	// Only the holder finishes: the server whose call was taken over
+	// changes nothing.
+	if err := st.FinishIdempotencyKey(ctx, "k-1", "node-a@1", 500); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("finish by a holder that lost the record: %v, want ErrNotFound", err)
+	}
+	if err := st.DeleteIdempotencyKey(ctx, "k-1", "node-a@1"); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("delete by a holder that lost the record: %v, want ErrNotFound", err)
+	}
+	if err := st.FinishIdempotencyKey(ctx, "k-1", first.Holder, 201); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := st.TakeIdempotencyKey(ctx, "k-1", first.Holder, "node-z@1"); ok || err != nil {
@@ -868,7 +876,7 @@ func testIdempotencyKeys(t *testing.T, st metadata.Store) {
 	if got, _, err := st.ClaimIdempotencyKey(ctx, again); err != nil || !equal(got, want) {
 		t.Errorf("claim after finish: %+v %v, want %+v", got, err, want)
 	}
-	if err := st.FinishIdempotencyKey(ctx, "k-none", 201); !errors.Is(err, metadata.ErrNotFound) {
+	if err := st.FinishIdempotencyKey(ctx, "k-none", "", 201); !errors.Is(err, metadata.ErrNotFound) {
 		t.Errorf("finish of a missing key: %v, want ErrNotFound", err)
 	}
 
@@ -902,10 +910,10 @@ func testIdempotencyKeys(t *testing.T, st metadata.Store) {
 		t.Errorf("k-race holds %+v, want the winner's %s", got, winners[0])
 	}
 
-	if err := st.DeleteIdempotencyKey(ctx, "k-race"); err != nil {
+	if err := st.DeleteIdempotencyKey(ctx, "k-race", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.DeleteIdempotencyKey(ctx, "k-race"); !errors.Is(err, metadata.ErrNotFound) {
+	if err := st.DeleteIdempotencyKey(ctx, "k-race", ""); !errors.Is(err, metadata.ErrNotFound) {
 		t.Errorf("second delete: %v, want ErrNotFound", err)
 	}
 	fresh := metadata.IdempotencyKey{Key: "k-race", RequestHash: hash32(9), SandboxIDs: []string{"sbx-new"}, CreatedAt: at(40)}

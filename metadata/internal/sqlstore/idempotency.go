@@ -51,8 +51,8 @@ func (st *Store) ClaimIdempotencyKey(ctx context.Context, r metadata.Idempotency
 }
 
 // FinishIdempotencyKey implements metadata.IdempotencyKeys.
-func (st *Store) FinishIdempotencyKey(ctx context.Context, key string, status int) error {
-	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET status = ? WHERE key = ?`, status, key)
+func (st *Store) FinishIdempotencyKey(ctx context.Context, key, holder string, status int) error {
+	res, err := st.exec(ctx, st.db, `UPDATE idempotency_keys SET status = ? WHERE key = ? AND holder = ?`, status, key, holder)
 	return updated(res, err, "idempotency key", key)
 }
 
@@ -77,8 +77,8 @@ func (st *Store) TakeIdempotencyKey(ctx context.Context, key, from, to string) (
 }
 
 // DeleteIdempotencyKey implements metadata.IdempotencyKeys.
-func (st *Store) DeleteIdempotencyKey(ctx context.Context, key string) error {
-	res, err := st.exec(ctx, st.db, `DELETE FROM idempotency_keys WHERE key = ?`, key)
+func (st *Store) DeleteIdempotencyKey(ctx context.Context, key, holder string) error {
+	res, err := st.exec(ctx, st.db, `DELETE FROM idempotency_keys WHERE key = ? AND holder = ?`, key, holder)
 	return deleted(res, err, "idempotency key", key)
 }
 
