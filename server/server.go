@@ -640,32 +640,28 @@ func Run(ctx context.Context, cfg Config) error {
 	// reaches it: the other nodes forward calls there (checkAdvertise). One
 	// that never does stops as it stops otherwise (its node's lock and
 	// registration given up, its watchdog released).
-	selfc := make(chan error, 1)
 	if cfg.Database != "" {
 		cctx, stopCheck := context.WithCancel(ctx) // ends with Run
 		defer stopCheck()
-		go func() { selfc <- s.checkAdvertise(cctx, nodeAdvertise(cfg)) }()
+		go func() {
+			switch err := s.checkAdvertise(cctx, nodeAdvertise(cfg)); {
+			case cctx.Err() != nil:
+			case err != nil:
+				select {
+				case s.fatal <- err:
+				default: // already ending for another reason
+				}
+			default:
+				s.log.Info("cluster: the advertised URL reaches this server", "advertise", nodeAdvertise(cfg))
+			}
+		}()
 	}
 	var fatal error // this server is no longer its node (nodeLockTaken), or its URL is not its own
-wait:
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-ctx.Done():
-			break wait
-		case fatal = <-s.fatal:
-			break wait
-		case err := <-selfc:
-			if ctx.Err() != nil {
-				break wait
-			}
-			if err != nil {
-				fatal = err
-				break wait
-			}
-			s.log.Info("cluster: the advertised URL reaches this server", "advertise", nodeAdvertise(cfg))
-		}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	case fatal = <-s.fatal:
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
