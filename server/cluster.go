@@ -43,6 +43,14 @@ import (
 // ", ".
 const HeaderForwarded = "Torpor-Forwarded-By"
 
+// HeaderFenced is set on a node's 503 for a call it refused without acting
+// on it because it does not serve sandboxes now (refuseFenced: self-fenced,
+// its node lock not held). A node that forwarded a placed call there serves
+// the call itself instead: a node that has just reached the database again
+// heartbeats as active for up to a few seconds before its fence ends, and
+// placement prefers the node holding a snapshot's local copy.
+const HeaderFenced = "Torpor-Fenced"
+
 // maxForwardHops bounds how often one call is forwarded: the first node to
 // the owner or the placed node, that one on to the node that won the
 // sandbox's claim meanwhile, and once more should that one have lost it
@@ -646,6 +654,14 @@ func (f *clusterFront) watchNode(ctx context.Context, cancel context.CancelCause
 	}
 }
 
+// placedFencedError is a placed call's refusal by a fenced node
+// (HeaderFenced), which the forwarding node then serves.
+type placedFencedError struct{ node, why string }
+
+func (e *placedFencedError) Error() string {
+	return fmt.Sprintf("node at %s does not serve sandboxes now (%s)", e.node, e.why)
+}
+
 // nodeAt is the record of the node advertising adv, from a list of the
 // nodes read at most once per nodeWatchPeriod for all the calls in flight;
 // ok false when no node advertises adv or the list cannot be read.
@@ -690,10 +706,21 @@ func (f *clusterFront) proxy(base *url.URL) *httputil.ReverseProxy {
 		},
 		FlushInterval: -1, // exec streams and the port proxy's answers as they come
 		ErrorLog:      f.s.ErrorLog(),
+		ModifyResponse: func(res *http.Response) error {
+			// A placed call the node refused unread because it is fenced:
+			// served here (ErrorHandler) if its body can be sent again.
+			r := res.Request
+			if _, ok := r.Context().Value(fallbackKey{}).(http.Handler); ok && res.StatusCode == http.StatusServiceUnavailable &&
+				res.Header.Get(HeaderFenced) != "" && (r.GetBody != nil || r.Body == nil || r.Body == http.NoBody) {
+				return &placedFencedError{node: key, why: res.Header.Get(HeaderFenced)}
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var op *net.OpError
-			if next, ok := r.Context().Value(fallbackKey{}).(http.Handler); ok && errors.As(err, &op) && op.Op == "dial" {
-				f.s.log.Warn("cluster: the placed node does not answer; serving here", "node", key, "path", r.URL.Path, "err", err)
+			var fenced *placedFencedError
+			if next, ok := r.Context().Value(fallbackKey{}).(http.Handler); ok && (errors.As(err, &op) && op.Op == "dial" || errors.As(err, &fenced)) {
+				f.s.log.Warn("cluster: the placed node does not take the call; serving here", "node", key, "path", r.URL.Path, "err", err)
 				if r.GetBody != nil {
 					r.Body, _ = r.GetBody()
 				}

@@ -537,3 +537,68 @@ func TestPlacePending(t *testing.T) {
 		t.Errorf("pending on %s before its heartbeat: %d MiB, want 256", second, got)
 	}
 }
+
+// TestPlacedOnFencedNode: a placed call (a resume of a sandbox no node owns)
+// forwarded to a node that refuses it because it is fenced (refuseFenced,
+// HeaderFenced: a node just back on the database heartbeats as active a few
+// seconds before its fence ends) is served by the forwarding node; a call
+// for a sandbox that fenced node owns gets its 503 as it is. Before, the
+// placed resume failed 503 (CI: TestClusterSelfFence, where placement
+// prefers the node holding the snapshot's local copy).
+func TestPlacedOnFencedNode(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "torpor.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	fenced := &Server{node: "node-b", log: defaultLogger()}
+	fenced.fence.since, fenced.fence.renewed = time.Now(), time.Now().Add(-node.SelfFenceAfter)
+	reached := 0
+	nodeB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !fenced.refuseFenced(w, r) {
+			reached++
+			w.WriteHeader(http.StatusTeapot)
+		}
+	}))
+	defer nodeB.Close()
+	now := time.Now()
+	for name, adv := range map[string]string{"node-b": nodeB.URL, "node-c": "http://node-c.invalid"} {
+		if err := db.PutNode(ctx, metadata.Node{Name: name, Advertise: adv, Capacity: metadata.NodeResources{MemoryMiB: 4096},
+			MemoryOvercommit: 1, StartedAt: now, HeartbeatAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sb := range []*metadata.Sandbox{
+		{ID: "sbx-placed00001", State: sandbox.StateHibernated, SnapshotNode: "node-b"},
+		{ID: "sbx-ownedbyb001", State: sandbox.StateRunning, Owner: "node-b"},
+	} {
+		sb.Image, sb.MemoryMiB, sb.CreatedAt, sb.StateChangedAt = "base", 256, now, now
+		if err := db.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	here, _, _, _ := StartFake(t, Config{})
+	f := &clusterFront{s: &Server{db: db, node: "node-c", log: defaultLogger(), Manager: here.Manager}}
+	served := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served++
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Body", string(b))
+		w.WriteHeader(http.StatusOK)
+	})
+	w := httptest.NewRecorder()
+	f.ServeHTTP(w, httptest.NewRequest("POST", "/v1/sandboxes/sbx-placed00001/resume", strings.NewReader(`{}`)), next)
+	if w.Code != http.StatusOK || served != 1 || w.Header().Get("X-Body") != "{}" {
+		t.Errorf("placed resume refused by the fenced node: %d %s, served here %d times with body %q; want 200 served here with the body",
+			w.Code, w.Body, served, w.Header().Get("X-Body"))
+	}
+	w = httptest.NewRecorder()
+	f.ServeHTTP(w, httptest.NewRequest("POST", "/v1/sandboxes/sbx-ownedbyb001/exec", strings.NewReader(`{"cmd":["true"]}`)), next)
+	if w.Code != http.StatusServiceUnavailable || served != 1 || !strings.Contains(w.Body.String(), "fenced itself") || w.Header().Get("Retry-After") != "5" {
+		t.Errorf("exec in a sandbox the fenced node owns: %d %s (served here %d times); want its 503 with Retry-After 5", w.Code, w.Body, served)
+	}
+	if reached != 0 {
+		t.Errorf("the fenced node served %d calls", reached)
+	}
+}

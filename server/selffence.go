@@ -227,7 +227,7 @@ func (s *Server) nodeLockTaken(err error) {
 }
 
 // refuseFenced answers a call about a sandbox on a fenced node (503,
-// Retry-After one heartbeat), in E2B's form for E2B's calls, and reports
+// Retry-After one heartbeat, HeaderFenced), in E2B's form for E2B's calls, and reports
 // whether it did.
 func (s *Server) refuseFenced(w http.ResponseWriter, r *http.Request) bool {
 	why := s.fence.fenced(s.node)
@@ -235,6 +235,7 @@ func (s *Server) refuseFenced(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(int(node.HeartbeatInterval/time.Second)))
+	w.Header().Set(HeaderFenced, "fenced")
 	err := &sandbox.Error{Kind: sandbox.Unavailable, Err: fmt.Errorf("%s", why)}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusServiceUnavailable, apiv1.CodeUnavailable, err.Error())
