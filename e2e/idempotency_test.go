@@ -258,7 +258,7 @@ func TestIdempotentForkAcrossCrash(t *testing.T) {
 	p.stop()
 
 	var seen []string
-	for _, point := range []string{"idempotency-claimed", "fork-clones-recorded", "idempotency-recorded"} {
+	for _, point := range []string{"idempotency-claimed", "fork-clone-restored", "fork-clones-recorded", "idempotency-recorded"} {
 		p.start("TORPOR_TEST_KILL_AT=" + point)
 		type result struct {
 			clones []apiv1.Sandbox
@@ -290,6 +290,24 @@ func TestIdempotentForkAcrossCrash(t *testing.T) {
 		for _, cl := range r.clones {
 			if st := get(t, c, cl.ID); st.State != apiv1.StateRunning {
 				t.Errorf("kill at %s: clone %s in state %s (%s)", point, cl.ID, st.State, st.Error)
+			}
+		}
+		// No instance of a clone the cut fork restored is left (Reconcile
+		// stops what no running sandbox owns).
+		if point == "fork-clone-restored" && !strings.Contains(p.logText(), "reconcile: stopping orphaned instance") {
+			t.Errorf("kill at %s: the restart stopped no orphaned instance: the fork was cut before a clone's restore ended", point)
+		}
+		running := map[string]bool{src.ID: true}
+		for _, id := range seen {
+			running[id] = true
+		}
+		ids, err := runscList(t, dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, inst := range ids {
+			if i := strings.LastIndex(inst, "-"); strings.HasPrefix(inst, "sbx-") && i > 0 && !running[inst[:i]] {
+				t.Errorf("kill at %s: instance %s of no running sandbox is left", point, inst)
 			}
 		}
 		p.stop()

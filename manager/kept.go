@@ -200,7 +200,7 @@ func (m *Manager) StartFromSnapshot(ctx context.Context, snapID string, spec san
 	if err := m.cfg.DB.CreateSandbox(ctx, c); err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	if err := m.startClone(ctx, e, c, rootfs, dir); err != nil {
+	if err := m.startClone(ctx, e, c, m.restoreFrom(ctx, e, c, rootfs, dir)); err != nil {
 		return m.view(ctx, c), fmt.Errorf("start from snapshot %s: %w", snapID, err)
 	}
 	m.writeResolvConf(ctx, c)

@@ -797,6 +797,15 @@ func (m *Manager) HibernateCall(ctx context.Context, id string, opts HibernateOp
 // leaveRunning the sandbox ends hibernated; with it the sandbox keeps running (a
 // fork source). The caller holds s's lock.
 func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leaveRunning, async bool) (string, error) {
+	return m.snapshotThen(ctx, s, leaveRunning, async, nil)
+}
+
+// snapshotThen is snapshotLocked that, when checkpointed is set, calls it
+// with the staged checkpoint's directory once the checkpoint is complete,
+// before the store commits it (a fork restores its clones from it meanwhile:
+// forkearly.go). The directory is the store's: checkpointed must not change
+// it, and it is gone or renamed once the commit ends.
+func (m *Manager) snapshotThen(ctx context.Context, s *metadata.Sandbox, leaveRunning, async bool, checkpointed func(dir string)) (string, error) {
 	start := time.Now()
 	snapID := newID("snap-")
 	m.accrue(ctx, s, start)
@@ -892,6 +901,9 @@ func (m *Manager) snapshotLocked(ctx context.Context, s *metadata.Sandbox, leave
 		return undo(diskFull("", s.ID, fmt.Errorf("hibernate %s: %w", s.ID, err)))
 	}
 	FaultPoint("hibernate-checkpointed")
+	if checkpointed != nil {
+		checkpointed(dir)
+	}
 	now := time.Now().UTC()
 	checkpointDur := now.Sub(tCheckpoint)
 	man := m.manifestFor(s, eng, snapID, now)
@@ -1322,19 +1334,49 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		defer release()
 	}
 	ctx = context.WithoutCancel(ctx)
+	start := time.Now()
+	var snapshotDur time.Duration
+	var dir, rootfs string
+	var man snapshot.Manifest
+	var e engine.Engine
+	var early *earlyClones // the clones restored from the checkpoint during its commit (forkearly.go)
+	defer func() {
+		if early.started() {
+			if !launched {
+				early.abort(ctx)
+			} else {
+				early.close()
+			}
+		}
+	}()
 	switch src.State {
 	case sandbox.StateRunning:
-		if _, err := m.snapshotLocked(ctx, src, true, m.cfg.AsyncUpload); err != nil {
+		var checkpointed func(string)
+		if len(pooled) < count && len(src.Volumes) == 0 {
+			if rootfs, err = m.snapshotImage(ctx, src.Image, src.ImageDigest); err != nil {
+				return nil, fmt.Errorf("fork %s: image %s: %w", id, src.ImageDigest, err)
+			}
+			early = m.newEarlyClones(src, ids[len(pooled):], rootfs)
+			checkpointed = func(dir string) {
+				early.start(ctx, dir)
+				if faultAt("fork-clone-restored") && early.started() {
+					_ = early.restore(0)
+					FaultPoint("fork-clone-restored")
+				}
+			}
+		}
+		if _, err := m.snapshotThen(ctx, src, true, m.cfg.AsyncUpload, checkpointed); err != nil {
 			return nil, err
 		}
+		snapshotDur = time.Since(start)
 	case sandbox.StateHibernated, sandbox.StatePaused: // a paused one: from the pause's snapshot
 	default:
 		return nil, sandboxConflict(id, "sandbox %s is in state %s; only a running, paused or hibernated sandbox can be forked", id, src.State)
 	}
-	var dir, rootfs string
-	var man snapshot.Manifest
-	var e engine.Engine
-	if len(pooled) < count {
+	if early.started() {
+		e = early.eng.Engine
+		man.Spec.ImageDigest, man.Spec.GuestDigest = src.ImageDigest, src.GuestDigest // the checkpoint's manifest's (manifestFor)
+	} else if len(pooled) < count {
 		var done func()
 		if dir, man, done, err = m.openSnapshot(ctx, src.SnapshotID, "fork", id); err != nil {
 			return nil, err
@@ -1391,10 +1433,16 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 				errs[i] = m.startPooled(ctx, c, pooled[i])
 				return
 			}
-			errs[i] = m.startClone(ctx, e, c, rootfs, dir)
+			if early.started() {
+				errs[i] = m.startClone(ctx, e, c, func() error { return early.restore(i - len(pooled)) })
+				return
+			}
+			errs[i] = m.startClone(ctx, e, c, m.restoreFrom(ctx, e, c, rootfs, dir))
 		}()
 	}
 	wg.Wait()
+	m.log.Info("forked", "sandbox", id, "clones", count, "pooled", len(pooled), "restored_during_commit", early.started(),
+		"total_ms", time.Since(start).Milliseconds(), "snapshot_ms", snapshotDur.Milliseconds())
 	out := make([]sandbox.Sandbox, count)
 	for i, c := range clones {
 		out[i] = m.view(ctx, c)
@@ -1406,15 +1454,16 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	return out, nil
 }
 
-// startClone restores clone c (recorded in state creating, its SnapshotID the
-// snapshot opened in dir) on engine e from image file rootfs, waits for its
-// guest agent, runs the resume contract as a fork and records it running. On
+// startClone starts clone c (recorded in state creating, its SnapshotID the
+// snapshot it restores) on engine e: restore restores its instance (or waits
+// for a restore already under way: forkearly.go); then it waits for its guest
+// agent, runs the resume contract as a fork and records it running. On
 // failure c is left in state error and the error returned.
-func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.Sandbox, rootfs, dir string) error {
+func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.Sandbox, restore func() error) error {
 	unlock, _ := m.lock(ctx, c.ID)
 	defer unlock()
 	eng := m.on(e, c)
-	if err := eng.Restore(ctx, m.spec(c, rootfs), dir); err != nil {
+	if err := restore(); err != nil {
 		_ = eng.Stop(ctx, c.Instance)
 		m.fail(ctx, c, err)
 		return err
@@ -1429,6 +1478,12 @@ func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.S
 	t := time.Now().UTC()
 	c.LastResumeAt = &t
 	return m.setState(ctx, c, sandbox.StateRunning)
+}
+
+// restoreFrom is startClone's restore of c's instance on engine e from image
+// file rootfs and the snapshot opened in dir.
+func (m *Manager) restoreFrom(ctx context.Context, e engine.Engine, c *metadata.Sandbox, rootfs, dir string) func() error {
+	return func() error { return m.on(e, c).Restore(ctx, m.spec(c, rootfs), dir) }
 }
 
 // lockRunning takes sandbox id's lock and returns it running, resuming it
