@@ -105,8 +105,31 @@ func (m *Manager) Fence(ctx context.Context, id, lost, why string) (bool, error)
 	return m.fence(ctx, id, lost, why)
 }
 
-// fence is Fence, also of this node's own sandboxes (ReleaseOwned).
+// fenceTries bounds how often fence reads a record again after a write
+// that changed it between its read and its claim.
+const fenceTries = 5
+
+// fence is Fence, also of this node's own sandboxes (ReleaseOwned). A
+// record another write changed between its read and the claim (the
+// instance's exit recorded as an error meanwhile: CI saw ReleaseOwned leave
+// such a sandbox owned) is read and judged again, fenceTries times at most.
 func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error) {
+	for range fenceTries - 1 {
+		ok, err := m.fenceOnce(ctx, id, lost, why)
+		if !errors.Is(err, metadata.ErrStale) {
+			return ok, err
+		}
+	}
+	ok, err := m.fenceOnce(ctx, id, lost, why)
+	if errors.Is(err, metadata.ErrStale) {
+		return false, nil // changed on every try: another node's claims won
+	}
+	return ok, err
+}
+
+// fenceOnce is one try of fence; metadata.ErrStale when the record changed
+// after it was read.
+func (m *Manager) fenceOnce(ctx context.Context, id, lost, why string) (bool, error) {
 	s, err := m.cfg.DB.GetSandbox(ctx, id)
 	if err != nil || s.Owner != lost {
 		return false, err
@@ -133,11 +156,7 @@ func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error)
 	}
 	s.Owner, s.State, s.Error, s.Instance, s.PendingSnapshot = "", sandbox.StateError, msg, "", ""
 	s.StateChangedAt = time.Now().UTC()
-	err = m.cfg.DB.ClaimSandbox(ctx, s)
-	if errors.Is(err, metadata.ErrStale) {
-		return false, nil
-	}
-	if err != nil {
+	if err := m.cfg.DB.ClaimSandbox(ctx, s); err != nil {
 		return false, err
 	}
 	m.log.Warn("sandbox fenced off a lost node", "sandbox", id, "node", lost, "error", msg)
@@ -149,10 +168,7 @@ func (m *Manager) fence(ctx context.Context, id, lost, why string) (bool, error)
 // hibernated on man, no owner), nothing is lost.
 func (m *Manager) fenceHibernated(ctx context.Context, s *metadata.Sandbox, lost string, man snapshot.Manifest) (bool, error) {
 	s.Owner = ""
-	if err := m.cfg.DB.ClaimSandbox(ctx, s); err != nil { // the new token fences the lost node out
-		if errors.Is(err, metadata.ErrStale) {
-			return false, nil
-		}
+	if err := m.cfg.DB.ClaimSandbox(ctx, s); err != nil { // the new token fences the lost node out (ErrStale: fence tries again)
 		return false, err
 	}
 	if err := m.commitFencedHibernate(ctx, s, man, ""); err != nil {
