@@ -21,8 +21,8 @@ import (
 // runsc pause calls containerManager.Pause (Kernel.Pause: every task stopped)
 // and then records the container paused in its state file; runsc resume checks
 // that record, calls containerManager.Resume (Kernel.Unpause and gVisor's
-// post-resume work) and records it running. The engine does the same in the
-// same order, holding runsc's lock file of the container (flock, as runsc's
+// post-resume work) and records it running. The engine does the same, but
+// records a pause before its call (setPaused says why), holding runsc's lock file of the container (flock, as runsc's
 // StateFile does) while it rewrites the record, so runsc's own commands (list,
 // state, delete) see the right status. The record is what keeps the kernel's
 // stop count balanced: gVisor panics on a resume without a pause, so Unpause
@@ -68,17 +68,36 @@ func (e *Engine) setPaused(ctx context.Context, id string, pause bool) error {
 		unlock()
 		return fmt.Errorf("gvisor: %s %s: container is %s: %w", what, id, st, engine.ErrNotRunning)
 	}
+	// The record must never say running while the kernel is paused: a
+	// pause then counted as the first would stop the kernel twice, and the
+	// one unpause that follows would leave it stopped for good (the crash
+	// harness killed a server between a pause's call and its record: after
+	// the restart the sandbox never answered again). So a pause is recorded
+	// before its call (a crash in between leaves a running kernel recorded
+	// paused, whose unpause makes gVisor end the sandbox: the manager then
+	// resumes it from the pause's snapshot), an unpause after it.
+	if pause {
+		if err := e.writeStatus(id, to); err != nil {
+			unlock()
+			return fmt.Errorf("gvisor: %s %s: recording it %s: %w", what, id, to, err)
+		}
+	}
 	sock, err := e.controlSocket(id)
 	if err == nil {
 		err = controlCall(ctx, sock, method, struct{}{}, nil)
 	}
 	if err == nil {
-		err = e.writeStatus(id, to)
+		if !pause {
+			err = e.writeStatus(id, to)
+		}
 		unlock()
 		if err != nil {
 			return fmt.Errorf("gvisor: %s %s: recording it %s: %w", what, id, to, err)
 		}
 		return nil
+	}
+	if pause {
+		_ = e.writeStatus(id, from) // the call did not pause it (runsc pause below checks the record)
 	}
 	unlock()
 	if !errors.Is(err, errNoControlSocket) {
