@@ -47,6 +47,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Egress:           egress,
 
 		PreparedContainers: cfg.PreparedContainers,
+		BackgroundRestore:  cfg.BackgroundRestore,
 	})
 }
 

@@ -133,6 +133,11 @@ type Config struct {
 	// created ahead of time for resumes (gvisor.Config.PreparedContainers;
 	// docs/operations.md); 0 = none. Unused with Engines set.
 	PreparedContainers int
+	// BackgroundRestore passes --background to runsc restore
+	// (gvisor.Config.BackgroundRestore): for a runsc built with
+	// `make runsc-readers` (docs/decisions/patched-runsc.md); off by
+	// default. Unused with Engines set.
+	BackgroundRestore bool
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -300,7 +305,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	engines := cfg.Engines
 	if engines == nil {
-		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), cfg.PreparedContainers); err != nil {
+		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), gvisor.Config{PreparedContainers: cfg.PreparedContainers, BackgroundRestore: cfg.BackgroundRestore}); err != nil {
 			return fail(err)
 		}
 	}
@@ -430,13 +435,15 @@ func egressFor(cfg Config) *sandboxnet.EgressConfig {
 // through egress (nil: none). Errors: runsc missing or not executable,
 // dir/gvisor not writable, a bad uplink (sandboxnet.NewEgress).
 func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*engine.Registry, error) {
-	return defaultEngines(dir, runscPath, egress, 0)
+	return defaultEngines(dir, runscPath, egress, gvisor.Config{})
 }
 
-// defaultEngines is DefaultEngines whose gVisor engine keeps prepared
-// containers for resumes (gvisor.Config.PreparedContainers).
-func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, prepared int) (*engine.Registry, error) {
-	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress, PreparedContainers: prepared})
+// defaultEngines is DefaultEngines whose gVisor engine takes the restore
+// options of opts (its PreparedContainers and BackgroundRestore; the other
+// fields are set here).
+func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, opts gvisor.Config) (*engine.Registry, error) {
+	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress,
+		PreparedContainers: opts.PreparedContainers, BackgroundRestore: opts.BackgroundRestore})
 	if err != nil {
 		return nil, err
 	}

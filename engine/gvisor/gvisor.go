@@ -73,7 +73,8 @@ type Config struct {
 	// so a store that removes the directory afterwards does not disturb the
 	// loading, and no store writes into an opened snapshot's files
 	// (snapshot.Store.Open); a checkpoint taken while pages still load waits
-	// for them (pgalloc's SaveTo, AwaitLoadAll). Off in the server: with the
+	// for them (pgalloc's SaveTo, AwaitLoadAll). Off by default in the
+	// server (torpor serve --background-restore turns it on): with the
 	// stock runsc's 128 page readers it is slower than without, and with 4
 	// (`make runsc-readers`) the resume benchmark did not gain
 	// (docs/decisions/patched-runsc.md).
