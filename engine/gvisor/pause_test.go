@@ -1,6 +1,7 @@
 package gvisor_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net"
@@ -113,36 +114,30 @@ func TestPauseRecordOrder(t *testing.T) {
 	})
 	ctx := t.Context()
 
-	accept.Store(false)
-	if err := e.Pause(ctx, id); err == nil {
-		t.Fatal("a pause the sandbox refused returned nil")
+	steps := []struct {
+		what   string
+		call   func(context.Context, string) error
+		accept bool
+		want   string // the record after the call
+	}{
+		{"refused pause", e.Pause, false, "running"},
+		{"pause", e.Pause, true, "paused"},
+		{"second pause (already paused: no call)", e.Pause, true, "paused"},
+		{"refused unpause", e.Unpause, false, "paused"},
+		{"unpause", e.Unpause, true, "running"},
 	}
-	if got := status(); got != "running" {
-		t.Errorf("after a refused pause the record says %q, want running", got)
-	}
-	accept.Store(true)
-	if err := e.Pause(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	if got := status(); got != "paused" {
-		t.Errorf("after a pause the record says %q, want paused", got)
-	}
-	if err := e.Pause(ctx, id); err != nil { // already paused: no call
-		t.Fatalf("second pause: %v", err)
-	}
-	accept.Store(false)
-	if err := e.Unpause(ctx, id); err == nil {
-		t.Fatal("an unpause the sandbox refused returned nil")
-	}
-	if got := status(); got != "paused" {
-		t.Errorf("after a refused unpause the record says %q, want paused", got)
-	}
-	accept.Store(true)
-	if err := e.Unpause(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	if got := status(); got != "running" {
-		t.Errorf("after an unpause the record says %q, want running", got)
+	for _, st := range steps {
+		accept.Store(st.accept)
+		err := st.call(ctx, id)
+		if st.accept && err != nil {
+			t.Fatalf("%s: %v", st.what, err)
+		}
+		if !st.accept && err == nil {
+			t.Fatalf("%s returned nil", st.what)
+		}
+		if got := status(); got != st.want {
+			t.Errorf("after a %s the record says %q, want %s", st.what, got, st.want)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
