@@ -149,21 +149,13 @@ type fetch struct {
 // assemble fetches and verifies every chunk of d; with dir != "" it writes the
 // files there. useCache selects reading through the chunk cache.
 func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bool) ([][]chunkSum, error) {
-	var keys [][]chunkSum
-	if dir != "" {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
-		}
-		keys = make([][]chunkSum, len(d.Files))
+	p, err := s.plan(ctx, id, dir, d, fetchSpan)
+	defer p.close()
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var files []*os.File
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
 	fetches := make(chan *fetch, 4*s.workers)
 	var firstErr error
 	var once sync.Once
@@ -183,95 +175,122 @@ func (s *Store) assemble(ctx context.Context, id, dir string, d doc, useCache bo
 			}
 		}()
 	}
-	func() {
-		defer close(fetches)
-		reloaded := false
-		var cur *fetch
-		var lo, hi int64
-		emit := func() bool {
-			if cur == nil {
-				return true
-			}
-			select {
-			case fetches <- cur:
-				cur = nil
-				return true
-			case <-ctx.Done():
-				return false
-			}
+	for _, ft := range p.fetches {
+		if ctx.Err() != nil {
+			break
 		}
-		for fi, fc := range d.Files {
-			var f *os.File
-			if dir != "" {
-				var err error
-				f, err = os.OpenFile(filepath.Join(dir, fc.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-				if err != nil {
-					fail(err)
-					return
-				}
-				files = append(files, f)
-				if err := f.Truncate(d.Manifest.Files[fi].Bytes); err != nil {
-					fail(err)
-					return
-				}
-			}
-			if keys != nil {
-				keys[fi] = make([]chunkSum, len(fc.Chunks))
-			}
-			var off int64
-			for j, r := range fc.Chunks {
-				if r.ID == "" {
-					if keys != nil {
-						keys[fi][j] = zeroKey(r.Len)
-					}
-					off += r.Len
-					continue
-				}
-				tier, l, ok := s.locate(r.ID)
-				if !ok && !reloaded {
-					// The backend could not be listed at start, or another
-					// writer of the bucket (another node of a cluster) added
-					// packs since: list it now.
-					reloaded = true
-					if err := s.reloadKnown(ctx); err != nil {
-						fail(fmt.Errorf("snapshot %s: %w", id, err))
-						return
-					}
-					tier, l, ok = s.locate(r.ID)
-				}
-				joins := cur != nil && ok && cur.tier == tier && l.Pack != "" && cur.locs[0].Pack == l.Pack &&
-					cur.file == fi && len(cur.refs) < fetchMax && max(hi, l.Off+l.Len)-min(lo, l.Off) <= fetchSpan &&
-					cur.size+r.Len <= fetchSpan
-				if !joins {
-					if !emit() {
-						return
-					}
-					cur = &fetch{file: fi, f: f, tier: tier}
-					lo, hi = l.Off, l.Off+l.Len
-				}
-				lo, hi = min(lo, l.Off), max(hi, l.Off+l.Len)
-				cur.offs = append(cur.offs, off)
-				cur.refs = append(cur.refs, r)
-				cur.locs = append(cur.locs, l)
-				cur.size += r.Len
-				if keys != nil {
-					cur.keys = append(cur.keys, &keys[fi][j])
-				}
-				if l.Pack == "" || tier == nil {
-					if !emit() {
-						return
-					}
-				}
-				off += r.Len
-			}
-		}
-		emit()
-	}()
+		fetches <- ft
+	}
+	close(fetches)
 	wg.Wait()
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	return keys, ctx.Err()
+	return p.keys, ctx.Err()
+}
+
+// fetchPlan is how a snapshot's chunks are fetched: the fetches, in file
+// order, and with a directory the files they write.
+type fetchPlan struct {
+	files   []*os.File // with a directory: one per file of the doc, opened read-write
+	fetches []*fetch
+	keys    [][]chunkSum // with a directory: each chunk's key, filled by its fetch
+	// of[file][chunk] is the index in fetches of the fetch holding the
+	// chunk, -1 for an all-zero chunk (never fetched: the file is created
+	// at its size, so it reads zeros).
+	of [][]int32
+}
+
+func (p *fetchPlan) close() {
+	if p == nil {
+		return
+	}
+	for _, f := range p.files {
+		f.Close()
+	}
+}
+
+// plan groups the chunks of d into fetches of up to span bytes (runs of
+// neighbouring chunks of one pack) and, with dir != "", creates the files
+// there at their sizes. The returned plan is never nil; close it.
+func (s *Store) plan(ctx context.Context, id, dir string, d doc, span int64) (*fetchPlan, error) {
+	p := &fetchPlan{of: make([][]int32, len(d.Files))}
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return p, err
+		}
+		p.keys = make([][]chunkSum, len(d.Files))
+	}
+	reloaded := false
+	var cur *fetch
+	var lo, hi int64
+	emit := func() {
+		if cur != nil {
+			p.fetches = append(p.fetches, cur)
+			cur = nil
+		}
+	}
+	for fi, fc := range d.Files {
+		var f *os.File
+		if dir != "" {
+			var err error
+			f, err = os.OpenFile(filepath.Join(dir, fc.Name), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+			if err != nil {
+				return p, err
+			}
+			p.files = append(p.files, f)
+			if err := f.Truncate(d.Manifest.Files[fi].Bytes); err != nil {
+				return p, err
+			}
+			p.keys[fi] = make([]chunkSum, len(fc.Chunks))
+		}
+		p.of[fi] = make([]int32, len(fc.Chunks))
+		var off int64
+		for j, r := range fc.Chunks {
+			if r.ID == "" {
+				if p.keys != nil {
+					p.keys[fi][j] = zeroKey(r.Len)
+				}
+				p.of[fi][j] = -1
+				off += r.Len
+				continue
+			}
+			tier, l, ok := s.locate(r.ID)
+			if !ok && !reloaded {
+				// The backend could not be listed at start, or another
+				// writer of the bucket (another node of a cluster) added
+				// packs since: list it now.
+				reloaded = true
+				if err := s.reloadKnown(ctx); err != nil {
+					return p, fmt.Errorf("snapshot %s: %w", id, err)
+				}
+				tier, l, ok = s.locate(r.ID)
+			}
+			joins := cur != nil && ok && cur.tier == tier && l.Pack != "" && cur.locs[0].Pack == l.Pack &&
+				cur.file == fi && len(cur.refs) < fetchMax && max(hi, l.Off+l.Len)-min(lo, l.Off) <= span &&
+				cur.size+r.Len <= span
+			if !joins {
+				emit()
+				cur = &fetch{file: fi, f: f, tier: tier}
+				lo, hi = l.Off, l.Off+l.Len
+			}
+			lo, hi = min(lo, l.Off), max(hi, l.Off+l.Len)
+			p.of[fi][j] = int32(len(p.fetches))
+			cur.offs = append(cur.offs, off)
+			cur.refs = append(cur.refs, r)
+			cur.locs = append(cur.locs, l)
+			cur.size += r.Len
+			if p.keys != nil {
+				cur.keys = append(cur.keys, &p.keys[fi][j])
+			}
+			if l.Pack == "" || tier == nil {
+				emit()
+			}
+			off += r.Len
+		}
+	}
+	emit()
+	return p, ctx.Err()
 }
 
 // runFetch gets the chunks of ft (from the cache when allowed and valid, else
