@@ -127,6 +127,33 @@ type Releaser interface {
 	Release(id string)
 }
 
+// Streamer is a Store that can open a snapshot for a restore before its
+// bytes are on this host: OpenStream returns a directory whose files read as
+// the snapshot's, each read blocking until its bytes are fetched and verified
+// (snapshot/chunked serves it through FUSE). Where it cannot stream (a local
+// copy exists, the store encrypts, FUSE is unavailable) it opens as Open
+// does, with Streaming false. Errors are Open's.
+type Streamer interface {
+	OpenStream(ctx context.Context, id string) (Streamed, error)
+}
+
+// Streamed is what OpenStream opened.
+type Streamed struct {
+	// Dir is the directory to restore from (absolute).
+	Dir      string
+	Manifest Manifest
+	// Streaming is true when Dir is served while it is fetched.
+	Streaming bool
+	// Resumed tells the store the restored sandbox answered: the reads of
+	// the memory file until now are its working set, recorded with the
+	// snapshot so that the next streamed resume of it (or of a child
+	// snapshot) fetches those bytes first. Call it at most once; never nil.
+	Resumed func()
+	// Release tells the store the restores from Dir have returned (as
+	// Releaser.Release after an Open); call it once. Never nil.
+	Release func()
+}
+
 // AsyncStore is a Store that can also commit a snapshot before its bytes reach
 // the durable tier (snapshot/chunked with an outbox in front of its backend).
 type AsyncStore interface {

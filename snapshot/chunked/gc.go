@@ -101,6 +101,7 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 		return 0, fmt.Errorf("collect: %w", err) // the packs are not all known
 	}
 	ref := map[string]bool{}
+	sandboxes := map[string]bool{} // with a live snapshot: their working sets stay
 	for _, id := range live {
 		d, ok := s.docs.get(id) // a listed snapshot's manifest never changes
 		var err error
@@ -113,6 +114,7 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 		if err != nil {
 			return 0, fmt.Errorf("collect: %w", err) // never delete on uncertainty
 		}
+		sandboxes[d.Manifest.SandboxID] = true
 		for _, fc := range d.Files {
 			for _, r := range fc.Chunks {
 				if r.ID != "" {
@@ -121,6 +123,7 @@ func (s *Store) collect(ctx context.Context, live []string, round *exclusiveRoun
 			}
 		}
 	}
+	s.collectWorkingSets(ctx, sandboxes)
 	// Loose chunks (stores written before packs).
 	objs, err := s.b.List(ctx, "chunks/")
 	if err != nil {

@@ -100,6 +100,8 @@ type Store struct {
 	up uploader
 	// gc is the garbage collection's state (gc.go).
 	gc collector
+	// streams are the streaming opens being served (stream.go).
+	streams streams
 
 	// lastReused is the number of chunks the last commit named by their key
 	// match with a parent chunk (tests).
@@ -108,6 +110,7 @@ type Store struct {
 
 var _ snapshot.Store = (*Store)(nil)
 var _ snapshot.Verifier = (*Store)(nil)
+var _ snapshot.Streamer = (*Store)(nil)
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
@@ -142,6 +145,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.ReadOnly {
 		openLimit = 0 // the server owning the store trims its copies
 	}
+	removeStaleStreams(abs)
 	s.scanOpened(openLimit)
 	if s.up.retry <= 0 {
 		s.up.retry = time.Second
@@ -225,6 +229,7 @@ func (s *Store) Close() error {
 	default:
 	}
 	close(s.closed)
+	s.closeStreams()
 	if s.gc.done != nil {
 		<-s.gc.done
 	}
