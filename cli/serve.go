@@ -48,6 +48,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 
 		PreparedContainers: cfg.PreparedContainers,
 		BackgroundRestore:  cfg.BackgroundRestore,
+		StreamColdResumes:  cfg.StreamColdResumes,
 	})
 }
 

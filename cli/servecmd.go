@@ -61,6 +61,8 @@ type serveConfig struct {
 	PreparedContainers int
 	// BackgroundRestore: server.Config's (docs/decisions/patched-runsc.md).
 	BackgroundRestore bool
+	// StreamColdResumes: server.Config's (docs/snapshot-store.md).
+	StreamColdResumes bool
 }
 
 // egressConfig is the uplink the flags name; nil when they name none.
@@ -183,6 +185,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
 	f.IntVar(&cfg.PreparedContainers, "prepared-containers", 0, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently resumed shape (image, memory, limits, mounts); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.BackgroundRestore, "background-restore", false, "restore with runsc restore --background: a resumed sandbox runs while its memory pages load behind it; gains only with a runsc of fewer page readers (make runsc-readers; docs/decisions/patched-runsc.md), slower with the stock one")
+	f.BoolVar(&cfg.StreamColdResumes, "stream-cold-resumes", false, "resume a sandbox whose snapshot is not on this host (evicted, or on another node) while the chunked store fetches it: its files are served through FUSE, a read waits only for its own bytes, the working set recorded at the last such resume first (needs root and /dev/fuse; pays with --background-restore; docs/snapshot-store.md)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
 	f.StringVar(&cfg.UplinkNetns, "uplink-netns", "", "network namespace (a name under /run/netns) sandbox traffic leaves through, masqueraded; with neither this nor --uplink, sandboxes reach nothing outside themselves (docs/security.md, Network egress)")
 	f.StringVar(&cfg.Uplink, "uplink", "", "interface of the host's own network namespace sandbox traffic leaves through, masqueraded behind its address (needs net.ipv4.ip_forward=1)")

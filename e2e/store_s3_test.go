@@ -60,6 +60,14 @@ func TestStoreS3Cycles(t *testing.T) {
 // chunked store on bucket there; cfg adds store options (UploadRetry, …).
 func startS3(t *testing.T, bucket string, cfg server.StoreConfig) (*s3test.Server, *servertest.Server) {
 	t.Helper()
+	return startS3With(t, bucket, servertest.Options{Store: cfg})
+}
+
+// startS3With is startS3 with every server option (opts.Store adds store
+// options).
+func startS3With(t *testing.T, bucket string, opts servertest.Options) (*s3test.Server, *servertest.Server) {
+	t.Helper()
+	cfg := opts.Store
 	s3 := s3test.Start(t)
 	// The server expects the bucket to exist.
 	if _, err := chunked.NewS3(ctxFor(t, time.Minute), chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket,
@@ -68,7 +76,8 @@ func startS3(t *testing.T, bucket string, cfg server.StoreConfig) (*s3test.Serve
 	}
 	cfg.Kind, cfg.S3Endpoint, cfg.S3Bucket = "s3", s3.Endpoint, bucket
 	cfg.S3AccessKey, cfg.S3SecretKey, cfg.S3Region = s3.AccessKey, s3.SecretKey, s3.Region
-	return s3, startWithStore(t, cfg)
+	opts.Store = cfg
+	return s3, startWithOptions(t, opts)
 }
 
 // TestStoreChunkedCycles is the continuity test, shorter (2 cycles), with the

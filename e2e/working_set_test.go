@@ -24,8 +24,9 @@ import (
 // tells which of its pages runsc read (the kernel's readahead counts too).
 // runsc's restore loads every page of pages.img before the application runs
 // (docs/snapshot-store.md#cold-resumes-and-the-working-set), so the test
-// expects all of them: if a runsc upgrade reads less, recording the working
-// set and fetching it first becomes worth building, and this test says so. It
+// expects all of them: if a runsc upgrade reads less, a streamed cold resume
+// (docs/snapshot-store.md#streamed-cold-resumes) pays without --background,
+// and this test says so. It
 // also checks that pages.img holds the pages the sandbox used, not its memory
 // size (why a 1 GiB sandbox holding 64 MiB resumes as fast as a 64 MiB one),
 // and that the resumed process kept its counter and data.
@@ -93,7 +94,7 @@ func TestResumeReadsWholeMemoryFile(t *testing.T) {
 		st.Size()>>20, in, n, 100*float64(in)/float64(n))
 	if float64(in) < 0.95*float64(n) {
 		t.Errorf("the restore read %d of %d pages of pages.img before its first request: runsc now restores lazily; "+
-			"record the working set and fetch it first on cold resumes (docs/snapshot-store.md)", in, n)
+			"measure --stream-cold-resumes without --background-restore (docs/snapshot-store.md)", in, n)
 	}
 }
 

@@ -82,6 +82,10 @@ type Config struct {
 	// HibernateOptions): commit on local disk, upload in the background. Needs
 	// a snapshot.AsyncStore.
 	AsyncUpload bool
+	// StreamColdResumes restores a hibernated sandbox whose snapshot has no
+	// copy on this host while the store fetches it, when the store can
+	// (snapshot.Streamer; docs/snapshot-store.md, "Streamed cold resumes").
+	StreamColdResumes bool
 	// Limits bound each sandbox and admit creates, resumes and forks by the
 	// host's memory (admission.go).
 	Limits LimitsConfig
@@ -1056,29 +1060,54 @@ func (m *Manager) commitSnapshot(ctx context.Context, snapID string, man snapsho
 func (m *Manager) openSnapshot(ctx context.Context, id, op, sandboxID string) (dir string, man snapshot.Manifest, done func(), err error) {
 	done = func() {}
 	dir, man, err = m.cfg.Store.Open(ctx, id)
+	if err != nil {
+		return "", man, done, m.openError(ctx, err, id, op, sandboxID)
+	}
+	if r, ok := m.cfg.Store.(snapshot.Releaser); ok {
+		done = sync.OnceFunc(func() { r.Release(id) })
+	}
+	return dir, man, done, nil
+}
+
+// openForResume is openSnapshot for a resume, which with
+// Config.StreamColdResumes and a store that streams (snapshot.Streamer)
+// restores a snapshot with no copy on this host while it is fetched.
+// resumed, never nil, is to be called once the resumed sandbox answered
+// (the store records the working set then).
+func (m *Manager) openForResume(ctx context.Context, id, sandboxID string) (dir string, man snapshot.Manifest, done, resumed func(), err error) {
+	st, ok := m.cfg.Store.(snapshot.Streamer)
+	if !ok || !m.cfg.StreamColdResumes {
+		dir, man, done, err = m.openSnapshot(ctx, id, "resume", sandboxID)
+		return dir, man, done, func() {}, err
+	}
+	o, err := st.OpenStream(ctx, id)
+	if err != nil {
+		return "", o.Manifest, func() {}, func() {}, m.openError(ctx, err, id, "resume", sandboxID)
+	}
+	return o.Dir, o.Manifest, sync.OnceFunc(o.Release), o.Resumed, nil
+}
+
+// openError maps a store's failure to open snapshot id for op of sandboxID
+// to the manager's errors (openSnapshot).
+func (m *Manager) openError(ctx context.Context, err error, id, op, sandboxID string) error {
 	var ce *snapshot.CorruptError
 	switch {
-	case err == nil:
-		if r, ok := m.cfg.Store.(snapshot.Releaser); ok {
-			done = sync.OnceFunc(func() { r.Release(id) })
-		}
-		return dir, man, done, nil
 	case errors.As(err, &ce):
-		return "", man, done, corrupt(op, sandboxID, err)
+		return corrupt(op, sandboxID, err)
 	case errors.Is(err, snapshot.ErrNotFound), errors.Is(err, snapshot.ErrUnavailable):
 		// A snapshot still in another node's outbox is not in the bucket,
 		// reachable or not: that is the answer (with S3 down too).
 		if perr := m.uploadPending(ctx, id, op, sandboxID); perr != nil {
-			return "", man, done, perr // on its way to the bucket from another node's outbox
+			return perr // on its way to the bucket from another node's outbox
 		}
 		if errors.Is(err, snapshot.ErrUnavailable) {
-			return "", man, done, fmt.Errorf("%s %s: %w", op, sandboxID, err)
+			return fmt.Errorf("%s %s: %w", op, sandboxID, err)
 		}
-		return "", man, done, corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
+		return corrupt(op, sandboxID, fmt.Errorf("snapshot %s is recorded but missing from the store: %v", id, err))
 	case errors.As(err, new(*snapshot.KeyError)):
-		return "", man, done, wrongKey(op, sandboxID, err)
+		return wrongKey(op, sandboxID, err)
 	}
-	return "", man, done, fmt.Errorf("%s %s: %w", op, sandboxID, err)
+	return fmt.Errorf("%s %s: %w", op, sandboxID, err)
 }
 
 // manifestFor is the manifest of a memory snapshot snapID of s written by
@@ -1209,7 +1238,7 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	// sandbox stays hibernated, no generation is taken). Other calls on this
 	// sandbox wait on its lock meanwhile.
 	tVerify := time.Now()
-	dir, man, done, err := m.openSnapshot(ctx, s.SnapshotID, "resume", s.ID)
+	dir, man, done, resumed, err := m.openForResume(ctx, s.SnapshotID, s.ID)
 	if err != nil {
 		return err
 	}
@@ -1251,6 +1280,7 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	}
 	agentDur := time.Since(tAgent)
 	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, tAgent)
+	resumed() // what the restore read until now is the working set
 	m.log.Info("resumed", "sandbox", s.ID, "total_ms", time.Since(start).Milliseconds(),
 		"verify_ms", verifyDur.Milliseconds(), "restore_ms", restoreDur.Milliseconds(),
 		"agent_ms", agentDur.Milliseconds(), "window_ms", s.LastResume.WindowMS)

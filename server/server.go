@@ -138,6 +138,11 @@ type Config struct {
 	// `make runsc-readers` (docs/decisions/patched-runsc.md); off by
 	// default. Unused with Engines set.
 	BackgroundRestore bool
+	// StreamColdResumes resumes a sandbox whose snapshot has no copy on this
+	// host while the chunked store fetches it, served through FUSE
+	// (manager.Config.StreamColdResumes; docs/snapshot-store.md); off by
+	// default.
+	StreamColdResumes bool
 }
 
 // E2BConfig configures the E2B-compatible API (docs/e2b.md).
@@ -325,9 +330,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Lifecycle: manager.LifecycleConfig{IdleCPUThreshold: cfg.IdleCPUThreshold, CheckInterval: cfg.LifecycleInterval,
 			VolumesDir: filepath.Join(dir, "volumes"), StandbyMemoryMiB: cfg.StandbyMemoryMiB},
 		ResumeHookDeadline: cfg.ResumeHookDeadline, ResumeAckDeadline: cfg.ResumeAckDeadline,
-		AsyncUpload: cfg.Store.AsyncUpload,
-		Limits:      cfg.Limits,
-		Node:        cfg.Node, SingleNode: cfg.Database == "",
+		AsyncUpload: cfg.Store.AsyncUpload, StreamColdResumes: cfg.StreamColdResumes,
+		Limits: cfg.Limits,
+		Node:   cfg.Node, SingleNode: cfg.Database == "",
 	})
 	if err != nil {
 		return fail(err)

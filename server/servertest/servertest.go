@@ -91,6 +91,8 @@ type Options struct {
 	Egress *sandboxnet.EgressConfig
 	// PreparedContainers is passed to server.Config (0: none).
 	PreparedContainers int
+	// BackgroundRestore and StreamColdResumes are passed to server.Config.
+	BackgroundRestore, StreamColdResumes bool
 }
 
 var (
@@ -187,6 +189,7 @@ func Start(t testing.TB, opts Options) *Server {
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
 		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits, Egress: opts.Egress,
 		PreparedContainers: opts.PreparedContainers,
+		BackgroundRestore:  opts.BackgroundRestore, StreamColdResumes: opts.StreamColdResumes,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
