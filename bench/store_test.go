@@ -64,6 +64,10 @@ type storeResult struct {
 // store, the chunked store on local disk with its opened copy kept (warm) and
 // removed (cold), and the chunked store on S3 (versitygw on localhost, skipped
 // when not installed) warm and cold (opened copies and chunk cache emptied).
+// Two more kinds, not in the default set: s3-bg is s3 with
+// --background-restore, s3-stream adds --stream-cold-resumes (a cold resume
+// restores while the store fetches; its first cold cycle has no recorded
+// working set, the later ones use their parent's; each cold cycle is logged).
 // All stores of a size run at once, their cycles interleaved (measureStores);
 // each phase has max(b.N, 5) cycles per store; p50s are reported and printed.
 // TORPOR_BENCH_SYNC=1 runs sync(2) between each hibernate and the resume (a
@@ -87,8 +91,8 @@ func BenchmarkStore(b *testing.B) {
 	if v := os.Getenv("TORPOR_BENCH_STORES"); v != "" {
 		kinds = strings.Split(v, ",")
 		for _, k := range kinds {
-			if k != "plain" && k != "chunked" && k != "s3" {
-				b.Fatalf("TORPOR_BENCH_STORES=%q: want plain, chunked and/or s3, comma-separated", v)
+			if k != "plain" && k != "chunked" && k != "s3" && k != "s3-bg" && k != "s3-stream" {
+				b.Fatalf("TORPOR_BENCH_STORES=%q: want plain, chunked, s3, s3-bg and/or s3-stream, comma-separated", v)
 			}
 		}
 	}
@@ -163,7 +167,7 @@ func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *stor
 		cfg.Kind = "plain"
 	case "chunked":
 		cfg.Kind = "chunked"
-	case "s3":
+	case "s3", "s3-bg", "s3-stream":
 		s3 := s3test.Start(b)
 		const bucket = "torpor-bench"
 		if _, err := chunked.NewS3(ctx, chunked.S3Config{Endpoint: s3.Endpoint, Bucket: bucket, AccessKey: s3.AccessKey,
@@ -175,6 +179,7 @@ func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *stor
 	}
 	sr := &storeRun{kind: kind, logs: &resumeLog{}, r: storeResult{name: kind, ws: ws}}
 	sr.srv = servertest.Start(b, servertest.Options{Store: cfg,
+		BackgroundRestore: kind == "s3-bg" || kind == "s3-stream", StreamColdResumes: kind == "s3-stream",
 		Logger: slog.New(slog.NewJSONHandler(sr.logs, &slog.HandlerOptions{Level: logLevel()}))})
 	c := sr.srv.Client
 	sb, err := c.CreateSandbox(ctx, apiv1.CreateSandboxRequest{Image: "base", MemoryMiB: storeMemory(b, ws)})
@@ -228,7 +233,8 @@ func (sr *storeRun) cycle(b *testing.B, ctx context.Context, label string, cold 
 	gibs = float64(h.Snapshot.Bytes) / (1 << 30) / (ms / 1000)
 	if cold {
 		// The cache fills in the background after a hibernate: remove until
-		// both directories stay empty for 200 ms.
+		// both directories stay empty for 200 ms. A streamed resume's mount
+		// (open/.stream-…) goes by itself once its pages are loaded: wait.
 		for quiet := 0; quiet < 2; time.Sleep(100 * time.Millisecond) {
 			found := 0
 			for _, sub := range []string{"open", "cache"} {
@@ -236,7 +242,9 @@ func (sr *storeRun) cycle(b *testing.B, ctx context.Context, label string, cold 
 				ents, _ := os.ReadDir(dir)
 				found += len(ents)
 				for _, e := range ents {
-					_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+					if !strings.HasPrefix(e.Name(), ".stream-") {
+						_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+					}
 				}
 			}
 			if found == 0 {
@@ -325,6 +333,7 @@ func measureStores(b *testing.B, kinds []string, ws, cycles int) []storeResult {
 				settle(runs)
 				g, ms := sr.cycle(b, ctx, label, cold)
 				if cold {
+					b.Logf("%s %d MiB: cold cycle %d: resume %.0f ms", sr.kind, ws, i+1, ms)
 					sr.diffCold, sr.cold = append(sr.diffCold, g), append(sr.cold, ms)
 				} else {
 					sr.diff, sr.warm = append(sr.diff, g), append(sr.warm, ms)
