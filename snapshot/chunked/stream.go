@@ -405,7 +405,7 @@ func (st *stream) finish(i int32, err error) {
 		st.unfetched++
 	}
 	st.left--
-	last := st.left == 0
+	last := st.left == 0 && st.err == nil // a failure has completed the stream already
 	st.mu.Unlock()
 	if last {
 		st.complete()
