@@ -59,13 +59,9 @@ func (l *snapshotLocks) len() int {
 
 // Open implements snapshot.Store.
 func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest, error) {
-	d, ok := s.docs.get(id)
-	if !ok {
-		var err error
-		if d, err = s.readDoc(ctx, id); err != nil {
-			return "", d.Manifest, err
-		}
-		s.docs.put(id, d)
+	d, err := s.openDoc(ctx, id)
+	if err != nil {
+		return "", d.Manifest, err
 	}
 	unlock := s.opening.lock(id)
 	defer unlock()
@@ -117,6 +113,19 @@ func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest,
 	s.useOpened(id)
 	s.holdOpened(id)
 	return dir, d.Manifest, nil
+}
+
+// openDoc is snapshot id's manifest for an Open: from the cache of parsed
+// manifests, else read (and then cached). Errors are readDoc's.
+func (s *Store) openDoc(ctx context.Context, id string) (doc, error) {
+	if d, ok := s.docs.get(id); ok {
+		return d, nil
+	}
+	d, err := s.readDoc(ctx, id)
+	if err == nil {
+		s.docs.put(id, d)
+	}
+	return d, err
 }
 
 // Verify reads every chunk of snapshot id from the durable backend (not the

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path"
 	"path/filepath"
@@ -171,13 +170,9 @@ func (s *Store) OpenStream(ctx context.Context, id string) (snapshot.Streamed, e
 	if _, err := os.Stat(s.opened(id)); err == nil {
 		return plain()
 	}
-	d, ok := s.docs.get(id)
-	if !ok {
-		var err error
-		if d, err = s.readDoc(ctx, id); err != nil {
-			return snapshot.Streamed{Manifest: d.Manifest}, err
-		}
-		s.docs.put(id, d)
+	d, err := s.openDoc(ctx, id)
+	if err != nil {
+		return snapshot.Streamed{Manifest: d.Manifest}, err
 	}
 	if d.key != nil || len(d.Files) == 0 {
 		return plain()
@@ -228,11 +223,7 @@ func (s *Store) startStream(ctx context.Context, id string, d doc, unlock func()
 	if err != nil {
 		return fail(err)
 	}
-	for i, f := range d.Manifest.Files {
-		if f.Bytes > d.Manifest.Files[st.big].Bytes {
-			st.big = i
-		}
-	}
+	st.big = biggest(d)
 	st.start = make([][]int64, len(d.Files))
 	for fi, fc := range d.Files {
 		st.start[fi] = make([]int64, len(fc.Chunks))
@@ -755,6 +746,3 @@ func (f *streamFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, of
 	// into dest: no copy through this process's memory.
 	return fuse.ReadResultFd(f.st.plan.files[f.fi].Fd(), off, int(end-off)), 0
 }
-
-// String names the stream in logs.
-func (st *stream) String() string { return fmt.Sprintf("stream %s at %s", st.id, st.mnt) }
