@@ -90,7 +90,9 @@ func syncTier(ctx context.Context, b Backend) error {
 
 // FS is the local filesystem backend: one file per key under a directory. Put
 // writes a temporary file and renames it into place, so a reader never sees a
-// partial object. Chunk files are not fsynced in Put; Sync makes every Put since
+// partial object. Chunk files are not fsynced in Put (PutDirect starts an fsync
+// of each pack in the background at once, so a first commit's packs reach the
+// disk while the next are cut and its Sync has little left); Sync makes every Put since
 // the last Sync durable: a few (≤ syncEachMax, a diff snapshot's) by fsync of
 // each file and its directory, in parallel; more (a first snapshot's thousands)
 // by one syncfs(2) of the whole filesystem, cheaper than thousands of fsyncs
@@ -101,8 +103,13 @@ func syncTier(ctx context.Context, b Backend) error {
 type FS struct {
 	dir string
 
-	mu     sync.Mutex
-	dirty  []string   // files Put since the last Sync
+	mu    sync.Mutex
+	dirty []string // files Put since the last Sync
+	// early holds the fsyncs PutDirect started as soon as each file was
+	// written (path -> its result): a first commit's packs reach the disk
+	// while the next ones are cut, and Sync waits for them instead of
+	// fsyncing every pack at the end.
+	early  map[string]chan error
 	syncMu sync.Mutex // one Sync at a time: a Sync returns after the files it took are durable
 }
 
@@ -153,12 +160,14 @@ func (b *FS) path(key string) (string, error) {
 
 // Put implements Backend.
 func (b *FS) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	return b.put(ctx, key, size, func(f *os.File) (int64, error) { return io.Copy(f, r) })
+	return b.put(ctx, key, size, false, func(f *os.File) (int64, error) { return io.Copy(f, r) })
 }
 
 // put writes object key through write, into a temporary file renamed into
-// place; write returns the bytes it wrote (size are expected).
-func (b *FS) put(ctx context.Context, key string, size int64, write func(*os.File) (int64, error)) error {
+// place; write returns the bytes it wrote (size are expected). With
+// syncEarly an fsync of the file starts at once in the background, and Sync
+// waits for it instead of starting its own.
+func (b *FS) put(ctx context.Context, key string, size int64, syncEarly bool, write func(*os.File) (int64, error)) error {
 	p, err := b.path(key)
 	if err != nil {
 		return err
@@ -197,8 +206,26 @@ func (b *FS) put(ctx context.Context, key string, size int64, write func(*os.Fil
 	}
 	b.mu.Lock()
 	b.dirty = append(b.dirty, p)
+	if syncEarly {
+		if b.early == nil {
+			b.early = map[string]chan error{}
+		}
+		ch := make(chan error, 1)
+		b.early[p] = ch
+		go func() { ch <- syncPath(p) }()
+	}
 	b.mu.Unlock()
 	return nil
+}
+
+// waitEarly waits for the fsync PutDirect started of p, if any: done is
+// true when it succeeded.
+func (b *FS) waitEarly(p string) (done bool) {
+	b.mu.Lock()
+	ch, ok := b.early[p]
+	delete(b.early, p)
+	b.mu.Unlock()
+	return ok && <-ch == nil
 }
 
 // directPutter is implemented by backends that can write an object from
@@ -232,7 +259,7 @@ func (b *FS) PutDirect(ctx context.Context, key string, data []byte) error {
 	if len(data) < directAlign || !blockAligned(data) {
 		return b.Put(ctx, key, bytes.NewReader(data), n)
 	}
-	return b.put(ctx, key, n, func(f *os.File) (int64, error) {
+	return b.put(ctx, key, n, true, func(f *os.File) (int64, error) {
 		whole := len(data) &^ (directAlign - 1)
 		fd := int(f.Fd())
 		fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
@@ -275,11 +302,16 @@ func (b *FS) Sync(ctx context.Context) error {
 	return err
 }
 
+// syncFiles makes files durable, then their directories: each by the fsync
+// PutDirect started, or by one of its own.
 func (b *FS) syncFiles(ctx context.Context, files []string) error {
 	if len(files) == 0 {
 		return nil
 	}
 	if len(files) > syncEachMax {
+		for _, p := range files {
+			b.waitEarly(p) // syncfs covers them either way
+		}
 		f, err := os.Open(b.dir)
 		if err != nil {
 			return err
@@ -307,6 +339,9 @@ func (b *FS) syncFiles(ctx context.Context, files []string) error {
 			go func() {
 				defer wg.Done()
 				for p := range next {
+					if b.waitEarly(p) {
+						continue
+					}
 					if err := syncPath(p); err != nil {
 						mu.Lock()
 						if firstErr == nil {

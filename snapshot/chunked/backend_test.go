@@ -11,7 +11,8 @@ import (
 // PutDirect stores exactly the bytes given, aligned or not, with or without a
 // partial last block, and leaves the object for Sync like Put (in the dirty
 // list, no temporary file behind); the pack buffers it is given start at a
-// block boundary.
+// block boundary. The objects written direct have an fsync started at once,
+// which Sync waits for and forgets.
 func TestPutDirect(t *testing.T) {
 	b, err := NewFS(t.TempDir())
 	if err != nil {
@@ -41,13 +42,19 @@ func TestPutDirect(t *testing.T) {
 		}
 	}
 	b.mu.Lock()
-	dirty := len(b.dirty)
+	dirty, early := len(b.dirty), len(b.early)
 	b.mu.Unlock()
-	if dirty != 10 {
-		t.Fatalf("%d objects left for Sync, want 10", dirty)
+	if dirty != 10 || early != 3 {
+		t.Fatalf("%d objects left for Sync, %d early fsyncs; want 10 and 3 (aligned, a block or more)", dirty, early)
 	}
 	if err := b.Sync(ctx); err != nil {
 		t.Fatal(err)
+	}
+	b.mu.Lock()
+	dirty, early = len(b.dirty), len(b.early)
+	b.mu.Unlock()
+	if dirty != 0 || early != 0 {
+		t.Fatalf("after Sync: %d objects, %d early fsyncs left", dirty, early)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(b.Dir(), ".tmp")); len(ents) != 0 {
 		t.Fatalf("%d temporary files left", len(ents))

@@ -242,6 +242,15 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 			segs = append(segs, &segment{file: fi, start: b[i], end: b[i+1]})
 		}
 	}
+	if par == nil {
+		// A first commit adds about every chunk: one per cutModulus pages
+		// on average; sized at once, the map is not rehashed as it grows.
+		var total int
+		for _, data := range fileData {
+			total += len(data)
+		}
+		pw.pending = make(map[string]int64, total/(cutModulus*pageSize))
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	kind := "first"
@@ -379,10 +388,22 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 		ref.Stored = z
 		return ref, nil
 	}
+	// A chunk that looks random is framed raw, not compressed (rawframe.go),
+	// straight into the pack: one copy of its bytes, not two.
+	if s.key == nil && incompressible(data) {
+		stored, added, err := pw.addWith(ctx, ref.ID, func(dst []byte) []byte { return appendRawFrame(dst, data) })
+		ref.Stored = stored
+		if err != nil || !added {
+			return ref, err
+		}
+		st.mu.Lock()
+		st.newBytes += ref.Stored
+		st.mu.Unlock()
+		return ref, nil
+	}
 	// Compressed into a pooled buffer that pw.add copies into the pack: a
 	// fresh buffer per chunk was a third of a first commit's CPU (allocation,
 	// clearing, and the pack's growth by append).
-	// A chunk that looks random is framed raw, not compressed (rawframe.go).
 	buf := compBufs.Get().(*[]byte)
 	defer compBufs.Put(buf)
 	var comp []byte

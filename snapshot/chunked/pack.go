@@ -296,25 +296,35 @@ func (s *Store) newPackWriter(target Backend, set *packSet) *packWriter {
 // it reaches packTarget). added is false when this commit already added the
 // chunk.
 func (w *packWriter) add(ctx context.Context, id string, comp []byte) (added bool, err error) {
+	_, added, err = w.addWith(ctx, id, func(dst []byte) []byte { return append(dst, comp...) })
+	return added, err
+}
+
+// addWith is add of the stored bytes fill appends to the pack (under the
+// writer's lock: a raw frame is built in the pack, copying the chunk once);
+// stored is their length.
+func (w *packWriter) addWith(ctx context.Context, id string, fill func(dst []byte) []byte) (stored int64, added bool, err error) {
 	w.mu.Lock()
-	if _, ok := w.pending[id]; ok {
+	if z, ok := w.pending[id]; ok {
 		w.mu.Unlock()
-		return false, nil
+		return z, false, nil
 	}
-	w.pending[id] = int64(len(comp))
 	if w.cur == nil {
 		w.cur = &openPack{id: newPackID(), buf: (*packBufs.Get().(*[]byte))[:0]}
 	}
 	p := w.cur
-	p.entries = append(p.entries, indexEntry{ID: id, Off: int64(len(p.buf)), Len: int64(len(comp))})
-	p.buf = append(p.buf, comp...)
+	off := len(p.buf)
+	p.buf = fill(p.buf)
+	stored = int64(len(p.buf) - off)
+	w.pending[id] = stored
+	p.entries = append(p.entries, indexEntry{ID: id, Off: int64(off), Len: stored})
 	if len(p.buf) < packTarget {
 		w.mu.Unlock()
-		return true, nil
+		return stored, true, nil
 	}
 	w.cur = nil
 	w.mu.Unlock()
-	return true, w.write(ctx, p)
+	return stored, true, w.write(ctx, p)
 }
 
 // has returns the stored size of a chunk this commit already added.
