@@ -285,6 +285,31 @@ func runscSandboxesOf(t *testing.T, dir, id string) int {
 	return n
 }
 
+// stopRunscOf force-deletes the runsc sandboxes left under data directory
+// dir's engine root (a node killed by the test whose instances neither its
+// watchdog nor a restart stopped), by id under that root only, and logs
+// how many there were.
+func stopRunscOf(t *testing.T, dir string) {
+	t.Helper()
+	root := filepath.Join(dir, "gvisor", "root")
+	if _, err := os.Stat(root); err != nil {
+		return
+	}
+	ids, err := runscList(t, dir)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	for _, id := range ids {
+		if out, err := exec.Command(servertest.Runsc(t), "--root", root, "delete", "-force", id).CombinedOutput(); err != nil {
+			t.Logf("runsc delete -force %s: %v: %s", id, err, out)
+		}
+	}
+	if len(ids) > 0 {
+		t.Logf("%s: %d runsc sandboxes left after its server stopped, deleted: %v", dir, len(ids), ids)
+	}
+}
+
 // runscList lists the ids of the runsc sandboxes the server of data
 // directory dir has on the host.
 func runscList(t *testing.T, dir string) ([]string, error) {
@@ -390,6 +415,7 @@ func startCluster(t *testing.T, ctx context.Context, extra ...string) *cluster {
 				wlog, _ := os.ReadFile(filepath.Join(n.dir, watchdog.LogFile))
 				t.Logf("%s's log:\n%s\n%s's watchdog log:\n%s", n.name, log, n.name, wlog)
 			}
+			stopRunscOf(t, n.dir)
 			removeDataDir(n.dir)
 		}
 	})
