@@ -388,41 +388,32 @@ func (s *Store) putChunk(ctx context.Context, st *commitState, pw *packWriter, d
 		ref.Stored = z
 		return ref, nil
 	}
-	// A chunk that looks random is framed raw, not compressed (rawframe.go),
-	// straight into the pack: one copy of its bytes, not two.
-	if s.key == nil && incompressible(data) {
-		stored, added, err := pw.addWith(ctx, ref.ID, func(dst []byte) []byte { return appendRawFrame(dst, data) })
-		ref.Stored = stored
-		if err != nil || !added {
-			return ref, err
-		}
-		st.mu.Lock()
-		st.newBytes += ref.Stored
-		st.mu.Unlock()
-		return ref, nil
-	}
-	// Compressed into a pooled buffer that pw.add copies into the pack: a
+	// A chunk that looks random is framed raw, not compressed (rawframe.go);
+	// without a key straight into the pack (one copy of its bytes, not two).
+	// Others are compressed into a pooled buffer that the pack copies: a
 	// fresh buffer per chunk was a third of a first commit's CPU (allocation,
 	// clearing, and the pack's growth by append).
-	buf := compBufs.Get().(*[]byte)
-	defer compBufs.Put(buf)
-	var comp []byte
-	if incompressible(data) {
-		comp = appendRawFrame((*buf)[:0], data)
-	} else {
-		comp = s.enc.EncodeAll(data, (*buf)[:0])
+	raw := incompressible(data)
+	fill := func(dst []byte) []byte { return appendRawFrame(dst, data) }
+	if !raw || s.key != nil {
+		buf := compBufs.Get().(*[]byte)
+		defer compBufs.Put(buf)
+		var comp []byte
+		if raw {
+			comp = appendRawFrame((*buf)[:0], data)
+		} else {
+			comp = s.enc.EncodeAll(data, (*buf)[:0])
+		}
+		*buf = comp[:0]
+		if s.key != nil {
+			comp = s.key.sealChunk(ref.ID, comp)
+		}
+		fill = func(dst []byte) []byte { return append(dst, comp...) }
 	}
-	*buf = comp[:0]
-	if s.key != nil {
-		comp = s.key.sealChunk(ref.ID, comp)
-	}
-	ref.Stored = int64(len(comp))
-	added, err := pw.add(ctx, ref.ID, comp)
-	if err != nil {
+	stored, added, err := pw.addWith(ctx, ref.ID, fill)
+	ref.Stored = stored
+	if err != nil || !added {
 		return ref, err
-	}
-	if !added {
-		return ref, nil
 	}
 	st.mu.Lock()
 	st.newBytes += ref.Stored

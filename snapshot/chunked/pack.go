@@ -292,17 +292,11 @@ func (s *Store) newPackWriter(target Backend, set *packSet) *packWriter {
 	return &packWriter{s: s, target: target, set: set, pending: map[string]int64{}}
 }
 
-// add appends a chunk's stored bytes to the current pack (writing the pack once
-// it reaches packTarget). added is false when this commit already added the
-// chunk.
-func (w *packWriter) add(ctx context.Context, id string, comp []byte) (added bool, err error) {
-	_, added, err = w.addWith(ctx, id, func(dst []byte) []byte { return append(dst, comp...) })
-	return added, err
-}
-
-// addWith is add of the stored bytes fill appends to the pack (under the
-// writer's lock: a raw frame is built in the pack, copying the chunk once);
-// stored is their length.
+// addWith appends a chunk's stored bytes, those fill appends to the
+// current pack's buffer, under the writer's lock (so a raw frame is built in
+// the pack, its bytes copied once), and writes the pack once it reaches
+// packTarget. stored is their length; added is false when this commit
+// already added the chunk (stored is then that copy's length).
 func (w *packWriter) addWith(ctx context.Context, id string, fill func(dst []byte) []byte) (stored int64, added bool, err error) {
 	w.mu.Lock()
 	if z, ok := w.pending[id]; ok {
