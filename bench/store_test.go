@@ -64,7 +64,9 @@ type storeResult struct {
 // store, the chunked store on local disk with its opened copy kept (warm) and
 // removed (cold), and the chunked store on S3 (versitygw on localhost, skipped
 // when not installed) warm and cold (opened copies and chunk cache emptied).
-// Two more kinds, not in the default set: s3-bg is s3 with
+// More kinds, not in the default set: chunked-sync is chunked with
+// --sync-first-commits (a first hibernate acknowledged once its chunks are
+// stored, not once its files are synced); s3-bg is s3 with
 // --background-restore, s3-stream adds --stream-cold-resumes (a cold resume
 // restores while the store fetches; its first cold cycle has no recorded
 // working set, the later ones use their parent's; each cold cycle is logged).
@@ -91,8 +93,8 @@ func BenchmarkStore(b *testing.B) {
 	if v := os.Getenv("TORPOR_BENCH_STORES"); v != "" {
 		kinds = strings.Split(v, ",")
 		for _, k := range kinds {
-			if k != "plain" && k != "chunked" && k != "s3" && k != "s3-bg" && k != "s3-stream" {
-				b.Fatalf("TORPOR_BENCH_STORES=%q: want plain, chunked, s3, s3-bg and/or s3-stream, comma-separated", v)
+			if k != "plain" && k != "chunked" && k != "chunked-sync" && k != "s3" && k != "s3-bg" && k != "s3-stream" {
+				b.Fatalf("TORPOR_BENCH_STORES=%q: want plain, chunked, chunked-sync, s3, s3-bg and/or s3-stream, comma-separated", v)
 			}
 		}
 	}
@@ -167,6 +169,8 @@ func startStoreRun(b *testing.B, ctx context.Context, kind string, ws int) *stor
 		cfg.Kind = "plain"
 	case "chunked":
 		cfg.Kind = "chunked"
+	case "chunked-sync":
+		cfg.Kind, cfg.SyncFirstCommits = "chunked", true
 	case "s3", "s3-bg", "s3-stream":
 		s3 := s3test.Start(b)
 		const bucket = "torpor-bench"

@@ -65,8 +65,18 @@ func (m *Manager) outboxNodeOf(ctx context.Context, id string) string {
 	return m.cfg.Node
 }
 
-// watchUploads has the store tell the manager of every finished upload.
+// watchUploads has the store tell the manager of every finished upload, and
+// of every deferred commit's final sizes (snapshot.DeferredCommitter: a
+// first commit acknowledged before its chunks were stored recorded its
+// provisional ones).
 func (m *Manager) watchUploads() {
+	if dc, ok := m.cfg.Store.(snapshot.DeferredCommitter); ok {
+		dc.OnCommitted(func(man snapshot.Manifest) {
+			go m.recordRetrying(man.ID, func(ctx context.Context) error {
+				return m.cfg.DB.SetSnapshotSizes(ctx, man.ID, man.LogicalBytes, man.StoredBytes, man.NewBytes)
+			})
+		})
+	}
 	if as, ok := m.cfg.Store.(snapshot.AsyncStore); ok {
 		as.OnUploaded(func(id string) {
 			go m.recordUploaded(id)
@@ -75,27 +85,37 @@ func (m *Manager) watchUploads() {
 }
 
 // recordUploaded writes that snapshot id, whose manifest the store has just
-// put in the durable tier, is uploaded, retrying with backoff while the
-// database does not answer (uploadRecordRetry) or has no record of it yet
-// (uploadRecordAbsent).
+// put in the durable tier, is uploaded (recordRetrying).
 func (m *Manager) recordUploaded(id string) {
+	if m.recordRetrying(id, func(ctx context.Context) error { return m.cfg.DB.SetSnapshotUploaded(ctx, id) }) {
+		m.log.Debug("snapshot uploaded: recorded durable", "snapshot", id)
+	} else {
+		m.log.Warn("snapshot uploaded but not recorded durable; the next start records it", "snapshot", id)
+	}
+}
+
+// recordRetrying runs write, a change to snapshot id's record, retrying with
+// backoff (500 ms doubling to 15 s) while the database does not answer
+// (uploadRecordRetry) or has no record of it yet (uploadRecordAbsent: the
+// manager writes it a moment after the store's commit returned). It reports
+// whether write succeeded; the last error is logged.
+func (m *Manager) recordRetrying(id string, write func(ctx context.Context) error) bool {
 	start := time.Now()
 	wait := 500 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := m.cfg.DB.SetSnapshotUploaded(ctx, id)
+		err := write(ctx)
 		cancel()
 		if err == nil {
-			m.log.Debug("snapshot uploaded: recorded durable", "snapshot", id)
-			return
+			return true
 		}
 		limit := uploadRecordRetry
 		if errors.Is(err, metadata.ErrNotFound) {
 			limit = uploadRecordAbsent
 		}
 		if time.Since(start) > limit {
-			m.log.Warn("snapshot uploaded but not recorded durable; the next start records it", "snapshot", id, "err", err)
-			return
+			m.log.Warn("snapshot record not updated", "snapshot", id, "err", err)
+			return false
 		}
 		time.Sleep(wait)
 		wait = min(2*wait, 15*time.Second)

@@ -60,6 +60,12 @@ type StoreConfig struct {
 	// UploadRetry is the first delay before a failed background upload is
 	// retried (doubling up to 15 s, chunked.maxUploadRetry; default 1 s).
 	UploadRetry time.Duration
+	// SyncFirstCommits, with the chunked store on this disk, acknowledges a
+	// sandbox's first hibernate only once its chunks are stored; by default
+	// it is acknowledged once the checkpoint's files are synced (the plain
+	// store's durability) and chunked in the background
+	// (chunked.Config.DeferFirstCommits; docs/snapshot-store.md).
+	SyncFirstCommits bool
 	// KeyFile, when set, holds the key that encrypts new snapshots at rest
 	// (chunked.LoadKey: 32 bytes, raw, hex or base64, mode 0600 or
 	// stricter); OldKeyFiles hold earlier keys whose snapshots must still
@@ -271,7 +277,8 @@ func openStore(ctx context.Context, dataDir string, cfg StoreConfig, log *slog.L
 		return s, nop, err
 	case "chunked", "local":
 		s, err := chunked.New(ctx, chunked.Config{Dir: filepath.Join(dataDir, "chunks"), AutoGC: autoGC, OpenBytes: cfg.openBytes(),
-			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry, Key: key, OldKeys: oldKeys})
+			Logger: log, ReadOnly: cfg.readOnly, UploadRetry: cfg.UploadRetry, Key: key, OldKeys: oldKeys,
+			DeferFirstCommits: !cfg.SyncFirstCommits})
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshot store: %w", err)
 		}

@@ -154,6 +154,17 @@ type Streamed struct {
 	Release func()
 }
 
+// DeferredCommitter is a Store whose Commit may return a provisional manifest:
+// snapshot/chunked acknowledges a first commit once its files are synced and
+// stores its chunks after (Config.DeferFirstCommits). The snapshot is durable
+// on this host and opens at once either way; only the manifest's sizes
+// (StoredBytes, NewBytes, Chunks) and the files' SHA256 change.
+type DeferredCommitter interface {
+	// OnCommitted sets f to be called with the final manifest of every commit
+	// that returned a provisional one, once, from a background goroutine.
+	OnCommitted(f func(m Manifest))
+}
+
 // AsyncStore is a Store that can also commit a snapshot before its bytes reach
 // the durable tier (snapshot/chunked with an outbox in front of its backend).
 type AsyncStore interface {
@@ -181,7 +192,9 @@ type AsyncStore interface {
 type Usage struct {
 	// StoredBytes is what the durable tier holds for the snapshots: pack
 	// objects and loose chunks (compressed; until the next garbage collection
-	// also chunks no snapshot uses any more), or a plain store's files.
+	// also chunks no snapshot uses any more), or a plain store's files, and
+	// the files of commits not chunked yet (snapshot/chunked's deferred
+	// first commits).
 	StoredBytes int64
 	// ChunkBytes is the compressed size of the distinct chunks the store knows
 	// in its durable tier; Chunks and Packs count them (0 for a plain store).

@@ -34,7 +34,7 @@ func (s *Store) Stage(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		s.log.Warn("snapshot stage: backend unreachable; not checked for an existing snapshot", "snapshot", id, "err", err)
 	}
-	if ok || pending {
+	if ok || pending || s.isDeferred(id) {
 		return "", fmt.Errorf("snapshot %s: already committed", id)
 	}
 	if err := os.Mkdir(s.staged(id), 0o700); err != nil {
@@ -147,7 +147,14 @@ type commitState struct {
 
 // Commit implements snapshot.Store: it returns once the snapshot is in the
 // durable backend.
+//
+// With Config.DeferFirstCommits, a first commit (no parent) of a store
+// without a key returns earlier, once the staged files are synced and a
+// pending manifest is (deferred.go); the chunks follow in the background.
 func (s *Store) Commit(ctx context.Context, id string, m snapshot.Manifest) (snapshot.Manifest, error) {
+	if s.deferFirst && m.Parent == "" && s.key == nil {
+		return s.commitDeferred(ctx, id, m)
+	}
 	return s.commit(ctx, id, m, false)
 }
 
@@ -158,33 +165,33 @@ func (s *Store) CommitAsync(ctx context.Context, id string, m snapshot.Manifest)
 }
 
 func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, async bool) (snapshot.Manifest, error) {
+	return s.commitFrom(ctx, id, m, commitSource{dir: s.staged(id), workers: s.workers}, async)
+}
+
+// commitSource is where a commit reads its files: the staging directory,
+// which becomes the opened copy once committed, or (opened) a deferred
+// first commit's opened copy, which stays where it is (deferred.go).
+type commitSource struct {
+	dir     string
+	workers int
+	opened  bool
+}
+
+func (s *Store) commitFrom(ctx context.Context, id string, m snapshot.Manifest, src commitSource, async bool) (snapshot.Manifest, error) {
 	tStart := time.Now()
-	if err := checkID(id); err != nil {
+	dir := src.dir
+	names, err := commitFiles(id, m, dir)
+	if err != nil {
 		return m, err
-	}
-	if m.ID != id {
-		return m, fmt.Errorf("snapshot %s: manifest id %q differs", id, m.ID)
 	}
 	if !async {
 		if err := s.ensureKnown(ctx); err != nil {
 			return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
 		}
 	}
-	dir := s.staged(id)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
+	if err := s.awaitDeferred(ctx, m.Parent); err != nil {
 		return m, fmt.Errorf("snapshot %s: commit: %w", id, err)
 	}
-	var names []string
-	for _, e := range ents {
-		if e.Type().IsRegular() {
-			names = append(names, e.Name())
-		}
-	}
-	if len(names) == 0 {
-		return m, fmt.Errorf("snapshot %s: commit: no files staged", id)
-	}
-	sort.Strings(names)
 	// Other stores sharing the backend collect only while no commit holds
 	// this (collectlock.go); taken before any chunk is found to exist.
 	unlock, held, err := s.lockCommit(ctx, async)
@@ -257,7 +264,7 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	if par != nil {
 		kind = "diff"
 	}
-	for w := 0; w < min(s.workers, len(segs)); w++ {
+	for w := 0; w < min(src.workers, len(segs)); w++ {
 		wg.Add(1)
 		go pprof.Do(ctx, pprof.Labels("commit", kind), func(ctx context.Context) {
 			defer wg.Done()
@@ -348,6 +355,13 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 	// Open) — unless the store encrypts: then no plaintext of a hibernated
 	// sandbox stays on disk, and the next Open rebuilds the copy from the
 	// chunks (the keys, in memory, still serve the next diff commit).
+	if src.opened {
+		if s.key != nil { // a key configured since the deferred commit
+			s.dropOpened(id)
+			_ = os.RemoveAll(dir)
+		}
+		return m, nil
+	}
 	_ = os.RemoveAll(s.opened(id))
 	if s.key != nil {
 		if err := os.RemoveAll(dir); err != nil {
@@ -359,6 +373,33 @@ func (s *Store) commit(ctx context.Context, id string, m snapshot.Manifest, asyn
 		s.useOpened(id)
 	}
 	return m, nil
+}
+
+// commitFiles checks a commit's id and manifest and returns the names of the
+// regular files in dir, sorted. Errors: a bad id, a manifest of another id,
+// dir unreadable or without a file.
+func commitFiles(id string, m snapshot.Manifest, dir string) ([]string, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if m.ID != id {
+		return nil, fmt.Errorf("snapshot %s: manifest id %q differs", id, m.ID)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: commit: %w", id, err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("snapshot %s: commit: no files staged", id)
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 // putChunk stores one chunk through pw unless it is all zeros or already

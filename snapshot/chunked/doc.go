@@ -90,6 +90,7 @@
 //	store.go     Config, Store (its fields grouped by job), New, Close, Recover, Usage
 //	manifest.go  the manifest object (doc), its checks, Manifest, List, the parsed-manifest cache
 //	commit.go    Stage, Abort, Commit, CommitAsync: first and diff commits
+//	deferred.go  first commits acknowledged once synced, chunked in the background (Config.DeferFirstCommits)
 //	parent.go    a diff commit's match of unchanged chunks against the parent's keys
 //	chunker.go   where chunks are cut, and their keys
 //	pack.go      packs and their index objects; packSet, packWriter
@@ -140,6 +141,8 @@
 //   - opening.mu: the map of snapshot locks and their user counts; held only
 //     to update it, never while waiting for a snapshot's lock.
 //   - docs.mu (docCache, manifest.go): the parsed manifests.
+//   - deferred.mu (deferredSet, deferred.go): the pending first commits;
+//     trimOpened reads them before it takes openCopies.mu.
 //   - openCopies.mu (openedSet, opened.go): the opened copies' sizes and uses.
 //   - a commit's commitState.mu and packWriter.mu (commit.go, pack.go): its
 //     pinned ids and new bytes, its pack in progress. packWriter releases

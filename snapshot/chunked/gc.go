@@ -19,6 +19,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
+	if err := s.dropDeferred(id); err != nil {
+		return fmt.Errorf("snapshot %s: delete: %w", id, err)
+	}
 	s.docs.forget(id)
 	s.dropOpened(id)
 	// up.mu: an upload in flight must not write the manifest back afterwards.

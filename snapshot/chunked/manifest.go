@@ -114,7 +114,13 @@ func checkDoc(id string, d doc) error {
 // (~33,000 chunks, ~3 MB of JSON) took ~30 ms, which every resume paid
 // (bench.BenchmarkStore: the proxy's resume 30–36 ms longer than the
 // manager's own, 2026-11-30). Manifests never change once committed.
+//
+// A deferred first commit's manifest is its pending one until its chunks
+// are stored (deferred.go).
 func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, error) {
+	if dc, ok := s.deferredOf(id); ok {
+		return dc.man, nil
+	}
 	if d, ok := s.docs.get(id); ok {
 		return d.Manifest, nil
 	}
@@ -124,6 +130,9 @@ func (s *Store) Manifest(ctx context.Context, id string) (snapshot.Manifest, err
 
 // List implements snapshot.Store.
 func (s *Store) List(ctx context.Context) ([]string, error) {
+	// Deferred commits before the listings: one that ends meanwhile has put
+	// its manifest in the backend first.
+	deferred := s.deferredIDs()
 	// The outbox first: an upload writes the backend's manifest before it
 	// removes the outbox's, so a snapshot moving meanwhile is seen at least once.
 	pending, err := s.outbox.List(ctx, "manifests/")
@@ -136,6 +145,10 @@ func (s *Store) List(ctx context.Context) ([]string, error) {
 	}
 	seen := map[string]bool{}
 	var ids []string
+	for _, id := range deferred {
+		seen[id] = true
+		ids = append(ids, id)
+	}
 	for _, o := range append(pending, objs...) {
 		if id, ok := strings.CutSuffix(path.Base(o.Key), ".json"); ok && checkID(id) == nil && !seen[id] {
 			seen[id] = true

@@ -59,6 +59,9 @@ func (l *snapshotLocks) len() int {
 
 // Open implements snapshot.Store.
 func (s *Store) Open(ctx context.Context, id string) (string, snapshot.Manifest, error) {
+	if dc, ok := s.deferredOf(id); ok {
+		return s.openDeferred(ctx, id, dc.man)
+	}
 	d, err := s.openDoc(ctx, id)
 	if err != nil {
 		return "", d.Manifest, err
@@ -131,7 +134,17 @@ func (s *Store) openDoc(ctx context.Context, id string) (doc, error) {
 // Verify reads every chunk of snapshot id from the durable backend (not the
 // cache, not the opened copy; a snapshot still waiting for its upload reads the
 // chunks the backend lacks from the outbox) and checks its hash.
+//
+// A deferred first commit's chunks are not stored yet: its opened copy is
+// checked against the pending manifest's block sums instead (deferred.go).
 func (s *Store) Verify(ctx context.Context, id string) (snapshot.Manifest, error) {
+	if dc, ok := s.deferredOf(id); ok {
+		_, m, err := s.openDeferred(ctx, id, dc.man)
+		if err == nil {
+			s.Release(id)
+		}
+		return m, err
+	}
 	d, err := s.readDoc(ctx, id)
 	if err != nil {
 		return d.Manifest, err

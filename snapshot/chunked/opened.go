@@ -100,12 +100,16 @@ func (s *Store) trimOpened() {
 		set.mu.Unlock()
 	}()
 	for {
+		pending := map[string]bool{} // deferred commits' copies are all there is of them
+		for _, id := range s.deferredIDs() {
+			pending[id] = true
+		}
 		set.mu.Lock()
 		var total int64
 		victim, oldest := "", time.Now().Add(-openGrace)
 		for cid, c := range set.copies {
 			total += c.bytes
-			if c.used.Before(oldest) {
+			if c.used.Before(oldest) && !pending[cid] {
 				victim, oldest = cid, c.used
 			}
 		}

@@ -60,6 +60,10 @@ type Config struct {
 	// OldKeys open snapshots sealed with an earlier key (rotation: new
 	// snapshots are sealed with Key only).
 	OldKeys []*Key
+	// DeferFirstCommits acknowledges a first commit (no parent) once its
+	// files and a pending manifest are synced, and stores its chunks in the
+	// background (deferred.go). Ignored with a Key and by CommitAsync.
+	DeferFirstCommits bool
 }
 
 // Store implements snapshot.Store on chunks. Its fields are grouped by the
@@ -103,6 +107,11 @@ type Store struct {
 	// streams are the streaming opens being served (stream.go).
 	streams streams
 
+	// deferFirst is Config.DeferFirstCommits; deferred the first commits
+	// whose chunks are not stored yet (deferred.go).
+	deferFirst bool
+	deferred   deferredSet
+
 	// lastReused is the number of chunks the last commit named by their key
 	// match with a parent chunk (tests).
 	lastReused atomic.Int64
@@ -133,7 +142,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{dir: abs, b: cfg.Backend, workers: cfg.Workers, log: cfg.Logger, closed: make(chan struct{}),
-		idx: newIndex(), key: cfg.Key, keys: map[string]*Key{},
+		idx: newIndex(), key: cfg.Key, keys: map[string]*Key{}, deferFirst: cfg.DeferFirstCommits,
 		opening: snapshotLocks{locks: map[string]*snapshotLock{}},
 		up:      uploader{kick: make(chan struct{}, 1), done: make(chan struct{}), retry: cfg.UploadRetry}}
 	for _, k := range append([]*Key{cfg.Key}, cfg.OldKeys...) {
@@ -192,6 +201,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		// synchronous commit.
 		s.log.Warn("snapshot store: backend unreachable at start", "err", err)
 	}
+	if err := s.loadDeferred(ctx, cfg.ReadOnly); err != nil {
+		return nil, fmt.Errorf("snapshot store %s: pending commits: %w", abs, err)
+	}
 	// Before the upload loop: its first round (a restart's pending uploads)
 	// takes the collection lock, and must not see a store without one.
 	if cfg.CollectLock != nil {
@@ -230,6 +242,7 @@ func (s *Store) Close() error {
 	}
 	close(s.closed)
 	s.closeStreams()
+	s.closeDeferred()
 	if s.gc.done != nil {
 		<-s.gc.done
 	}
@@ -264,8 +277,8 @@ func (s *Store) Recover(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "staging"), 0o700); err != nil {
 		return err
 	}
-	if s.key != nil {
-		s.removeOpened(func(string) bool { return true })
+	if s.key != nil { // but the copies of pending commits: they are all there is
+		s.removeOpened(func(name string) bool { return !s.isDeferred(name) })
 	}
 	if tc, ok := s.b.(TempCleaner); ok {
 		tc.CleanTemp()
@@ -336,6 +349,14 @@ func (s *Store) Usage(ctx context.Context) (snapshot.Usage, error) {
 			return u, err
 		}
 		u.LocalBytes += n
+	}
+	// A deferred first commit is stored as its opened copy until its chunks
+	// are (deferred.go): stored bytes, not a local extra.
+	for _, id := range s.deferredIDs() {
+		if dc, ok := s.deferredOf(id); ok {
+			u.StoredBytes += dc.man.Bytes
+			u.LocalBytes = max(0, u.LocalBytes-dc.man.Bytes)
+		}
 	}
 	return u, nil
 }
