@@ -13,7 +13,9 @@ import (
 // clone record written), "fork-clones-recorded" (a fork's clone records
 // written, none restored), "resume-restoring" (a resume's snapshot opened and its state
 // resuming recorded, its restore not begun), "hibernate-checkpointed" (a
-// hibernate's checkpoint written to staging, not committed), and the server's
+// hibernate's checkpoint written to staging, not committed),
+// "hibernate-recorded" (a hibernate's snapshot committed and recorded, the
+// answer not sent: a deferred first commit's chunks not stored yet), and the server's
 // "idempotency-claimed" and "idempotency-recorded" (server/idempotency.go).
 const FaultEnv = "TORPOR_TEST_KILL_AT"
 

@@ -974,6 +974,9 @@ func (m *Manager) snapshotThen(ctx context.Context, s *metadata.Sandbox, leaveRu
 	m.log.Info("snapshot committed", "sandbox", s.ID, "snapshot", snapID, "total_ms", time.Since(start).Milliseconds(),
 		"checkpoint_ms", checkpointDur.Milliseconds(), "commit_ms", commitDur.Milliseconds(),
 		"bytes", man.Bytes, "new_bytes", snapRec.NewBytes, "leave_running", leaveRunning)
+	if !leaveRunning {
+		FaultPoint("hibernate-recorded")
+	}
 	return snapID, nil
 }
 
