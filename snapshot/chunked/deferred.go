@@ -36,10 +36,12 @@ import (
 // never trimmed, and a diff commit naming it as parent waits for its first
 // chunking attempt. A crash or Close leaves the pending manifest; the next
 // New starts its chunk commit again (a manifest already in the backend means
-// the commit had ended: the pending one is removed). The chunk commit checks
-// the copy against the block sums first: a damaged copy is logged and never
-// chunked (its Opens fail as corrupt, as any damaged snapshot's do). A failed
-// attempt is retried with backoff (1 s doubling to a minute) and logged.
+// the commit had ended: the pending one is removed). The chunk commit starts
+// deferredDelay after the acknowledgement (at once when a diff commit waits
+// for it) and checks the copy against the block sums first: a damaged copy
+// is logged and never chunked (its Opens fail as corrupt, as any damaged
+// snapshot's do). A failed attempt is retried with backoff (1 s doubling to
+// a minute) and logged.
 //
 // Not deferred: diff commits, asynchronous commits (CommitAsync), and stores
 // with a Key (plain text of a sandbox's memory must not outlive its commit).
@@ -55,7 +57,18 @@ type deferredCommit struct {
 	// tried is closed once the first chunking attempt has ended, done once
 	// the chunk commit has (or it was cancelled).
 	tried, done chan struct{}
+	// hurry, closed by a diff commit waiting for this one, ends the
+	// deferredDelay at once.
+	hurry     chan struct{}
+	hurryOnce sync.Once
 }
+
+// deferredDelay is how long a chunk commit waits after its acknowledgement
+// before it starts: a resume of the sandbox often follows its hibernate at
+// once (a request was waiting), and chunking beside its restore on a small
+// host slowed that resume by a third at 64 MiB (docs/benchmarks). A diff
+// commit on the snapshot ends the wait (awaitDeferred). A variable for tests.
+var deferredDelay = 2 * time.Second
 
 type deferredSet struct {
 	mu sync.Mutex // a leaf lock (doc.go)
@@ -181,7 +194,8 @@ func syncFile(path string) error {
 // startDeferred registers pending commit id and starts its chunk commit.
 func (s *Store) startDeferred(id string, m snapshot.Manifest) {
 	ctx, cancel := context.WithCancel(context.Background())
-	dc := &deferredCommit{man: m, ctx: ctx, cancel: cancel, tried: make(chan struct{}), done: make(chan struct{})}
+	dc := &deferredCommit{man: m, ctx: ctx, cancel: cancel, tried: make(chan struct{}), done: make(chan struct{}),
+		hurry: make(chan struct{})}
 	s.deferred.mu.Lock()
 	s.deferred.m[id] = dc
 	s.deferred.wg.Add(1)
@@ -203,6 +217,15 @@ func (s *Store) runDeferred(id string, dc *deferredCommit) {
 		}
 		s.deferred.mu.Unlock()
 		close(dc.done)
+	}
+	delay := time.NewTimer(deferredDelay)
+	defer delay.Stop()
+	select {
+	case <-delay.C:
+	case <-dc.hurry:
+	case <-dc.ctx.Done():
+		finish()
+		return
 	}
 	wait := time.Second
 	for {
@@ -273,6 +296,9 @@ func (s *Store) awaitDeferred(ctx context.Context, parent string) error {
 	dc, ok := s.deferredOf(parent)
 	if !ok {
 		return nil
+	}
+	if dc.hurry != nil {
+		dc.hurryOnce.Do(func() { close(dc.hurry) })
 	}
 	select {
 	case <-dc.tried:

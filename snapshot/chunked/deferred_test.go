@@ -23,12 +23,20 @@ func waitDeferred(s *Store) {
 
 func newDeferredStore(t *testing.T, dir string) *Store {
 	t.Helper()
+	quickDeferred(t)
 	s, err := New(ctx, Config{Dir: dir, DeferFirstCommits: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// quickDeferred starts deferred chunk commits at once for the rest of test t.
+func quickDeferred(t *testing.T) {
+	old := deferredDelay
+	deferredDelay = 0
+	t.Cleanup(func() { deferredDelay = old })
 }
 
 func TestConformanceFSDeferred(t *testing.T) {
@@ -128,6 +136,7 @@ func TestDeferredFirstCommit(t *testing.T) {
 // A store closed (or crashed) before a deferred commit's chunks were stored
 // stores them at the next start; the snapshot opens throughout.
 func TestDeferredCommitResumedAfterRestart(t *testing.T) {
+	quickDeferred(t)
 	dir := t.TempDir()
 	s, err := New(ctx, Config{Dir: dir, DeferFirstCommits: true})
 	if err != nil {
@@ -190,4 +199,30 @@ func TestDeferredDeleteAndDamage(t *testing.T) {
 		t.Fatalf("verify of a damaged pending copy: %v", err)
 	}
 	<-s.deferred.sem
+}
+
+// A chunk commit waits deferredDelay after its acknowledgement, unless a diff
+// commit on its snapshot needs it: then it starts at once.
+func TestDeferredDelayHurried(t *testing.T) {
+	s := newDeferredStore(t, t.TempDir())
+	deferredDelay = time.Hour
+	img := memImage(1024)
+	commit(t, s, "snap-h", map[string][]byte{"pages.img": img})
+	time.Sleep(100 * time.Millisecond)
+	if !s.isDeferred("snap-h") {
+		t.Fatal("chunks stored before the delay")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		commitChild(t, s, "snap-h2", "snap-h", map[string][]byte{"pages.img": mutate(img, 0.01, 8, 2)})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a diff commit on a delayed pending parent did not end within 30 s")
+	}
+	if s.isDeferred("snap-h") || s.lastReused.Load() == 0 {
+		t.Fatalf("parent pending %v, chunks matched %d", s.isDeferred("snap-h"), s.lastReused.Load())
+	}
 }
