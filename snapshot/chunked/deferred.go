@@ -66,7 +66,8 @@ type deferredCommit struct {
 // deferredDelay is how long a chunk commit waits after its acknowledgement
 // before it starts: a resume of the sandbox often follows its hibernate at
 // once (a request was waiting), and chunking beside its restore on a small
-// host slowed that resume by a third at 64 MiB (docs/benchmarks). A diff
+// host slowed that resume by a fifth to two fifths at 64 MiB
+// (docs/benchmarks/2026-12-03-deferred-first-commit.md). A diff
 // commit on the snapshot ends the wait (awaitDeferred). A variable for tests.
 var deferredDelay = 2 * time.Second
 
