@@ -157,12 +157,21 @@ func (f flip) undo(t *testing.T) {
 // <DataDir>/snapshots/<id>/pages.img; in the chunked store (the default) one
 // stored chunk of pages.img under <DataDir>/chunks/store, and the same byte of the
 // local plain copy under <DataDir>/chunks/open/<id> if there is one (else the
-// store would restore from that copy without reading the chunk).
+// store would restore from that copy without reading the chunk). A first
+// commit's chunks are stored in the background (deferred first commits,
+// docs/snapshot-store.md): the helper waits for its pending manifest
+// (<DataDir>/chunks/pending/<id>.json) to go first.
 func corruptMemoryFile(t *testing.T, srv *servertest.Server, id string) []flip {
 	t.Helper()
 	plain := filepath.Join(srv.DataDir, "snapshots", id, "pages.img")
 	if st, err := os.Stat(plain); err == nil {
 		return []flip{flipByte(t, plain, st.Size()/2)}
+	}
+	pending := filepath.Join(srv.DataDir, "chunks", "pending", id+".json")
+	for deadline := time.Now().Add(2 * time.Minute); fileExists(pending); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot %s: its deferred chunk commit has not ended after 2 minutes (%s is there)", id, pending)
+		}
 	}
 	man := filepath.Join(srv.DataDir, "chunks", "store", "manifests", id+".json")
 	b, err := os.ReadFile(man)

@@ -487,6 +487,11 @@ func (e *Engine) stop(ctx context.Context, id string) error {
 	if err := sandboxnet.Delete(ctx, e.pair(id)); err != nil {
 		errs = append(errs, err)
 	}
+	// runsc delete removes the cgroup, but a delete cut short (a server
+	// killed while it ran) leaves it behind with no state to delete again.
+	if err := removeCgroups(e.cgroupDirs(id)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(e.bundle(id)); err != nil {
 		errs = append(errs, err)
 	}
@@ -495,6 +500,44 @@ func (e *Engine) stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: stop %s: %w", id, errors.Join(errs...))
 	}
 	return nil
+}
+
+// cgroupDirs returns instance id's cgroup directories: one per cgroup v1
+// controller (/sys/fs/cgroup/<controller>/torpor-<scope>/<id>) or the cgroup
+// v2 one (/sys/fs/cgroup/torpor-<scope>/<id>); id "*" gives every instance's.
+func (e *Engine) cgroupDirs(id string) []string {
+	var dirs []string
+	for _, pat := range []string{"/sys/fs/cgroup/*" + e.cgroupPath(id), "/sys/fs/cgroup" + e.cgroupPath(id)} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			if dirExists(d) {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
+}
+
+// removeCgroups removes the cgroup directories dirs, children first (rmdir:
+// a cgroup's files go with it). Errors: rmdir's, for a cgroup that still has
+// tasks (EBUSY); one already gone is not an error.
+func removeCgroups(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		var sub []string
+		_ = filepath.WalkDir(d, func(p string, de fs.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				sub = append(sub, p)
+			}
+			return nil
+		})
+		for i := len(sub) - 1; i >= 0; i-- {
+			if err := syscall.Rmdir(sub[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", sub[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // lockFiles returns runsc's lock files for instance id under the engine's root.
@@ -510,7 +553,7 @@ func (e *Engine) hasRunscState(id string) bool {
 }
 
 // exists reports whether anything of instance id is on the host: runsc state, a
-// bundle or a network namespace.
+// bundle, a network namespace or a cgroup.
 func (e *Engine) exists(id string) bool {
 	if e.hasRunscState(id) {
 		return true
@@ -524,7 +567,7 @@ func (e *Engine) exists(id string) bool {
 			return true
 		}
 	}
-	return false
+	return len(e.cgroupDirs(id)) > 0
 }
 
 // Dial implements engine.Engine.
@@ -614,6 +657,14 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 	for id, pids := range e.processes() {
 		if i, ok := seen[id]; !ok || !i.Running {
 			seen[id] = engine.Info{ID: id, Pid: pids[0], Running: true}
+		}
+	}
+	// A cgroup without anything else: a runsc delete cut short.
+	for _, d := range e.cgroupDirs("*") {
+		if id := filepath.Base(d); idRE.MatchString(id) {
+			if _, ok := seen[id]; !ok {
+				seen[id] = engine.Info{ID: id}
+			}
 		}
 	}
 	names, _ := sandboxnet.List(e.scope)

@@ -105,3 +105,61 @@ func TestConformance(t *testing.T) {
 		t.Errorf("%d pauses or unpauses fell back to runsc; want 0", n)
 	}
 }
+
+// TestLeftoverCgroup: a cgroup an instance left without anything else (a
+// runsc delete cut short by a server killed while it ran) is listed, and
+// Stop removes it.
+func TestLeftoverCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	e, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: filepath.Join(t.TempDir(), "gvisor")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	const id = "sbx-leftover-00000001"
+	var dirs []string
+	if st, err := os.Stat("/sys/fs/cgroup/memory"); err == nil && st.IsDir() { // cgroup v1
+		for _, c := range []string{"memory", "pids", "cpu"} {
+			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", c, "torpor-"+e.HostScope(), id))
+		}
+	} else {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", "torpor-"+e.HostScope(), id))
+	}
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Rmdir(d) })
+	}
+	listed := func() bool {
+		infos, err := e.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range infos {
+			if i.ID == id {
+				if i.Running {
+					t.Errorf("the leftover cgroup's instance is listed running")
+				}
+				return true
+			}
+		}
+		return false
+	}
+	if !listed() {
+		t.Fatalf("an instance with only its cgroups %v is not listed", dirs)
+	}
+	if err := e.Stop(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup %s still there after Stop", d)
+		}
+	}
+	if listed() {
+		t.Errorf("the instance is still listed after Stop")
+	}
+}
