@@ -13,7 +13,9 @@
 // reaches a guest by dialing from inside the instance's host namespace (Dial).
 //
 // Names are kept in /run/netns (ip-netns(8)), so they outlive the server process and
-// a restarted server finds them again (List).
+// a restarted server finds them again (List). Since every pair is the same but for
+// its names, a pair made ahead of time can be given to an instance by renaming it
+// (Rename; the gVisor engine's spare pairs).
 package sandboxnet
 
 import (
@@ -112,6 +114,47 @@ func Delete(ctx context.Context, p Pair) error {
 		return fmt.Errorf("sandboxnet: delete %s: %s", p.Guest, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// Rename gives pair from's namespaces the names of pair to, keeping
+// everything in them (links, addresses, routes, egress rules): each name under
+// /run/netns is a bind mount of its namespace (ip-netns(8)), so the namespace is
+// bind-mounted under the new name and the old mount is detached. A made pair
+// renamed costs two bind mounts instead of Create's namespaces, veth pair and
+// three ip(8) runs. Errors: to's names taken (fs.ErrExist), from's missing, or
+// mount(2)'s; on error from keeps its names and nothing is made under to's.
+func Rename(from, to Pair) error {
+	moves := [][2]string{{from.Guest, to.Guest}, {from.Host, to.Host}}
+	for i, mv := range moves {
+		if err := renameNetns(mv[0], mv[1]); err != nil {
+			for _, done := range moves[:i] {
+				_ = renameNetns(done[1], done[0])
+			}
+			return fmt.Errorf("sandboxnet: rename %s to %s: %w", from.Guest, to.Guest, err)
+		}
+	}
+	return nil
+}
+
+// renameNetns moves the namespace mounted at /run/netns/from to
+// /run/netns/to.
+func renameNetns(from, to string) error {
+	src, dst := netnsDir+"/"+from, netnsDir+"/"+to
+	f, err := os.OpenFile(dst, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := unix.Mount(src, dst, "none", unix.MS_BIND, ""); err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	if err := unix.Unmount(src, unix.MNT_DETACH); err != nil {
+		_ = unix.Unmount(dst, unix.MNT_DETACH)
+		os.Remove(dst)
+		return fmt.Errorf("unmount %s: %w", src, err)
+	}
+	return os.Remove(src)
 }
 
 // List returns the names under /run/netns that start with prefix+"-".
