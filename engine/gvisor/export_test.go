@@ -32,3 +32,6 @@ func SandboxPid(e *Engine, id string) (int, error) {
 	st, err := e.state(context.Background(), e.rid(id))
 	return st.Pid, err
 }
+
+// TakeNetwork gives instance id its network pair as a start would.
+func TakeNetwork(e *Engine, id string) error { return e.networkFor(context.Background(), id) }

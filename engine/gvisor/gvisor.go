@@ -64,6 +64,10 @@ type Config struct {
 	// ahead of time for restores, one per recently restored shape
 	// (prepared.go); 0 = none, every restore creates its container.
 	PreparedContainers int
+	// SpareNetworks is how many pairs of network namespaces the engine
+	// keeps made ahead of time for starts and restores (spares.go); 0 =
+	// none, every instance's pair is made on its path.
+	SpareNetworks int
 	// BackgroundRestore passes --background to runsc restore: the restored
 	// instance runs once its kernel state is loaded and its memory pages
 	// load behind it, a page it touches first loaded first. Safe with any
@@ -107,6 +111,8 @@ type Engine struct {
 	// prep is the prepared containers and the aliases of the instances
 	// restored into them (prepared.go).
 	prep preparedPool
+	// spares is the spare network pairs (spares.go).
+	spares sparePool
 }
 
 var (
@@ -148,6 +154,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := e.initPrepared(); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	e.initSpares() // named by the prepared pool's token
 	e.thawAll()
 	e.version = "runsc"
 	if bi, err := buildinfo.ReadFile(path); err == nil && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -258,7 +265,7 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 // directory with config.json and the limits record.
 func (e *Engine) writeBundle(ctx context.Context, spec engine.Spec) error {
 	p := e.pair(spec.ID)
-	if err := sandboxnet.Create(ctx, p); err != nil {
+	if err := e.networkFor(ctx, spec.ID); err != nil {
 		return err
 	}
 	if err := e.attachEgress(ctx, spec, p); err != nil {
@@ -671,7 +678,7 @@ func (e *Engine) List(ctx context.Context) ([]engine.Info, error) {
 	for _, n := range names {
 		id := strings.TrimPrefix(n, e.scope+"-")
 		id = strings.TrimSuffix(strings.TrimSuffix(id, "-g"), "-h")
-		if _, ok := seen[id]; !ok && idRE.MatchString(id) {
+		if _, ok := seen[id]; !ok && idRE.MatchString(id) && !e.isSpare(id) {
 			seen[id] = engine.Info{ID: id}
 		}
 	}
@@ -792,10 +799,11 @@ func (e *Engine) processes() map[string][]int {
 }
 
 // Close releases what runsc keeps mounted in the engine's root (its null-netns
-// file), removes the engine's empty parent cgroups (tests made thousands a
-// day otherwise) and the uplink's table (Config.Egress). Call it only when no
+// file), removes the spare network pairs, the engine's empty parent cgroups
+// (tests made thousands a day otherwise) and the uplink's table (Config.Egress). Call it only when no
 // instance of this engine runs any more (tests).
 func (e *Engine) Close() error {
+	_ = e.discardSpares(context.Background())
 	if e.egress != nil {
 		_ = e.egress.Close()
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/image"
 	"github.com/torpor/torpor/metadata/sqlite"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server/servertest"
 )
 
@@ -24,7 +25,8 @@ func TestConformance(t *testing.T) {
 		t.Skip("needs root")
 	}
 	dir := t.TempDir()
-	e, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: filepath.Join(dir, "gvisor")})
+	// Spare network pairs as the server has them by default.
+	e, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: filepath.Join(dir, "gvisor"), SpareNetworks: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,5 +163,102 @@ func TestLeftoverCgroup(t *testing.T) {
 	}
 	if listed() {
 		t.Errorf("the instance is still listed after Stop")
+	}
+}
+
+// TestSpareNetworks: the engine keeps its spare pairs made and out of List,
+// gives one to an instance by renaming it and makes another; a new engine on
+// the same state directory (a crashed server's successor) lists the old
+// spares and Stop removes them; DiscardPrepared removes the engine's own.
+func TestSpareNetworks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "gvisor")
+	e, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: state, SpareNetworks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	names := func() []string {
+		n, _ := sandboxnet.List(e.HostScope())
+		return n
+	}
+	waitReady := func(e *gvisor.Engine, want int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if r, _ := e.SpareNetworks(); r == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				r, _ := e.SpareNetworks()
+				t.Fatalf("%d spare pairs ready after 10 s, want %d (namespaces %v)", r, want, names())
+			}
+		}
+	}
+	waitReady(e, 2)
+	if got := names(); len(got) != 4 {
+		t.Fatalf("namespaces with 2 spare pairs ready: %v", got)
+	}
+	listIDs := func(e *gvisor.Engine) map[string]bool {
+		infos, err := e.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, i := range infos {
+			ids[i.ID] = true
+		}
+		return ids
+	}
+	if ids := listIDs(e); len(ids) != 0 {
+		t.Errorf("List shows the engine's own spares: %v", ids)
+	}
+
+	const inst = "sbx-spare-00000001"
+	if err := gvisor.TakeNetwork(e, inst); err != nil {
+		t.Fatal(err)
+	}
+	p := sandboxnet.For(e.HostScope(), inst)
+	for _, n := range []string{p.Guest, p.Host} {
+		if _, err := os.Stat("/run/netns/" + n); err != nil {
+			t.Errorf("the instance's namespace %s: %v", n, err)
+		}
+	}
+	if _, taken := e.SpareNetworks(); taken != 1 {
+		t.Errorf("taken %d, want 1", taken)
+	}
+	waitReady(e, 2)
+	if got := names(); len(got) != 6 {
+		t.Errorf("namespaces after a take and the refill: %v, want the instance's 2 and 4 spares'", got)
+	}
+	if ids := listIDs(e); len(ids) != 1 || !ids[inst] {
+		t.Errorf("List after the take: %v, want only %s", ids, inst)
+	}
+	if err := e.Stop(ctx, inst); err != nil {
+		t.Fatal(err)
+	}
+
+	// A successor on the same state directory lists the spares it did not
+	// make, and Stop removes them.
+	e2, err := gvisor.New(gvisor.Config{Runsc: servertest.Runsc(t), StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := listIDs(e2)
+	if len(old) != 2 {
+		t.Fatalf("a new engine lists %v, want the 2 spares the first left", old)
+	}
+	if err := e.DiscardPrepared(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); len(got) != 0 {
+		t.Errorf("namespaces after DiscardPrepared: %v", got)
+	}
+	for id := range old {
+		if err := e2.Stop(ctx, id); err != nil {
+			t.Errorf("stop a spare the first engine left: %v", err)
+		}
 	}
 }

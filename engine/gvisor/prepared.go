@@ -370,8 +370,10 @@ func (e *Engine) Prepared() (n int, memoryBytes int64) {
 
 // DiscardPrepared implements engine.RestorePreparer: it ends preparations
 // under way and stops every unclaimed prepared container (processes, network
-// namespaces, cgroup, bundle). No container is prepared afterwards.
+// namespaces, cgroup, bundle), and removes the spare network pairs
+// (spares.go). No container or spare is prepared afterwards.
 func (e *Engine) DiscardPrepared(ctx context.Context) error {
+	serr := e.discardSpares(ctx)
 	p := &e.prep
 	p.mu.Lock()
 	p.closed = true
@@ -383,7 +385,7 @@ func (e *Engine) DiscardPrepared(ctx context.Context) error {
 	p.mu.Unlock()
 	p.cancel()
 	p.wg.Wait()
-	var errs []error
+	errs := []error{serr}
 	for _, rid := range ids {
 		if err := e.stop(ctx, rid); err != nil {
 			errs = append(errs, err)
