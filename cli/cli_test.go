@@ -336,6 +336,9 @@ func TestUsageErrors(t *testing.T) {
 		{"bench", "resume", "--working-set", "big"},
 		{"hibernate", ""},
 		{"rm", "sb1", " "},
+		{"serve", "--spare-networks", "-1"},
+		{"serve", "--spare-networks", "65"},
+		{"serve", "--prepared-containers", "65"},
 	} {
 		r := f.run("", args...)
 		if r.code != 2 || !strings.HasPrefix(r.stderr, "torpor: ") || !strings.Contains(r.stderr, "--help") {

@@ -59,6 +59,9 @@ type serveConfig struct {
 	UplinkNetns, Uplink, EgressPool, DNS string
 	// PreparedContainers: server.Config's (docs/operations.md).
 	PreparedContainers int
+	// SpareNetworks: server.Config's, but 0 is none (the flag's default is
+	// server.DefaultSpareNetworks).
+	SpareNetworks int
 	// BackgroundRestore: server.Config's (docs/decisions/patched-runsc.md).
 	BackgroundRestore bool
 	// StreamColdResumes: server.Config's (docs/snapshot-store.md).
@@ -145,6 +148,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.PidsLimit != -1 && (cfg.PidsLimit < manager.MinPidsLimit || cfg.PidsLimit > manager.MaxPidsLimit) {
 				return usagef("--pids-limit %d: want %d to %d, or -1 for none", cfg.PidsLimit, manager.MinPidsLimit, manager.MaxPidsLimit)
 			}
+			if cfg.SpareNetworks < 0 || cfg.SpareNetworks > maxSpareNetworks {
+				return usagef("--spare-networks %d: want 0 (none) to %d", cfg.SpareNetworks, maxSpareNetworks)
+			}
 			if cfg.PreparedContainers < 0 || cfg.PreparedContainers > maxPreparedContainers {
 				return usagef("--prepared-containers %d: want 0 (none) to %d", cfg.PreparedContainers, maxPreparedContainers)
 			}
@@ -184,6 +190,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM file of the private key of --tls-cert")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "cap of the default pids limit of a sandbox (the processes and threads each user may have in it), which is one per 2 MiB of its memory limit (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
+	f.IntVar(&cfg.SpareNetworks, "spare-networks", server.DefaultSpareNetworks, "pairs of network namespaces kept made ahead of time, so that creates and resumes rename one instead of making theirs; no process, no sandbox memory; 0: none (docs/operations.md)")
 	f.IntVar(&cfg.PreparedContainers, "prepared-containers", 0, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently resumed shape (image, memory, limits, mounts); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.BackgroundRestore, "background-restore", false, "restore with runsc restore --background: a resumed sandbox runs while its memory pages load behind it; gains only with a runsc of fewer page readers (make runsc-readers; docs/decisions/patched-runsc.md), slower with the stock one")
 	f.BoolVar(&cfg.StreamColdResumes, "stream-cold-resumes", false, "resume a sandbox whose snapshot is not on this host (evicted, or on another node) while the chunked store fetches it: its files are served through FUSE, a read waits only for its own bytes, the working set recorded at the last such resume first (needs root and /dev/fuse; pays with --background-restore; docs/snapshot-store.md)")
@@ -348,6 +355,10 @@ func envOr(name, def string) string {
 	}
 	return def
 }
+
+// maxSpareNetworks bounds --spare-networks: each is two network namespaces
+// and a veth pair, made 0.3 s after one is taken.
+const maxSpareNetworks = 64
 
 // maxPreparedContainers bounds --prepared-containers: each holds processes,
 // network namespaces and memory while it waits.

@@ -22,6 +22,7 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine/gvisor"
+	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/workload"
 )
 
@@ -449,15 +450,26 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 		}
 	}
 	ents, _ := os.ReadDir("/run/netns")
+	var spares []string
 	for _, e := range ents {
 		name, ok := strings.CutPrefix(e.Name(), h.scope+"-")
 		if !ok {
 			continue
 		}
 		name = strings.TrimSuffix(strings.TrimSuffix(name, "-g"), "-h")
+		if strings.HasPrefix(name, "spare-") {
+			spares = append(spares, e.Name()) // the engine's spare pairs (engine/gvisor/spares.go)
+			continue
+		}
 		if sb := byID[sandboxOf(name)]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
 			out = append(out, fmt.Sprintf("network namespace %s of a sandbox the API says is %q", e.Name(), sb.State))
 		}
+	}
+	// The running server's spares, two namespaces each; a killed server's
+	// are removed by its successor's reconcile.
+	if len(spares) > 2*server.DefaultSpareNetworks {
+		out = append(out, fmt.Sprintf("%d spare network namespaces, more than the running server's %d pairs: %v",
+			len(spares), server.DefaultSpareNetworks, spares))
 	}
 	var cgs []string
 	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + h.scope + "/*", "/sys/fs/cgroup/torpor-" + h.scope + "/*"} {

@@ -133,6 +133,11 @@ type Config struct {
 	// created ahead of time for resumes (gvisor.Config.PreparedContainers;
 	// docs/operations.md); 0 = none. Unused with Engines set.
 	PreparedContainers int
+	// SpareNetworks is how many pairs of network namespaces the gVisor
+	// engine keeps made ahead of time for creates and resumes
+	// (gvisor.Config.SpareNetworks; docs/operations.md); 0 =
+	// DefaultSpareNetworks, negative = none. Unused with Engines set.
+	SpareNetworks int
 	// BackgroundRestore passes --background to runsc restore
 	// (gvisor.Config.BackgroundRestore): for a runsc built with
 	// `make runsc-readers` (docs/decisions/patched-runsc.md); off by
@@ -310,7 +315,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	engines := cfg.Engines
 	if engines == nil {
-		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), gvisor.Config{PreparedContainers: cfg.PreparedContainers, BackgroundRestore: cfg.BackgroundRestore}); err != nil {
+		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), gvisor.Config{PreparedContainers: cfg.PreparedContainers,
+			SpareNetworks: spareNetworks(cfg.SpareNetworks), BackgroundRestore: cfg.BackgroundRestore}); err != nil {
 			return fail(err)
 		}
 	}
@@ -443,12 +449,28 @@ func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*en
 	return defaultEngines(dir, runscPath, egress, gvisor.Config{})
 }
 
+// DefaultSpareNetworks is Config.SpareNetworks's default: a pair for each of
+// two creates or resumes arriving together (the hosts have 2 cores), made
+// again 0.3 s after each is taken.
+const DefaultSpareNetworks = 2
+
+// spareNetworks is the gVisor engine's SpareNetworks for Config's n.
+func spareNetworks(n int) int {
+	switch {
+	case n == 0:
+		return DefaultSpareNetworks
+	case n < 0:
+		return 0
+	}
+	return n
+}
+
 // defaultEngines is DefaultEngines whose gVisor engine takes the restore
-// options of opts (its PreparedContainers and BackgroundRestore; the other
-// fields are set here).
+// options of opts (its PreparedContainers, SpareNetworks and
+// BackgroundRestore; the other fields are set here).
 func defaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig, opts gvisor.Config) (*engine.Registry, error) {
 	gv, err := gvisor.New(gvisor.Config{Runsc: runscPath, StateDir: filepath.Join(dir, "gvisor"), Egress: egress,
-		PreparedContainers: opts.PreparedContainers, BackgroundRestore: opts.BackgroundRestore})
+		PreparedContainers: opts.PreparedContainers, SpareNetworks: opts.SpareNetworks, BackgroundRestore: opts.BackgroundRestore})
 	if err != nil {
 		return nil, err
 	}

@@ -91,6 +91,9 @@ type Options struct {
 	Egress *sandboxnet.EgressConfig
 	// PreparedContainers is passed to server.Config (0: none).
 	PreparedContainers int
+	// SpareNetworks is passed to server.Config (0: the server's default,
+	// negative: none).
+	SpareNetworks int
 	// BackgroundRestore and StreamColdResumes are passed to server.Config.
 	BackgroundRestore, StreamColdResumes bool
 }
@@ -188,8 +191,8 @@ func Start(t testing.TB, opts Options) *Server {
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ResumeHookDeadline: opts.ResumeHookDeadline, ResumeAckDeadline: opts.ResumeAckDeadline,
 		Store: opts.Store, Auth: opts.Auth, E2B: opts.E2B, Limits: opts.Limits, Egress: opts.Egress,
-		PreparedContainers: opts.PreparedContainers,
-		BackgroundRestore:  opts.BackgroundRestore, StreamColdResumes: opts.StreamColdResumes,
+		PreparedContainers: opts.PreparedContainers, SpareNetworks: opts.SpareNetworks,
+		BackgroundRestore: opts.BackgroundRestore, StreamColdResumes: opts.StreamColdResumes,
 	}
 	if opts.Logger != nil {
 		cfg.Logger = opts.Logger
