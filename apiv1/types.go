@@ -378,6 +378,8 @@ type Snapshot struct {
 	HibernateMS int64 `json:"hibernate_ms"`
 	// Parent is the snapshot this one follows (its sandbox's previous
 	// snapshot, or the one a fork resumed from); null for a sandbox's first.
+	// It is lineage, not a reference: the parent may have been collected
+	// since (GET of it then answers 404).
 	Parent    *string   `json:"parent"`
 	Engine    string    `json:"engine"`
 	CreatedAt time.Time `json:"created_at"`

@@ -12,7 +12,8 @@ type Snapshot struct {
 	// HibernateMS is how long the hibernate took.
 	HibernateMS int64
 	// Parent is the snapshot this one follows (its sandbox's previous one, or
-	// the one a fork resumed from); nil for a sandbox's first.
+	// the one a fork resumed from); nil for a sandbox's first. Lineage: the
+	// parent may have been collected since.
 	Parent    *string
 	Engine    string
 	CreatedAt time.Time

@@ -61,6 +61,9 @@ type deferredCommit struct {
 	// deferredDelay at once.
 	hurry     chan struct{}
 	hurryOnce sync.Once
+	// acked is when the commit was acknowledged (or, after a restart, its
+	// chunk commit resumed).
+	acked time.Time
 }
 
 // deferredDelay is how long a chunk commit waits after its acknowledgement
@@ -196,7 +199,7 @@ func syncFile(path string) error {
 func (s *Store) startDeferred(id string, m snapshot.Manifest) {
 	ctx, cancel := context.WithCancel(context.Background())
 	dc := &deferredCommit{man: m, ctx: ctx, cancel: cancel, tried: make(chan struct{}), done: make(chan struct{}),
-		hurry: make(chan struct{})}
+		hurry: make(chan struct{}), acked: time.Now()}
 	s.deferred.mu.Lock()
 	s.deferred.m[id] = dc
 	s.deferred.wg.Add(1)
@@ -262,8 +265,11 @@ func (s *Store) runDeferred(id string, dc *deferredCommit) {
 				_ = atomicfile.SyncDir(filepath.Join(s.dir, pendingDir))
 			}
 			finish()
-			s.log.Debug("snapshot commit: deferred chunks stored", "snapshot", id, "ms", time.Since(start).Milliseconds(),
-				"chunks", man.Chunks, "new_bytes", man.NewBytes)
+			// Info: the hibernate's own log line has the pending sizes (every
+			// byte new); these are the snapshot's real ones.
+			s.log.Info("snapshot commit: deferred chunks stored", "snapshot", id, "ms", time.Since(start).Milliseconds(),
+				"chunks", man.Chunks, "stored_bytes", man.StoredBytes, "new_bytes", man.NewBytes,
+				"waited_ms", start.Sub(dc.acked).Milliseconds())
 			if f := s.deferred.committed.Load(); f != nil {
 				(*f)(man)
 			}
