@@ -47,7 +47,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		Egress:           egress,
 
 		PreparedContainers: cfg.PreparedContainers,
-		SpareNetworks:      spareNetworksOf(cfg.SpareNetworks),
+		SpareNetworks:      cfg.SpareNetworks,
 		BackgroundRestore:  cfg.BackgroundRestore,
 		StreamColdResumes:  cfg.StreamColdResumes,
 	})
@@ -86,13 +86,4 @@ func standbyMemoryMiB(v string) (int, error) {
 		return 0, usagef("--standby-memory %q: want auto, 0 or one size such as 4GiB", v)
 	}
 	return sizes[0], nil
-}
-
-// spareNetworksOf is server.Config.SpareNetworks for the flag's n (0 there is
-// none; in server.Config, the default).
-func spareNetworksOf(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }

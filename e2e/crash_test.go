@@ -22,7 +22,6 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine/gvisor"
-	"github.com/torpor/torpor/server"
 	"github.com/torpor/torpor/workload"
 )
 
@@ -465,11 +464,10 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 			out = append(out, fmt.Sprintf("network namespace %s of a sandbox the API says is %q", e.Name(), sb.State))
 		}
 	}
-	// The running server's spares, two namespaces each; a killed server's
-	// are removed by its successor's reconcile.
-	if len(spares) > 2*server.DefaultSpareNetworks {
-		out = append(out, fmt.Sprintf("%d spare network namespaces, more than the running server's %d pairs: %v",
-			len(spares), server.DefaultSpareNetworks, spares))
+	// The harness's servers keep no spares (--spare-networks 0, the
+	// default); any is a leak.
+	if len(spares) > 0 {
+		out = append(out, fmt.Sprintf("%d spare network namespaces of servers that keep none: %v", len(spares), spares))
 	}
 	var cgs []string
 	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + h.scope + "/*", "/sys/fs/cgroup/torpor-" + h.scope + "/*"} {

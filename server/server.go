@@ -135,8 +135,8 @@ type Config struct {
 	PreparedContainers int
 	// SpareNetworks is how many pairs of network namespaces the gVisor
 	// engine keeps made ahead of time for creates and resumes
-	// (gvisor.Config.SpareNetworks; docs/operations.md); 0 =
-	// DefaultSpareNetworks, negative = none. Unused with Engines set.
+	// (gvisor.Config.SpareNetworks; docs/operations.md); 0 = none. Unused
+	// with Engines set.
 	SpareNetworks int
 	// BackgroundRestore passes --background to runsc restore
 	// (gvisor.Config.BackgroundRestore): for a runsc built with
@@ -316,7 +316,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	engines := cfg.Engines
 	if engines == nil {
 		if engines, err = defaultEngines(dir, cfg.RunscPath, egressFor(cfg), gvisor.Config{PreparedContainers: cfg.PreparedContainers,
-			SpareNetworks: spareNetworks(cfg.SpareNetworks), BackgroundRestore: cfg.BackgroundRestore}); err != nil {
+			SpareNetworks: cfg.SpareNetworks, BackgroundRestore: cfg.BackgroundRestore}); err != nil {
 			return fail(err)
 		}
 	}
@@ -447,22 +447,6 @@ func egressFor(cfg Config) *sandboxnet.EgressConfig {
 // dir/gvisor not writable, a bad uplink (sandboxnet.NewEgress).
 func DefaultEngines(dir, runscPath string, egress *sandboxnet.EgressConfig) (*engine.Registry, error) {
 	return defaultEngines(dir, runscPath, egress, gvisor.Config{})
-}
-
-// DefaultSpareNetworks is Config.SpareNetworks's default: a pair for each of
-// two creates or resumes arriving together (the hosts have 2 cores), made
-// again 0.3 s after each is taken.
-const DefaultSpareNetworks = 2
-
-// spareNetworks is the gVisor engine's SpareNetworks for Config's n.
-func spareNetworks(n int) int {
-	switch {
-	case n == 0:
-		return DefaultSpareNetworks
-	case n < 0:
-		return 0
-	}
-	return n
 }
 
 // defaultEngines is DefaultEngines whose gVisor engine takes the restore

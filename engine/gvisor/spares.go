@@ -20,8 +20,8 @@ import (
 // instance (the addresses and MACs are fixed), so with Config.SpareNetworks >
 // 0 the engine keeps that many made under names of its own and gives one to
 // an instance by renaming it (sandboxnet.Rename: two bind mounts). Each one
-// taken is made again spareRefillDelay later, one at a time, off the started
-// instance's first requests.
+// taken is made again spareRefillDelay (2 s) later, one at a time, off the
+// started instance's first requests.
 //
 // A spare's names are sandboxnet.For(scope, "spare-<token>-<seq>"), the token
 // the engine's own: List leaves this engine's spares out (no instance owns
@@ -37,8 +37,10 @@ const sparePrefix = "spare-"
 
 // spareRefillDelay is how long after a spare is taken the engine starts making
 // the next: making a pair costs CPU (ip(8) runs) that on a two-core host
-// would otherwise compete with the instance's start.
-const spareRefillDelay = 300 * time.Millisecond
+// competes with the instance's start, its resume contract and its first
+// requests; 0.3 s later landed among them and made the resume benchmark
+// slower (docs/benchmarks/2026-12-04-spare-networks.md).
+const spareRefillDelay = 2 * time.Second
 
 // sparePool is the engine's spare network pairs.
 type sparePool struct {

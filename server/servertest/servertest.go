@@ -91,8 +91,7 @@ type Options struct {
 	Egress *sandboxnet.EgressConfig
 	// PreparedContainers is passed to server.Config (0: none).
 	PreparedContainers int
-	// SpareNetworks is passed to server.Config (0: the server's default,
-	// negative: none).
+	// SpareNetworks is passed to server.Config (0: none).
 	SpareNetworks int
 	// BackgroundRestore and StreamColdResumes are passed to server.Config.
 	BackgroundRestore, StreamColdResumes bool
