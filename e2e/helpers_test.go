@@ -23,7 +23,6 @@ import (
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
 	"github.com/torpor/torpor/engine/gvisor"
-	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/workload"
 )
@@ -55,19 +54,6 @@ func removeDataDir(d string) {
 		dirs, _ := filepath.Glob(pat)
 		for _, dir := range dirs {
 			os.Remove(dir)
-		}
-	}
-	// The spare network pairs of a server killed last (a successor's
-	// reconcile removes a killed server's; engine/gvisor/spares.go).
-	if names, err := sandboxnet.List(scope); err == nil {
-		spares := map[string]bool{}
-		for _, n := range names {
-			if id, ok := strings.CutPrefix(n, scope+"-"); ok && strings.HasPrefix(id, "spare-") {
-				spares[strings.TrimSuffix(strings.TrimSuffix(id, "-g"), "-h")] = true
-			}
-		}
-		for id := range spares {
-			sandboxnet.Delete(context.Background(), sandboxnet.For(scope, id))
 		}
 	}
 	// runsc's null-netns mount in the engine's root (servertest unmounts it too).
