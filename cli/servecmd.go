@@ -190,7 +190,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "cap of the default pids limit of a sandbox (the processes and threads each user may have in it), which is one per 2 MiB of its memory limit (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
 	f.IntVar(&cfg.SpareNetworks, "spare-networks", 0, "pairs of network namespaces kept made ahead of time, so that creates, resumes and fork clones rename one instead of making theirs; no process, no sandbox memory; 0: none (docs/operations.md)")
-	f.IntVar(&cfg.PreparedContainers, "prepared-containers", 0, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently resumed shape (image, memory, limits, mounts); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
+	f.IntVar(&cfg.PreparedContainers, "prepared-containers", defaultPreparedContainers, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently hibernated or resumed shape (image, memory, limits, mounts, environment); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.BackgroundRestore, "background-restore", false, "restore with runsc restore --background: a resumed sandbox runs while its memory pages load behind it; gains only with a runsc of fewer page readers (make runsc-readers; docs/decisions/patched-runsc.md), slower with the stock one")
 	f.BoolVar(&cfg.StreamColdResumes, "stream-cold-resumes", false, "resume a sandbox whose snapshot is not on this host (evicted, or on another node) while the chunked store fetches it: its files are served through FUSE, a read waits only for its own bytes, the working set recorded at the last such resume first (needs root and /dev/fuse; pays with --background-restore; docs/snapshot-store.md)")
 	f.BoolVar(&cfg.AsyncUpload, "async-upload", false, "hibernates that do not choose (idle, timeout, fork, API without async_upload) answer once the snapshot is on local disk and upload it in the background (snapshot durable: false until then)")
@@ -358,6 +358,11 @@ func envOr(name, def string) string {
 // maxSpareNetworks bounds --spare-networks: each is two network namespaces
 // and a veth pair, made 2 s after one is taken.
 const maxSpareNetworks = 64
+
+// defaultPreparedContainers is --prepared-containers' default: two shapes
+// (a host's usual template and one more) restore into containers made ahead of
+// time; the rest restore on their own (docs/operations.md#prepared-containers).
+const defaultPreparedContainers = 2
 
 // maxPreparedContainers bounds --prepared-containers: each holds processes,
 // network namespaces and memory while it waits.

@@ -282,10 +282,10 @@ func refusedTotal(t *testing.T, url string) float64 {
 }
 
 // runscSandboxes counts every runsc sandbox the server of data directory
-// dir has on the host.
+// dir runs a sandbox's instance in (instancesOn).
 func runscSandboxes(t *testing.T, dir string) int {
 	t.Helper()
-	all, err := runscList(t, dir)
+	all, err := instancesOn(t, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

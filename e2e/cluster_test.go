@@ -15,8 +15,10 @@ import (
 
 	"github.com/torpor/torpor/apiv1"
 	"github.com/torpor/torpor/client"
+	"github.com/torpor/torpor/engine/gvisor"
 	"github.com/torpor/torpor/metadata/postgres/pgtest"
 	"github.com/torpor/torpor/node"
+	"github.com/torpor/torpor/sandboxnet"
 	"github.com/torpor/torpor/server/servertest"
 	"github.com/torpor/torpor/snapshot/chunked"
 	"github.com/torpor/torpor/snapshot/chunked/s3test"
@@ -271,7 +273,7 @@ func runTorpor(bin string, args ...string) (string, error) {
 // data directory dir has on the host (its engine's state directory).
 func runscSandboxesOf(t *testing.T, dir, id string) int {
 	t.Helper()
-	all, err := runscList(t, dir)
+	all, err := instancesOn(t, dir)
 	if err != nil {
 		t.Log(err)
 		return -1
@@ -300,9 +302,14 @@ func stopRunscOf(t *testing.T, dir string) {
 		t.Log(err)
 		return
 	}
+	scope := gvisor.Scope(filepath.Join(dir, "gvisor"))
 	for _, id := range ids {
 		if out, err := exec.Command(servertest.Runsc(t), "--root", root, "delete", "-force", id).CombinedOutput(); err != nil {
 			t.Logf("runsc delete -force %s: %v: %s", id, err, out)
+		}
+		// Its network namespaces, which the node made under its scope.
+		if err := sandboxnet.Delete(context.Background(), sandboxnet.For(scope, id)); err != nil {
+			t.Logf("network namespaces of %s: %v", id, err)
 		}
 	}
 	if len(ids) > 0 {
@@ -318,6 +325,29 @@ func runscList(t *testing.T, dir string) ([]string, error) {
 		return nil, fmt.Errorf("runsc list: %v: %s", err, out)
 	}
 	return strings.Fields(string(out)), nil
+}
+
+// instancesOn lists the instances the runsc sandboxes of the server of data
+// directory dir run: runscList with each prepared container an instance was
+// restored into named by that instance, and the unclaimed prepared
+// containers (no sandbox's; engine/gvisor/prepared.go) left out.
+func instancesOn(t *testing.T, dir string) ([]string, error) {
+	ids, err := runscList(t, dir)
+	if err != nil {
+		return nil, err
+	}
+	al := aliasesIn(dir)
+	var out []string
+	for _, id := range ids {
+		switch n := hostName(id, al); {
+		case strings.HasPrefix(n, unclaimedPrefix):
+		case n != "":
+			out = append(out, n)
+		default:
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
 
 // execP50 runs `true` in sandbox id n times through each of two clients,

@@ -89,6 +89,12 @@ type crashHarness struct {
 	// phase is read-locked by each operation and locked by the restart and
 	// its checks, so that no operation runs while the harness checks.
 	phase sync.RWMutex
+
+	// killedPrepared holds the runsc ids of the unclaimed prepared
+	// containers (engine/gvisor/prepared.go; the harness's servers keep the
+	// default two) on the host right after the last kill: the next server's
+	// reconcile must stop them.
+	killedPrepared map[string]bool
 }
 
 // violation records a broken promise.
@@ -161,6 +167,7 @@ func TestCrashHarness(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.waitKilled()
+		h.killedPrepared = h.unclaimedPrepared()
 		h.cancel()
 		h.phase.Lock() // the operations in flight end
 		h.mu.Lock()
@@ -177,7 +184,8 @@ func TestCrashHarness(t *testing.T) {
 		h.check(fmt.Sprintf("after kill %d", k))
 		h.epoch, h.cancel = context.WithCancel(context.Background())
 		h.killing.Store(false)
-		t.Logf("kill %d: restart and checks of %d sandboxes took %v", k, h.listed, time.Since(tr).Round(time.Millisecond))
+		t.Logf("kill %d: restart and checks of %d sandboxes took %v; the killed server left %d unclaimed prepared containers, %d instances ran in prepared ones",
+			k, h.listed, time.Since(tr).Round(time.Millisecond), len(h.killedPrepared), len(aliases()))
 		h.phase.Unlock()
 	}
 	tw := time.Now()
@@ -404,10 +412,103 @@ func (h *crashHarness) settled(ctx context.Context, when string) []apiv1.Sandbox
 
 var instanceRE = regexp.MustCompile(`\b([a-z0-9_-]+)-([0-9]{8})\b`)
 
-// runscInstances returns, by instance, the live runsc processes on this data
-// directory's runsc root.
+// preparedRE matches the runsc id of a prepared container.
+var preparedRE = regexp.MustCompile(`^prep-[0-9a-f]{12}-[0-9]{6}$`)
+
+// unclaimedPrefix marks, in the names runscInstances and hostName return,
+// a prepared container no instance was restored into.
+const unclaimedPrefix = "unclaimed:"
+
+// aliases maps the runsc id of each prepared container an instance was
+// restored into to that instance's id (DATA_DIR/gvisor/aliases).
+func aliases() map[string]string { return aliasesIn(dataDir) }
+
+// aliasesIn is aliases for the server of data directory dir.
+func aliasesIn(data string) map[string]string {
+	dir := filepath.Join(data, "gvisor", "aliases")
+	ents, _ := os.ReadDir(dir)
+	out := map[string]string{}
+	for _, e := range ents {
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+			out[strings.TrimSpace(string(b))] = e.Name()
+		}
+	}
+	return out
+}
+
+// hostName returns the instance a host name (a runsc id, the base of a
+// cgroup or a network namespace) belongs to: an instance id as it is, a
+// prepared container's runsc id through its alias, unclaimedPrefix and the
+// runsc id for a prepared container no instance was restored into, "" for
+// anything else.
+func hostName(name string, al map[string]string) string {
+	if m := instanceRE.FindString(name); m != "" && m == name {
+		return name
+	}
+	if preparedRE.MatchString(name) {
+		if inst, ok := al[name]; ok {
+			return inst
+		}
+		return unclaimedPrefix + name
+	}
+	return ""
+}
+
+// unclaimedPrepared returns the runsc ids of the prepared containers on the
+// host that no instance was restored into (processes, cgroups, namespaces).
+func (h *crashHarness) unclaimedPrepared() map[string]bool {
+	out := map[string]bool{}
+	for inst := range h.runscInstances() {
+		if rid, ok := strings.CutPrefix(inst, unclaimedPrefix); ok {
+			out[rid] = true
+		}
+	}
+	al := aliases()
+	for _, n := range h.netnsNames() {
+		if rid, ok := strings.CutPrefix(hostName(n, al), unclaimedPrefix); ok {
+			out[rid] = true
+		}
+	}
+	for _, cg := range h.cgroups() {
+		if rid, ok := strings.CutPrefix(hostName(filepath.Base(cg), al), unclaimedPrefix); ok {
+			out[rid] = true
+		}
+	}
+	return out
+}
+
+// netnsNames returns the network namespaces of this scope, without the
+// scope and the -g/-h suffix (one entry per namespace).
+func (h *crashHarness) netnsNames() []string {
+	ents, _ := os.ReadDir("/run/netns")
+	var out []string
+	for _, e := range ents {
+		if name, ok := strings.CutPrefix(e.Name(), h.scope+"-"); ok {
+			out = append(out, strings.TrimSuffix(strings.TrimSuffix(name, "-g"), "-h"))
+		}
+	}
+	return out
+}
+
+// cgroups returns the cgroup directories of this scope.
+func (h *crashHarness) cgroups() []string {
+	var out []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + h.scope + "/*", "/sys/fs/cgroup/torpor-" + h.scope + "/*"} {
+		m, _ := filepath.Glob(pat)
+		for _, cg := range m {
+			if st, err := os.Stat(cg); err == nil && st.IsDir() {
+				out = append(out, cg)
+			}
+		}
+	}
+	return out
+}
+
+// runscInstances returns, by instance (hostName), the live runsc processes
+// on this data directory's runsc root.
 func (h *crashHarness) runscInstances() map[string][]string {
 	root := filepath.Join(dataDir, "gvisor", "root")
+	al := aliases()
 	out := map[string][]string{}
 	for _, p := range hostProcs(root) {
 		if !strings.Contains(p, "runsc") {
@@ -415,8 +516,8 @@ func (h *crashHarness) runscInstances() map[string][]string {
 		}
 		id := ""
 		for _, f := range strings.Fields(p) {
-			if m := instanceRE.FindStringSubmatch(filepath.Base(f)); m != nil && m[0] == filepath.Base(f) {
-				id = m[0]
+			if n := hostName(filepath.Base(f), al); n != "" {
+				id = n
 			}
 		}
 		out[id] = append(out[id], p)
@@ -439,8 +540,25 @@ func sandboxOf(instance string) string {
 func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.Sandbox) []string {
 	var out []string
 	procs := h.runscInstances()
-	live := map[string]bool{} // sandboxes with runsc processes
+	al := aliases()
+	live := map[string]bool{}  // sandboxes with runsc processes
+	ready := map[string]bool{} // the running server's unclaimed prepared containers
+	prepared := func(name, what string) bool {
+		rid, ok := strings.CutPrefix(name, unclaimedPrefix)
+		if !ok {
+			return false
+		}
+		if h.killedPrepared[rid] {
+			out = append(out, fmt.Sprintf("%s of prepared container %s, which the killed server left and its successor did not stop", what, rid))
+		} else {
+			ready[rid] = true
+		}
+		return true
+	}
 	for inst, ps := range procs {
+		if prepared(inst, "runsc processes") {
+			continue
+		}
 		sid := sandboxOf(inst)
 		live[sid] = true
 		sb, ok := byID[sid]
@@ -448,20 +566,21 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 			out = append(out, fmt.Sprintf("runsc processes of instance %q, whose sandbox the API says is %q (listed %v):\n%s", inst, sb.State, ok, strings.Join(ps, "\n")))
 		}
 	}
-	ents, _ := os.ReadDir("/run/netns")
 	var spares []string
-	for _, e := range ents {
-		name, ok := strings.CutPrefix(e.Name(), h.scope+"-")
-		if !ok {
-			continue
-		}
-		name = strings.TrimSuffix(strings.TrimSuffix(name, "-g"), "-h")
+	for _, name := range h.netnsNames() {
 		if strings.HasPrefix(name, "spare-") {
-			spares = append(spares, e.Name()) // the engine's spare pairs (engine/gvisor/spares.go)
+			spares = append(spares, name) // the engine's spare pairs (engine/gvisor/spares.go)
 			continue
 		}
-		if sb := byID[sandboxOf(name)]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
-			out = append(out, fmt.Sprintf("network namespace %s of a sandbox the API says is %q", e.Name(), sb.State))
+		inst := hostName(name, al)
+		if inst == "" {
+			inst = name
+		}
+		if prepared(inst, "network namespace "+name) {
+			continue
+		}
+		if sb := byID[sandboxOf(inst)]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
+			out = append(out, fmt.Sprintf("network namespace %s-%s of a sandbox the API says is %q", h.scope, name, sb.State))
 		}
 	}
 	// The harness's servers keep no spares (--spare-networks 0, the
@@ -469,18 +588,22 @@ func (h *crashHarness) hostProblems(ctx context.Context, byID map[string]apiv1.S
 	if len(spares) > 0 {
 		out = append(out, fmt.Sprintf("%d spare network namespaces of servers that keep none: %v", len(spares), spares))
 	}
-	var cgs []string
-	for _, pat := range []string{"/sys/fs/cgroup/*/torpor-" + h.scope + "/*", "/sys/fs/cgroup/torpor-" + h.scope + "/*"} {
-		m, _ := filepath.Glob(pat)
-		cgs = append(cgs, m...)
-	}
-	for _, cg := range cgs {
-		if st, err := os.Stat(cg); err != nil || !st.IsDir() {
+	for _, cg := range h.cgroups() {
+		inst := hostName(filepath.Base(cg), al)
+		if inst == "" {
+			inst = filepath.Base(cg)
+		}
+		if prepared(inst, "cgroup "+cg) {
 			continue
 		}
-		if sb := byID[sandboxOf(filepath.Base(cg))]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
+		if sb := byID[sandboxOf(inst)]; sb.State != apiv1.StateRunning && sb.State != apiv1.StatePaused {
 			out = append(out, fmt.Sprintf("cgroup %s of a sandbox the API says is %q", cg, sb.State))
 		}
+	}
+	// The server keeps at most its --prepared-containers (the default, 2),
+	// ready or being made.
+	if len(ready) > 2 {
+		out = append(out, fmt.Sprintf("%d unclaimed prepared containers, more than the server keeps: %v", len(ready), ready))
 	}
 	for _, dir := range []string{filepath.Join(dataDir, "chunks", "staging"), filepath.Join(dataDir, "snapshots", ".staging")} {
 		if st, _ := os.ReadDir(dir); len(st) > 0 {
@@ -660,14 +783,27 @@ func (h *crashHarness) cleanup() {
 			t.Errorf("cleanup: delete %s: %v", sb.ID, err)
 		}
 	}
+	// The running server's prepared containers stay until its shutdown.
+	instances := func() map[string][]string {
+		m := h.runscInstances()
+		for inst := range m {
+			if strings.HasPrefix(inst, unclaimedPrefix) {
+				delete(m, inst)
+			}
+		}
+		return m
+	}
 	deadline := time.Now().Add(30 * time.Second)
-	for len(h.runscInstances()) > 0 && time.Now().Before(deadline) {
+	for len(instances()) > 0 && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 	}
-	if left := h.runscInstances(); len(left) > 0 {
+	if left := instances(); len(left) > 0 {
 		t.Errorf("runsc processes left after every sandbox was deleted: %v", left)
 	}
 	p.stop()
+	if left := h.unclaimedPrepared(); len(left) > 0 {
+		t.Errorf("prepared containers left after the server's shutdown: %v", left)
+	}
 	if t.Failed() {
 		t.Logf("server log:\n%s", tail(p.logText(), 8000))
 	}

@@ -342,7 +342,11 @@ func TestPoolFork(t *testing.T) {
 // stops the old ready clones (no record owns them: nothing of them is left,
 // no process, no network namespace), lists no sandbox, and refills the pool.
 func TestPoolServerKill(t *testing.T) {
-	p := &serveProc{t: t, bin: buildTorpor(t), addr: freeAddr(t), log: filepath.Join(t.TempDir(), "serve.log")}
+	// Without prepared containers, which a killed server leaves too (their
+	// reconcile is TestPreparedCrash's): the pool's clones are then all the
+	// instances there are, each under its own id.
+	p := &serveProc{t: t, bin: buildTorpor(t), addr: freeAddr(t), log: filepath.Join(t.TempDir(), "serve.log"),
+		args: []string{"--prepared-containers", "0"}}
 	if err := os.Remove(filepath.Join(dataDir, "store")); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}

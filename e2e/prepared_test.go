@@ -177,12 +177,13 @@ func checksumFirst(t *testing.T, ctx context.Context, c *client.Client, id strin
 	t.Logf("%s: checksum right, first answer after %v", what, time.Since(t0).Round(time.Millisecond))
 }
 
-// TestPreparedResume: with --prepared-containers 1 a resume restores into a
-// container prepared by the resume before it; the workload's first act, a
-// checksum of its whole 64 MiB buffer, is right; a hibernate right after
-// that resume and a resume again keep it right; exec and the file system
-// work in the restored sandbox; deleting it removes its container, and the
-// server's shutdown removes the prepared one.
+// TestPreparedResume: with --prepared-containers 1 a sandbox's hibernate
+// prepares a container of its shape, and its first resume restores into it;
+// each resume prepares the next. The workload's first act, a checksum of its
+// whole 64 MiB buffer, is right; a hibernate right after a resume and a resume
+// again keep it right; exec and the file system work in the restored
+// sandbox; deleting it removes its container, and the server's shutdown
+// removes the prepared one.
 func TestPreparedResume(t *testing.T) {
 	srv := start(t, servertest.Options{PreparedContainers: 1})
 	c := srv.Client
@@ -197,20 +198,27 @@ func TestPreparedResume(t *testing.T) {
 	id, first := checksummed(t, ctx, c)
 	count := first.Count
 	writeFile(t, c, id, "/root/kept.txt", []byte("kept"))
+	if left := preparedLeft(); len(left) > 0 {
+		t.Fatalf("prepared containers before any hibernate or resume:\n%s", strings.Join(left, "\n"))
+	}
 
 	hibernate(t, c, id)
-	checksumFirst(t, ctx, c, id, first, &count, "first resume (no container prepared yet)")
-	if n := eng.PreparedRestores(); n != 0 {
-		t.Fatalf("%d restores into prepared containers before any was prepared", n)
-	}
 	rid := readyPrepared(t)
-	hibernate(t, c, id)
-	checksumFirst(t, ctx, c, id, first, &count, "resume into a prepared container")
+	checksumFirst(t, ctx, c, id, first, &count, "first resume, into the container its hibernate prepared")
 	if n := eng.PreparedRestores(); n != 1 {
 		t.Fatalf("%d restores into prepared containers, want 1", n)
 	}
 	if got := aliasOf(t, id); got != rid {
 		t.Fatalf("the sandbox's instance runs in %q, want the prepared %s", got, rid)
+	}
+	next := readyPrepared(t, rid)
+	hibernate(t, c, id)
+	checksumFirst(t, ctx, c, id, first, &count, "second resume, into the container the first prepared")
+	if n := eng.PreparedRestores(); n != 2 {
+		t.Fatalf("%d restores into prepared containers, want 2", n)
+	}
+	if got := aliasOf(t, id); got != next {
+		t.Fatalf("the sandbox's instance runs in %q, want the prepared %s", got, next)
 	}
 	// At once: pages may still be loading in a restore that returned early.
 	hibernate(t, c, id)
@@ -264,10 +272,8 @@ func TestPreparedCrash(t *testing.T) {
 	defer c.DeleteSandbox(context.Background(), id)
 	count := first.Count
 	hibernate(t, c, id)
-	checksumFirst(t, ctx, c, id, first, &count, "first resume")
 	claimed := readyPrepared(t)
-	hibernate(t, c, id)
-	checksumFirst(t, ctx, c, id, first, &count, "resume into a prepared container")
+	checksumFirst(t, ctx, c, id, first, &count, "resume into the container its hibernate prepared")
 	if got := aliasOf(t, id); got != claimed {
 		t.Fatalf("the sandbox's instance runs in %q, want the prepared %s", got, claimed)
 	}
@@ -280,7 +286,7 @@ func TestPreparedCrash(t *testing.T) {
 	if left := preparedLeft(ready); len(left) == 0 {
 		t.Fatalf("the prepared container %s did not outlive the killed server", ready)
 	}
-	p.args = nil // no preparation: only the crashed server's containers remain
+	p.args = []string{"--prepared-containers", "0"} // only the crashed server's containers remain
 	p.start()
 	if left := noneLeft(ready); len(left) > 0 {
 		t.Errorf("after the restart, the crashed server's prepared container is left:\n%s", strings.Join(left, "\n"))
@@ -314,24 +320,32 @@ func TestPreparedCrash(t *testing.T) {
 // TestResumeOpenedCopyRemoved: a restore reads the snapshot's opened copy
 // (chunks/open/<snapshot>), which the store may remove at any time (over its
 // bound), and with gvisor.Config.BackgroundRestore reads it after the restore
-// returned. Removed right after the resume's answer, the workload's checksum of its whole 64 MiB buffer is right; a
-// hibernate then (its parent's copy gone) and a resume (the copy rebuilt
-// from the chunks) keep it right. Both a plain restore and one into a
-// prepared container.
+// returned. Removed right after the resume's answer, the workload's checksum
+// of its whole 64 MiB buffer is right; a hibernate then (its parent's copy
+// gone) and a resume (the copy rebuilt from the chunks) keep it right. Both a
+// restore into a prepared container and a plain one: with one prepared
+// container, a second sandbox of another shape (its environment) hibernated
+// within a minute of the first's use is turned away from the pool
+// (gvisor.Engine.HeldShapes) and restores on its own.
 func TestResumeOpenedCopyRemoved(t *testing.T) {
 	srv := start(t, servertest.Options{PreparedContainers: 1})
 	c := srv.Client
 	ctx := ctxFor(t, 10*time.Minute)
-	id, first := checksummed(t, ctx, c)
-	count := first.Count
-	for _, what := range []string{"plain restore", "restore into a prepared container"} {
-		if what != "plain restore" {
+	eng := srv.Engine.(*gvisor.Engine)
+	removed := func(id string, first workload.State, what string) {
+		t.Helper()
+		count := first.Count
+		sb := hibernate(t, c, id)
+		if what == "restore into a prepared container" {
 			readyPrepared(t)
 		}
-		sb := hibernate(t, c, id)
+		before := eng.PreparedRestores()
 		dir := filepath.Join(srv.DataDir, "chunks", "open", sb.Snapshot.ID)
 		if _, err := c.Resume(ctx, id); err != nil {
 			t.Fatalf("%s: resume: %v", what, err)
+		}
+		if n := eng.PreparedRestores() - before; (n == 1) != (what == "restore into a prepared container") {
+			t.Fatalf("%s: %d restores into prepared containers", what, n)
 		}
 		if !fileExists(filepath.Join(dir, "pages.img")) {
 			t.Fatalf("%s: no opened copy %s to remove", what, dir)
@@ -345,8 +359,21 @@ func TestResumeOpenedCopyRemoved(t *testing.T) {
 		hibernate(t, c, id)
 		checksumFirst(t, ctx, c, id, first, &count, what+", then a hibernate and a resume")
 	}
-	if n := srv.Engine.(*gvisor.Engine).PreparedRestores(); n == 0 {
-		t.Errorf("no restore went into a prepared container")
+	id, first := checksummed(t, ctx, c)
+	removed(id, first, "restore into a prepared container")
+
+	other := create(t, c, apiv1.CreateSandboxRequest{Env: map[string]string{"TORPOR_TEST_SHAPE": "other"}}).ID
+	if err := workload.Start(ctx, c, other, 64); err != nil {
+		t.Fatal(err)
+	}
+	otherFirst, err := workload.Get(ctx, c, other, "/checksum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := eng.HeldShapes()
+	removed(other, otherFirst, "plain restore")
+	if eng.HeldShapes() == held {
+		t.Errorf("the second shape was not turned away from the full pool")
 	}
 }
 

@@ -393,18 +393,29 @@ func (s *soak) sample(ctx context.Context, pid int, scope string, at time.Durati
 	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
 		sm.fds = len(ents)
 	}
+	// The server's unclaimed prepared containers (at most its
+	// --prepared-containers) are not counted: they are no sandbox's.
+	al := aliases()
+	unclaimed := func(name string) bool { return strings.HasPrefix(hostName(name, al), unclaimedPrefix) }
 	if ents, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), scope+"-") {
+			if name, ok := strings.CutPrefix(e.Name(), scope+"-"); ok && !unclaimed(strings.TrimSuffix(strings.TrimSuffix(name, "-g"), "-h")) {
 				sm.netns++
 			}
 		}
 	}
 	root := filepath.Join(dataDir, "gvisor", "root")
+procs:
 	for _, p := range hostProcs(root) {
-		if strings.Contains(p, "runsc") {
-			sm.runsc++
+		if !strings.Contains(p, "runsc") {
+			continue
 		}
+		for _, f := range strings.Fields(p) {
+			if unclaimed(filepath.Base(f)) {
+				continue procs
+			}
+		}
+		sm.runsc++
 	}
 	images := filepath.Join(dataDir, "images")
 	filepath.WalkDir(dataDir, func(path string, d fs.DirEntry, err error) error {

@@ -227,6 +227,11 @@ func (e *Engine) launch(ctx context.Context, spec engine.Spec, imageDir string) 
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err == nil {
+			e.launchedAs(spec)
+		}
+	}()
 	if imageDir != "" {
 		// The next restore of this shape finds its container prepared.
 		defer func() {
@@ -340,6 +345,7 @@ func (e *Engine) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := e.checkpoint(ctx, e.rid(id), dir, leaveRunning); err != nil {
 		return err
 	}
+	e.expect(id)
 	if !leaveRunning {
 		return e.Stop(ctx, id)
 	}
@@ -362,6 +368,7 @@ func (e *Engine) CheckpointExit(ctx context.Context, id, dir string) error {
 		return err
 	}
 	_ = e.freeze(rid, true)
+	e.expect(id)
 	return nil
 }
 
@@ -445,6 +452,7 @@ func (e *Engine) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("gvisor: invalid instance id %q", id)
 	}
 	rid := e.rid(id)
+	e.forgetLaunched(id)
 	if err := e.stop(ctx, rid); err != nil {
 		return err
 	}

@@ -59,15 +59,29 @@ const aliasDir = "aliases"
 // contract and first request.
 const refillDelay = 300 * time.Millisecond
 
+// shapeHold is how long a remembered shape keeps its place against a shape
+// the pool has no room for, after its last restore or checkpoint. It bounds
+// the containers made and discarded unused to PreparedContainers per
+// shapeHold, whatever the number of shapes in turn.
+const shapeHold = time.Minute
+
 // preparedPool is the engine's prepared containers and its aliases.
 type preparedPool struct {
 	mu sync.Mutex
 	// ready holds the unclaimed prepared containers by shape key.
 	ready map[string][]string
 	// shapes are the specs (ID cleared) of the recently restored shapes,
-	// used holds their keys least recently restored first.
+	// used holds their keys least recently restored first, last the time
+	// of each one's latest restore or checkpoint.
 	shapes map[string]engine.Spec
 	used   []string
+	last   map[string]time.Time
+	// launched holds the spec each running instance was started or
+	// restored with, by instance id: a checkpoint prepares its shape.
+	launched map[string]engine.Spec
+	// held counts the shapes turned away because every remembered shape
+	// was within shapeHold.
+	held int64
 	// preparing counts preparations under way (they count toward the size).
 	preparing int
 	// alias maps instance ids to runsc ids (the files of aliasDir).
@@ -89,6 +103,7 @@ var _ engine.RestorePreparer = (*Engine)(nil)
 func (e *Engine) initPrepared() error {
 	p := &e.prep
 	p.ready, p.shapes, p.alias = map[string][]string{}, map[string]engine.Spec{}, map[string]string{}
+	p.last, p.launched = map[string]time.Time{}, map[string]engine.Spec{}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	var tok [6]byte
 	if _, err := rand.Read(tok[:]); err != nil {
@@ -243,8 +258,9 @@ func (e *Engine) restorePrepared(ctx context.Context, spec engine.Spec, rid, ima
 }
 
 // refill remembers spec's shape as the most recently restored and, after
-// refillDelay, prepares a container of it if none is ready, making room by
-// discarding the prepared container of the least recently restored shape.
+// refillDelay, prepares a container of it if none is ready. A shape new to a
+// full pool takes the place of the least recently used one only if that
+// one's last use is shapeHold old (admitLocked); its container is discarded.
 func (e *Engine) refill(spec engine.Spec) {
 	if e.cfg.PreparedContainers <= 0 {
 		return
@@ -257,18 +273,14 @@ func (e *Engine) refill(spec engine.Spec) {
 	if p.closed {
 		return
 	}
-	p.shapes[key] = spec
-	p.used = append(removeKey(p.used, key), key)
-	for len(p.used) > e.cfg.PreparedContainers {
-		old := p.used[0]
-		p.used = p.used[1:]
-		delete(p.shapes, old)
-		for _, rid := range p.ready[old] {
+	evicted, ok := p.admitLocked(key, spec, time.Now(), e.cfg.PreparedContainers)
+	if evicted != "" {
+		for _, rid := range p.ready[evicted] {
 			p.discardLocked(e, rid)
 		}
-		delete(p.ready, old)
+		delete(p.ready, evicted)
 	}
-	if len(p.ready[key]) > 0 || p.preparing > 0 || p.countLocked() >= e.cfg.PreparedContainers {
+	if !ok || len(p.ready[key]) > 0 || p.preparing > 0 || p.countLocked() >= e.cfg.PreparedContainers {
 		return
 	}
 	p.preparing++
@@ -291,6 +303,69 @@ func (e *Engine) refill(spec engine.Spec) {
 			cancel()
 		}
 	}()
+}
+
+// admitLocked records a use of shape key (spec) at now in a pool that
+// remembers at most n shapes, and reports whether the shape is remembered
+// afterwards. A known shape moves to the most recent place. A new shape
+// joins while there is room; in a full pool it displaces the least recently
+// used shape (returned as evicted, whose containers the caller discards) only
+// if that one was last used shapeHold or more before now, and is turned away
+// (ok false, counted in held) otherwise.
+func (p *preparedPool) admitLocked(key string, spec engine.Spec, now time.Time, n int) (evicted string, ok bool) {
+	if _, known := p.shapes[key]; !known && len(p.used) >= n {
+		old := p.used[0]
+		if now.Sub(p.last[old]) < shapeHold {
+			p.held++
+			return "", false
+		}
+		p.used = p.used[1:]
+		delete(p.shapes, old)
+		delete(p.last, old)
+		evicted = old
+	}
+	p.shapes[key], p.last[key] = spec, now
+	p.used = append(removeKey(p.used, key), key)
+	return evicted, true
+}
+
+// launchedAs records the spec instance spec.ID now runs with (its rootfs and
+// limits as launch resolved them), for expect.
+func (e *Engine) launchedAs(spec engine.Spec) {
+	if e.cfg.PreparedContainers <= 0 {
+		return
+	}
+	e.prep.mu.Lock()
+	e.prep.launched[spec.ID] = spec
+	e.prep.mu.Unlock()
+}
+
+// expect prepares a container for the shape of instance id, which is being
+// checkpointed: the snapshot's restore will want it. Instances this engine
+// did not launch (reattached after a restart) are left alone.
+func (e *Engine) expect(id string) {
+	e.prep.mu.Lock()
+	spec, ok := e.prep.launched[id]
+	e.prep.mu.Unlock()
+	if ok {
+		e.refill(spec)
+	}
+}
+
+// forgetLaunched drops instance id's launch record (Stop).
+func (e *Engine) forgetLaunched(id string) {
+	e.prep.mu.Lock()
+	delete(e.prep.launched, id)
+	e.prep.mu.Unlock()
+}
+
+// HeldShapes returns how many times a shape was turned away from the
+// prepared containers because every remembered shape had been used within
+// shapeHold (for tests and the logs).
+func (e *Engine) HeldShapes() int64 {
+	e.prep.mu.Lock()
+	defer e.prep.mu.Unlock()
+	return e.prep.held
 }
 
 // countLocked is the number of ready prepared containers.
