@@ -142,7 +142,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ListSandboxesResponse": ListSandboxesResponse{},
 		"ExecRequest":           ExecRequest{Cmd: []string{"x"}, Env: map[string]string{"a": "b"}, Cwd: "/", Stdin: "x", TimeoutS: 1, Background: true},
 		"ExecEvent":             ExecEvent{Stream: "stdout", Data: []byte("x"), ExitCode: &code, Pid: 1, Error: "e"},
-		"ForkRequest":           ForkRequest{Volumes: "copy"},
+		"ForkRequest":           ForkRequest{Volumes: "copy", Wait: ForkWaitFirst},
 		"HibernateRequest":      HibernateRequest{AsyncUpload: new(bool)},
 		"ForkResponse":          ForkResponse{},
 		"Image":                 Image{},

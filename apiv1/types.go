@@ -533,7 +533,18 @@ type ForkRequest struct {
 	// a copy of every volume (named <volume>-<clone id suffix>). Without it, forking
 	// a sandbox that has volumes is a conflict: clones never share a read-write volume.
 	Volumes string `json:"volumes,omitempty"`
+	// Wait says when the call answers: "all" (the default) once every clone
+	// has started (state running, or error with its cause); "first" once the
+	// first clone runs, the others in state creating behind it. A call about a
+	// clone that is still starting waits until it has started.
+	Wait string `json:"wait,omitempty"`
 }
+
+// The fork call's Wait values.
+const (
+	ForkWaitAll   = "all"
+	ForkWaitFirst = "first"
+)
 
 // ForkResponse is the body of the fork call's 201 answer.
 type ForkResponse struct {

@@ -110,7 +110,8 @@ func measureWakes(ctx context.Context, c *client.Client, wsMiB, memMiB, n, round
 // times with count 1 and cycles times with count 4, deleting the clones after
 // each: one1 is the fork call until its clone's first answer through the port
 // proxy; first4 the fork of 4 until its first clone answers, all4 until every
-// clone has; all in ms.
+// clone has; all in ms. The forks answer with their first clone (wait
+// "first"), so the first clone's time does not include the others' starts.
 func measureFork(ctx context.Context, c *client.Client, id string, cycles int) (one1, first4, all4 []float64, err error) {
 	var clones []string
 	defer func() {
@@ -122,7 +123,9 @@ func measureFork(ctx context.Context, c *client.Client, id string, cycles int) (
 	}()
 	fork := func(count int) (first, all float64, err error) {
 		start := time.Now()
-		sbs, err := c.Fork(ctx, id, count)
+		// wait "first": the call answers once the first clone runs; the
+		// requests below to the others wait for their starts.
+		sbs, err := c.ForkWith(ctx, id, apiv1.ForkRequest{Count: count, Wait: apiv1.ForkWaitFirst})
 		for _, sb := range sbs {
 			clones = append(clones, sb.ID)
 		}

@@ -496,8 +496,15 @@ func TestHibernateResumeForkRm(t *testing.T) {
 		t.Fatalf("fork default: %q, volumes %q", out, f.lastFork.Volumes)
 	}
 	// --volumes is the fork call's "volumes" (clones of a sandbox with volumes).
-	if out := f.mustRun("fork", "sb1", "--volumes", "copy"); out != "sb6\n" || f.lastFork != (apiv1.ForkRequest{Count: 1, Volumes: "copy"}) {
+	if out := f.mustRun("fork", "sb1", "--volumes", "copy"); out != "sb6\n" || f.lastFork != (apiv1.ForkRequest{Count: 1, Volumes: "copy", Wait: apiv1.ForkWaitAll}) {
 		t.Fatalf("fork --volumes copy: %q, sent %+v", out, f.lastFork)
+	}
+	// --wait is the fork call's "wait": first answers with the first clone.
+	if out := f.mustRun("fork", "sb1", "--count", "2", "--wait", "first"); out != "sb7\nsb8\n" || f.lastFork != (apiv1.ForkRequest{Count: 2, Wait: apiv1.ForkWaitFirst}) {
+		t.Fatalf("fork --wait first: %q, sent %+v", out, f.lastFork)
+	}
+	if r := f.run("", "fork", "sb1", "--wait", "some"); r.code != 2 || !strings.Contains(r.stderr, `--wait "some"`) {
+		t.Fatalf("fork --wait some: %+v", r)
 	}
 	if r := f.run("", "fork", "sb1", "--volumes", "share"); r.code != 2 || !strings.Contains(r.stderr, `--volumes "share": want copy`) {
 		t.Fatalf("fork --volumes share: %+v", r)

@@ -276,10 +276,11 @@ func (a *app) forkCommand() *cobra.Command {
 	var (
 		count   int
 		volumes string
+		wait    string
 		asJSON  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "fork ID [--count N] [--volumes copy]",
+		Use:   "fork ID [--count N] [--volumes copy] [--wait all|first]",
 		Short: "Start new sandboxes from a sandbox's snapshot; prints their ids",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -289,8 +290,11 @@ func (a *app) forkCommand() *cobra.Command {
 			if volumes != "" && volumes != "copy" {
 				return usagef("--volumes %q: want copy (the only option of the fork call's \"volumes\")", volumes)
 			}
+			if wait != apiv1.ForkWaitAll && wait != apiv1.ForkWaitFirst {
+				return usagef("--wait %q: want all or first", wait)
+			}
 			sp := a.newSpinner("forking " + args[0])
-			sbs, err := a.client().ForkWith(cmd.Context(), args[0], apiv1.ForkRequest{Count: count, Volumes: volumes})
+			sbs, err := a.client().ForkWith(cmd.Context(), args[0], apiv1.ForkRequest{Count: count, Volumes: volumes, Wait: wait})
 			sp.done()
 			if err != nil {
 				return err
@@ -308,6 +312,7 @@ func (a *app) forkCommand() *cobra.Command {
 	}
 	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of clones")
 	cmd.Flags().StringVar(&volumes, "volumes", "", "what clones of a sandbox with volumes get: copy (each clone a copy of every volume, named <volume>-<clone id suffix>); without it such a fork is refused, as clones never share a read-write volume")
+	cmd.Flags().StringVar(&wait, "wait", apiv1.ForkWaitAll, "all: answer once every clone has started; first: once the first clone runs, the others still starting (state creating; a call to one waits for it)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the fork call's answer: {"sandboxes": [sandbox…]}`)
 	return cmd
 }

@@ -177,3 +177,89 @@ func TestFork(t *testing.T) {
 		}
 	}
 }
+
+// TestForkWaitFirst forks a running sandbox into three clones with wait
+// "first": the call answers once the first clone runs, the others may still
+// be starting (state creating); a request to each of them waits for its
+// start and then continues the workload's counter from the snapshot's value
+// with the data intact; every clone has its own generation; the source can
+// be hibernated and resumed while the others start, and a clone still
+// starting can be deleted.
+func TestForkWaitFirst(t *testing.T) {
+	srv := start(t, servertest.Options{})
+	c := srv.Client
+	ctx := ctxFor(t, 10*time.Minute)
+	src := create(t, c, apiv1.CreateSandboxRequest{})
+	if err := workload.Start(ctx, c, src.ID, 16); err != nil {
+		t.Fatal(err)
+	}
+	before, err := workload.Get(ctx, c, src.ID, "/checksum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ForkWith(ctx, src.ID, apiv1.ForkRequest{Count: 2, Wait: "some"}); err == nil || !strings.Contains(err.Error(), `wait "some"`) {
+		t.Fatalf("fork with wait \"some\": %v, want an invalid_argument naming it", err)
+	}
+	clones, err := c.ForkWith(ctx, src.ID, apiv1.ForkRequest{Count: 3, Wait: apiv1.ForkWaitFirst})
+	if err != nil {
+		t.Fatalf("fork wait first: %v", err)
+	}
+	if len(clones) != 3 {
+		t.Fatalf("fork answered %d sandboxes, want 3", len(clones))
+	}
+	if clones[0].State != apiv1.StateRunning {
+		t.Errorf("first clone %s is %q in the answer, want running", clones[0].ID, clones[0].State)
+	}
+	gens := map[int64]string{}
+	for _, cl := range clones {
+		t.Logf("clone %s in the answer: %s", cl.ID, cl.State)
+		if cl.ForkedFrom != src.ID {
+			t.Errorf("clone %s: forked_from %q, want %q", cl.ID, cl.ForkedFrom, src.ID)
+		}
+		if cl.State != apiv1.StateRunning && cl.State != apiv1.StateCreating {
+			t.Errorf("clone %s is %q in the answer, want running or creating", cl.ID, cl.State)
+		}
+		if other, dup := gens[cl.Generation]; dup || cl.Generation == 0 {
+			t.Errorf("clone %s has generation %d (as %q)", cl.ID, cl.Generation, other)
+		}
+		gens[cl.Generation] = cl.ID
+	}
+	// The source is free at once: a hibernate and a resume of it while its
+	// clones may still start.
+	if _, err := c.Hibernate(ctx, src.ID); err != nil {
+		t.Fatalf("hibernate the source after the fork answered: %v", err)
+	}
+	// Requests to the clones, at once: each waits for its clone's start.
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, cl := range clones[:2] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := workload.Get(ctx, c, cl.ID, "/checksum")
+			if err == nil && (st.Count != before.Count+1 || st.SHA256 != before.SHA256) {
+				err = fmt.Errorf("count %d checksum %s, want %d %s (the snapshot's)", st.Count, st.SHA256, before.Count+1, before.SHA256)
+			}
+			errs[i] = err
+		}()
+	}
+	// The third clone is deleted, whether it has started or not.
+	if err := c.DeleteSandbox(ctx, clones[2].ID); err != nil {
+		t.Errorf("delete clone %s: %v", clones[2].ID, err)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("clone %s: %v", clones[i].ID, err)
+		}
+	}
+	assertGone(t, srv, clones[2].ID)
+	for _, cl := range clones[:2] {
+		wantState(t, c, cl.ID, apiv1.StateRunning)
+	}
+	if st, err := workload.Get(ctx, c, src.ID, "/count"); err != nil {
+		t.Fatalf("source after resume: %v", err)
+	} else if st.Count != before.Count+1 {
+		t.Errorf("source: count %d after the fork and a hibernate, want %d", st.Count, before.Count+1)
+	}
+}

@@ -36,12 +36,15 @@ type earlyClones struct {
 	// dir holds the links to the checkpoint's files ("" until started).
 	dir string
 	all sync.WaitGroup
+	// first is the fork's ForkOptions.First: clone 0 restores alone.
+	first bool
 }
 
 // newEarlyClones prepares the restores of clones ids of running sandbox src
 // from image file rootfs on src's engine.
-func (m *Manager) newEarlyClones(src *metadata.Sandbox, ids []string, rootfs string) *earlyClones {
-	ec := &earlyClones{m: m, eng: m.eng(src), rootfs: rootfs, errs: make([]error, len(ids)), done: make([]chan struct{}, len(ids))}
+// With first, clone 0's restore runs alone before the others (cloneGate).
+func (m *Manager) newEarlyClones(src *metadata.Sandbox, ids []string, rootfs string, first bool) *earlyClones {
+	ec := &earlyClones{m: m, eng: m.eng(src), rootfs: rootfs, errs: make([]error, len(ids)), done: make([]chan struct{}, len(ids)), first: first}
 	for i, id := range ids {
 		ec.specs = append(ec.specs, &metadata.Sandbox{ID: id, Instance: instanceID(id, 1), MemoryMiB: src.MemoryMiB,
 			CPUs: src.CPUs, Env: src.Env, PidsLimit: src.PidsLimit, GuestDigest: src.GuestDigest, Policy: src.Policy})
@@ -51,8 +54,8 @@ func (m *Manager) newEarlyClones(src *metadata.Sandbox, ids []string, rootfs str
 }
 
 // start links the files of the complete checkpoint in staged into a
-// directory beside it and restores the clones from there, two at a time (the
-// machines have 2 cores), in the background. If the files cannot be linked
+// directory beside it and restores the clones from there in the background,
+// in the order of a cloneGate. If the files cannot be linked
 // nothing starts (started then reports false) and the fork takes the serial
 // path.
 func (ec *earlyClones) start(ctx context.Context, staged string) {
@@ -62,16 +65,47 @@ func (ec *earlyClones) start(ctx context.Context, staged string) {
 		return
 	}
 	ec.dir = dir
-	sem := make(chan struct{}, 2)
+	gate := newCloneGate(ec.first)
 	for i, c := range ec.specs {
 		ec.all.Add(1)
 		go func() {
 			defer ec.all.Done()
 			defer close(ec.done[i])
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			gate.enter(i)
+			defer gate.leave(i)
 			ec.errs[i] = ec.m.on(ec.eng.Engine, c).Restore(ctx, ec.m.spec(c, ec.rootfs), dir)
 		}()
+	}
+}
+
+// cloneGate orders the starts of a fork's clones: at most two at a time (the
+// machines have 2 cores, and two restores at once take less time than one
+// after the other); with first, clone 0 runs alone and the others begin once
+// it has ended, so the clone a ForkOptions.First fork answers with has the
+// host to itself.
+type cloneGate struct {
+	sem       chan struct{}
+	first     bool
+	firstDone chan struct{}
+}
+
+func newCloneGate(first bool) *cloneGate {
+	return &cloneGate{sem: make(chan struct{}, 2), first: first, firstDone: make(chan struct{})}
+}
+
+// enter waits for clone i's turn.
+func (g *cloneGate) enter(i int) {
+	if g.first && i > 0 {
+		<-g.firstDone
+	}
+	g.sem <- struct{}{}
+}
+
+// leave ends clone i's turn; leave(0) lets the others begin.
+func (g *cloneGate) leave(i int) {
+	<-g.sem
+	if i == 0 {
+		close(g.firstDone)
 	}
 }
 

@@ -135,6 +135,9 @@ type Manager struct {
 	// removal ends (under mu); Delete waits for it.
 	teardowns sync.WaitGroup
 	exiting   map[string]chan struct{}
+	// forks counts the forks with ForkOptions.First whose clones are still
+	// starting after Fork answered; Wait waits for them.
+	forks sync.WaitGroup
 	// strandedHib are the hibernates whose complete checkpoint waits for its
 	// commit or record (stranded.go), by snapshot id; strandedLoop is set
 	// while their background loop runs. Guarded by mu.
@@ -151,8 +154,12 @@ type Manager struct {
 // hibernate is persisted) have ended. Server shutdown calls it so that no
 // half-removed instance is left behind; a crash before they end leaves remains
 // that the next start removes (Reconcile stops every instance no running
-// sandbox owns).
-func (m *Manager) Wait() { m.teardowns.Wait() }
+// sandbox owns). It also waits for the clones of forks that answered with
+// their first clone (ForkOptions.First) to start.
+func (m *Manager) Wait() {
+	m.forks.Wait()
+	m.teardowns.Wait()
+}
 
 type sandboxLock struct {
 	ch   chan struct{}
@@ -1317,8 +1324,14 @@ func (m *Manager) restoresClone(ctx context.Context, s *metadata.Sandbox) bool {
 // Fork makes count clones from the sandbox's snapshot. A running source is first
 // checkpointed in place (it keeps running); a hibernated one is cloned from its
 // latest snapshot. Each clone is a new sandbox with forked_from set and its own
-// generation. Errors: sandbox.ErrInvalidArgument for count outside 1..MaxForkCount;
-// sandbox.ErrConflict for a source that is neither running nor hibernated.
+// generation. Fork returns once every clone has started (state running, or
+// error with its cause); with ForkOptions.First it returns once the first
+// clone runs, with the others in state creating: their starts go on in the
+// background (Wait waits for them), and a call about one of them waits until
+// it has started. Errors: sandbox.ErrInvalidArgument for count outside
+// 1..MaxForkCount; sandbox.ErrConflict for a source that is neither running
+// nor hibernated; with First, a clone that fails to start after the answer is
+// left in state error (its record says why).
 func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOptions) ([]sandbox.Sandbox, error) {
 	if count == 0 {
 		count = 1
@@ -1326,10 +1339,38 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 	if count < 1 || count > MaxForkCount {
 		return nil, invalid("count %d: must be between 1 and %d", count, MaxForkCount)
 	}
-	unlock, err := m.lock(ctx, id)
+	if len(opts) == 0 || !opts[0].First {
+		return m.fork(ctx, id, count, nil, opts)
+	}
+	type answer struct {
+		out []sandbox.Sandbox
+		err error
+	}
+	ans := make(chan answer, 1)
+	give := func(out []sandbox.Sandbox, err error) {
+		select {
+		case ans <- answer{out, err}:
+		default: // answered already
+		}
+	}
+	m.forks.Add(1)
+	go func() {
+		defer m.forks.Done()
+		out, err := m.fork(ctx, id, count, func(out []sandbox.Sandbox) { give(out, nil) }, opts)
+		give(out, err)
+	}()
+	a := <-ans
+	return a.out, a.err
+}
+
+// fork is Fork; answer, when not nil, is called with the clones' records
+// once clone 0 runs, before the others have started.
+func (m *Manager) fork(ctx context.Context, id string, count int, answer func([]sandbox.Sandbox), opts []ForkOptions) ([]sandbox.Sandbox, error) {
+	lockedSrc, err := m.lock(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	unlock := sync.OnceFunc(lockedSrc)
 	defer unlock()
 	src, err := m.get(ctx, id)
 	if err != nil {
@@ -1389,7 +1430,7 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 			if rootfs, err = m.snapshotImage(ctx, src.Image, src.ImageDigest); err != nil {
 				return nil, fmt.Errorf("fork %s: image %s: %w", id, src.ImageDigest, err)
 			}
-			early = m.newEarlyClones(src, ids[len(pooled):], rootfs)
+			early = m.newEarlyClones(src, ids[len(pooled):], rootfs, answer != nil)
 			checkpointed = func(dir string) {
 				early.start(ctx, dir)
 				if faultAt("fork-clone-restored") && early.started() {
@@ -1449,29 +1490,38 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 		clones[i] = c
 	}
 	FaultPoint("fork-clones-recorded")
-	// Restore the clones two at a time (the machines have 2 cores).
+	// Start the clones in a cloneGate's order, each under its lock, taken
+	// here so that a call about a clone that arrives once Fork has answered
+	// waits for its start.
 	launched = true
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 2)
+	gate := newCloneGate(answer != nil)
 	errs := make([]error, count)
 	for i, c := range clones {
+		unlock, _ := m.lock(ctx, c.ID) // ctx has no end: a new id's lock
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			if i < len(pooled) {
-				unlock, _ := m.lock(ctx, c.ID)
-				defer unlock()
+			gate.enter(i)
+			defer gate.leave(i)
+			defer unlock()
+			switch {
+			case i < len(pooled):
 				errs[i] = m.startPooled(ctx, c, pooled[i])
-				return
+			case early.started():
+				errs[i] = m.startCloneLocked(ctx, e, c, func() error { return early.restore(i - len(pooled)) })
+			default:
+				errs[i] = m.startCloneLocked(ctx, e, c, m.restoreFrom(ctx, e, c, rootfs, dir))
 			}
-			if early.started() {
-				errs[i] = m.startClone(ctx, e, c, func() error { return early.restore(i - len(pooled)) })
-				return
+			if i == 0 && errs[0] == nil && answer != nil {
+				answer(m.records(ctx, clones))
 			}
-			errs[i] = m.startClone(ctx, e, c, m.restoreFrom(ctx, e, c, rootfs, dir))
 		}()
+	}
+	if answer != nil {
+		// The clones' starts need nothing more of the source (they hold
+		// the snapshot open): calls about it need not wait for them.
+		unlock()
 	}
 	wg.Wait()
 	m.log.Info("forked", "sandbox", id, "clones", count, "pooled", len(pooled), "restored_during_commit", early.started(),
@@ -1495,6 +1545,11 @@ func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOp
 func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.Sandbox, restore func() error) error {
 	unlock, _ := m.lock(ctx, c.ID)
 	defer unlock()
+	return m.startCloneLocked(ctx, e, c, restore)
+}
+
+// startCloneLocked is startClone under c's lock.
+func (m *Manager) startCloneLocked(ctx context.Context, e engine.Engine, c *metadata.Sandbox, restore func() error) error {
 	eng := m.on(e, c)
 	if err := restore(); err != nil {
 		_ = eng.Stop(ctx, c.Instance)
@@ -1511,6 +1566,23 @@ func (m *Manager) startClone(ctx context.Context, e engine.Engine, c *metadata.S
 	t := time.Now().UTC()
 	c.LastResumeAt = &t
 	return m.setState(ctx, c, sandbox.StateRunning)
+}
+
+// records returns the views of sandboxes ss as their records in the database
+// say now (ss's own structs may be changing under their starts); one that
+// cannot be read is shown as ss holds it.
+func (m *Manager) records(ctx context.Context, ss []*metadata.Sandbox) []sandbox.Sandbox {
+	out := make([]sandbox.Sandbox, len(ss))
+	for i, s := range ss {
+		rec, err := m.cfg.DB.GetSandbox(ctx, s.ID)
+		if err != nil {
+			m.log.Warn("fork: reading a clone's record for the answer", "sandbox", s.ID, "err", err)
+			out[i] = sandbox.Sandbox{ID: s.ID, State: sandbox.StateCreating}
+			continue
+		}
+		out[i] = m.view(ctx, rec)
+	}
+	return out
 }
 
 // restoreFrom is startClone's restore of c's instance on engine e from image

@@ -77,25 +77,7 @@ func TestStateCalls(t *testing.T) {
 		"fork":   func(m *manager.Manager, id string) error { _, err := m.Fork(ctx, id, 1); return err },
 		"delete": func(m *manager.Manager, id string) error { return m.Delete(ctx, id) },
 		"pause":  func(m *manager.Manager, id string) error { _, _, err := m.Pause(ctx, id); return err },
-		"exec": func(m *manager.Manager, id string) error {
-			st, err := m.Exec(ctx, id, sandbox.ExecRequest{Cmd: []string{"true"}})
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			for {
-				ev, err := st.Next()
-				if err != nil {
-					return err
-				}
-				if ev.ExitCode != nil {
-					if *ev.ExitCode != 0 {
-						return errors.New("exit " + ev.Error)
-					}
-					return nil
-				}
-			}
-		},
+		"exec":   func(m *manager.Manager, id string) error { return execTrue(ctx, m, id) },
 		"read": func(m *manager.Manager, id string) error {
 			r, _, err := m.ReadFile(ctx, id, "/kept")
 			if err != nil {

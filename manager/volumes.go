@@ -54,6 +54,9 @@ type ForkOptions struct {
 	// them): a caller that must know them before the clones exist (an
 	// idempotent fork) chooses them. A malformed or taken id is refused.
 	IDs []string
+	// First makes Fork answer once the first clone runs, the others still
+	// starting (state creating) behind it; the first clone starts alone.
+	First bool
 }
 
 func (m *Manager) volumeDir(name string) string {

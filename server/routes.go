@@ -467,9 +467,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, invalidArgument("count %d: must be between 1 and %d", req.Count, manager.MaxForkCount))
 		return
 	}
+	if req.Wait != "" && req.Wait != apiv1.ForkWaitAll && req.Wait != apiv1.ForkWaitFirst {
+		s.fail(w, r, invalidArgument("wait %q: want %q (the default) or %q", req.Wait, apiv1.ForkWaitAll, apiv1.ForkWaitFirst))
+		return
+	}
 	s.serveIdempotent(w, r, body, idempotentCall{n: req.Count,
 		run: func(ctx context.Context, ids []string) (int, any, error) {
-			out, err := s.Manager.Fork(ctx, r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes, IDs: ids})
+			out, err := s.Manager.Fork(ctx, r.PathValue("id"), req.Count, manager.ForkOptions{Volumes: req.Volumes, IDs: ids, First: req.Wait == apiv1.ForkWaitFirst})
 			return http.StatusCreated, apiv1.ForkResponse{Sandboxes: wireSandboxes(out)}, err
 		},
 		view: func(ctx context.Context, ids []string) any {
