@@ -339,6 +339,8 @@ func TestUsageErrors(t *testing.T) {
 		{"serve", "--spare-networks", "-1"},
 		{"serve", "--spare-networks", "65"},
 		{"serve", "--prepared-containers", "65"},
+		{"serve", "--restores", "-2"},
+		{"fork", "sb1", "--wait", "half"},
 	} {
 		r := f.run("", args...)
 		if r.code != 2 || !strings.HasPrefix(r.stderr, "torpor: ") || !strings.Contains(r.stderr, "--help") {

@@ -43,7 +43,7 @@ func runServe(ctx context.Context, cfg serveConfig) error {
 		E2B:              server.E2BConfig{Domain: cfg.E2BDomain},
 		TLSCert:          cfg.TLSCert,
 		TLSKey:           cfg.TLSKey,
-		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit},
+		Limits:           manager.LimitsConfig{PidsLimit: cfg.PidsLimit, MemoryOvercommit: cfg.MemoryOvercommit, Restores: cfg.Restores},
 		Egress:           egress,
 
 		PreparedContainers: cfg.PreparedContainers,

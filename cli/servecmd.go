@@ -54,6 +54,9 @@ type serveConfig struct {
 	// MemoryOvercommit the admission ratio (manager.LimitsConfig).
 	PidsLimit        int
 	MemoryOvercommit float64
+	// Restores bounds the resumes restoring at once
+	// (manager.LimitsConfig.Restores: 0 the host's CPUs, -1 none).
+	Restores int
 	// UplinkNetns, Uplink, EgressPool and DNS: the sandboxes' way out
 	// (docs/security.md, "Network egress"; egressConfig).
 	UplinkNetns, Uplink, EgressPool, DNS string
@@ -153,6 +156,9 @@ func (a *app) serveCommand() *cobra.Command {
 			if cfg.PreparedContainers < 0 || cfg.PreparedContainers > maxPreparedContainers {
 				return usagef("--prepared-containers %d: want 0 (none) to %d", cfg.PreparedContainers, maxPreparedContainers)
 			}
+			if cfg.Restores < -1 {
+				return usagef("--restores %d: want -1 (no bound), 0 (the host's CPUs) or a number of resumes", cfg.Restores)
+			}
 			if cfg.MemoryOvercommit <= 0 {
 				return usagef("--memory-overcommit %g: want a ratio above 0 (1.0: the sandboxes' memory limits may add up to the host's memory)", cfg.MemoryOvercommit)
 			}
@@ -189,6 +195,7 @@ func (a *app) serveCommand() *cobra.Command {
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM file of the private key of --tls-cert")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", manager.DefaultPidsLimit, "cap of the default pids limit of a sandbox (the processes and threads each user may have in it), which is one per 2 MiB of its memory limit (a create's pids_limit overrides it; -1: none)")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", 1.0, "admission control: create, resume and fork answer 503 (Retry-After) when the memory limits of the sandboxes holding memory would exceed the host's memory times this ratio")
+	f.IntVar(&cfg.Restores, "restores", 0, "resumes of hibernated sandboxes that restore at once; the others wait their turn, still hibernated (torpor_resumes_waiting); a restore is CPU-bound, so a bound answers the first of many wakes sooner and the last no later; 0: the host's CPUs, -1: no bound (docs/operations.md)")
 	f.IntVar(&cfg.SpareNetworks, "spare-networks", 0, "pairs of network namespaces kept made ahead of time, so that creates, resumes and fork clones rename one instead of making theirs; no process, no sandbox memory; 0: none (docs/operations.md)")
 	f.IntVar(&cfg.PreparedContainers, "prepared-containers", defaultPreparedContainers, "containers kept created ahead of time so that resumes skip creating theirs (runsc create, network namespaces), one per recently hibernated or resumed shape (image, memory, limits, mounts, environment); each holds ~15 MiB of host memory, counted in admission control; 0: none (docs/operations.md)")
 	f.BoolVar(&cfg.BackgroundRestore, "background-restore", false, "restore with runsc restore --background: a resumed sandbox runs while its memory pages load behind it; gains only with a runsc of fewer page readers (make runsc-readers; docs/decisions/patched-runsc.md), slower with the stock one")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,15 @@ type LimitsConfig struct {
 	// RetryAfter is what a refused call is told to wait before it retries
 	// (default 10 s).
 	RetryAfter time.Duration
+	// Restores bounds the resumes of hibernated sandboxes that restore at
+	// once; the others wait their turn, hibernated, admitted (their memory
+	// counted) but not yet restoring (default runtime.NumCPU(); negative:
+	// no bound). A restore is CPU-bound, so ten at once on two cores take
+	// as long in all as one after the other: a bound answers the first ones
+	// sooner and the last no later (docs/benchmarks/2026-12-06-restore-turns.md).
+	// A fork's clones and a warm pool's refill restore under bounds of their
+	// own.
+	Restores int
 }
 
 // Limits of a sandbox's pids (sandbox.Spec.PidsLimit).
@@ -71,6 +81,9 @@ func (c LimitsConfig) withDefaults() (LimitsConfig, error) {
 	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = 10 * time.Second
+	}
+	if c.Restores == 0 {
+		c.Restores = runtime.NumCPU()
 	}
 	if c.HostMemoryBytes <= 0 {
 		n, err := hostMemTotal()
@@ -314,4 +327,26 @@ func (a *admission) cover(r *reservation, ids ...string) {
 	a.mu.Lock()
 	r.ids = ids
 	a.mu.Unlock()
+}
+
+// restoreTurn waits for a place among the resumes restoring at once
+// (LimitsConfig.Restores) and returns the function that gives it back. The
+// wait is counted in torpor_resumes_waiting. Errors: ctx's, when it ends
+// first.
+func (m *Manager) restoreTurn(ctx context.Context) (leave func(), err error) {
+	if m.restoreGate == nil {
+		return func() {}, nil
+	}
+	select {
+	case m.restoreGate <- struct{}{}:
+	default:
+		m.cfg.Metrics.resumesWaiting.Inc()
+		defer m.cfg.Metrics.resumesWaiting.Dec()
+		select {
+		case m.restoreGate <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return func() { <-m.restoreGate }, nil
 }

@@ -138,6 +138,9 @@ type Manager struct {
 	// forks counts the forks with ForkOptions.First whose clones are still
 	// starting after Fork answered; Wait waits for them.
 	forks sync.WaitGroup
+	// restoreGate holds a place per resume restoring now
+	// (LimitsConfig.Restores; nil: no bound).
+	restoreGate chan struct{}
 	// strandedHib are the hibernates whose complete checkpoint waits for its
 	// commit or record (stranded.go), by snapshot id; strandedLoop is set
 	// while their background loop runs. Guarded by mu.
@@ -211,6 +214,9 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{cfg: cfg, log: cfg.Logger, locks: map[string]*sandboxLock{}, live: map[string]*agentclient.Client{},
 		instEngine: map[string]string{}}
 	m.pools.kick = make(chan struct{}, 1)
+	if cfg.Limits.Restores > 0 {
+		m.restoreGate = make(chan struct{}, cfg.Limits.Restores)
+	}
 	d, err := installAgent(cfg.AgentPath, cfg.GuestDir)
 	if err != nil {
 		return nil, err
@@ -1262,6 +1268,14 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 	if err != nil {
 		return fmt.Errorf("resume %s: image %s: %w", s.ID, man.Spec.ImageDigest, err)
 	}
+	// The restore and the guest's start are CPU-bound: they wait for their
+	// turn (LimitsConfig.Restores), the sandbox still hibernated.
+	leave, err := m.restoreTurn(ctx)
+	if err != nil {
+		return err
+	}
+	leave = sync.OnceFunc(leave)
+	defer leave()
 	// State resuming, the new instance and a new generation: one transaction,
 	// persisted before the engine acts.
 	s.Seq++
@@ -1289,6 +1303,7 @@ func (m *Manager) resumeClaimed(ctx context.Context, s *metadata.Sandbox) error 
 		return back(fmt.Errorf("resume %s: %w", s.ID, err))
 	}
 	agentDur := time.Since(tAgent)
+	leave() // the contract waits on the guest's hooks, not on the host's CPU
 	s.LastResume = m.runContract(ctx, s, gen, m.restoresClone(ctx, s), false, s.SnapshotID, tAgent)
 	resumed() // what the restore read until now is the working set
 	m.log.Info("resumed", "sandbox", s.ID, "total_ms", time.Since(start).Milliseconds(),

@@ -21,6 +21,9 @@ type Metrics struct {
 	refused       prometheus.Counter
 	poolTaken     prometheus.Counter
 	poolFilled    prometheus.Counter
+	// resumesWaiting: resumes admitted and waiting for their turn to
+	// restore (LimitsConfig.Restores).
+	resumesWaiting prometheus.Gauge
 }
 
 // Buckets in seconds: 10 ms to ~40 s, for hibernate and resume durations
@@ -54,10 +57,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "torpor_pool_clones_taken_total", Help: "Warm pools' ready clones taken by creates, forks and starts from snapshots."}),
 		poolFilled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "torpor_pool_clones_made_total", Help: "Ready clones made by the warm pools' refill."}),
+		resumesWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "torpor_resumes_waiting", Help: "Resumes of hibernated sandboxes waiting for their turn to restore (serve --restores)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.hibernate, m.resume, m.unpause, m.pauses, m.demotions, m.snapshotBytes, m.created, m.forked, m.refused,
-			m.poolTaken, m.poolFilled)
+			m.poolTaken, m.poolFilled, m.resumesWaiting)
 	}
 	return m
 }
