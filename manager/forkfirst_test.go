@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,6 +89,60 @@ func TestForkFirstAllFail(t *testing.T) {
 		if c.State != sandbox.StateError {
 			t.Errorf("clone %s in state %s, want error", c.ID, c.State)
 		}
+		if !strings.Contains(err.Error(), c.ID) {
+			t.Errorf("the fork's error does not name clone %s: %v", c.ID, err)
+		}
+	}
+}
+
+// TestForkFirstFirstFails: when a fork with First loses its first clone, it
+// answers once another runs, the first in state error with its cause.
+func TestForkFirstFirstFails(t *testing.T) {
+	ctx := context.Background()
+	h := newHost(t, hostOpts{})
+	src := h.prepare(fromRunning)
+	ids := []string{manager.NewSandboxID(), manager.NewSandboxID(), manager.NewSandboxID()}
+	undo := h.eng.Fail(fake.Restore, ids[0]+"-00000001", errors.New("restore refused by the test"))
+	defer undo()
+	clones, err := h.m.Fork(ctx, src, 3, manager.ForkOptions{IDs: ids, First: true})
+	if err != nil || len(clones) != 3 {
+		t.Fatalf("fork first whose first clone fails: %v %v, want an answer with the others", clones, err)
+	}
+	if clones[0].State != sandbox.StateError || clones[0].Error == "" {
+		t.Errorf("failed first clone answered in state %s (%q), want error with its cause", clones[0].State, clones[0].Error)
+	}
+	running := 0
+	for _, c := range clones[1:] {
+		if c.State == sandbox.StateRunning {
+			running++
+		}
+	}
+	if running == 0 {
+		t.Errorf("answer %+v: no clone running", clones)
+	}
+	h.m.Wait()
+	for _, id := range ids[1:] {
+		if err := execTrue(ctx, h.m, id); err != nil {
+			t.Errorf("exec in clone %s: %v", id, err)
+		}
+	}
+}
+
+// TestForkPartialFailure: a fork (without First) whose clone fails answers
+// an error naming the failed clone and every clone, with their views.
+func TestForkPartialFailure(t *testing.T) {
+	ctx := context.Background()
+	h := newHost(t, hostOpts{})
+	src := h.prepare(fromRunning)
+	ids := []string{manager.NewSandboxID(), manager.NewSandboxID()}
+	undo := h.eng.Fail(fake.Restore, ids[1]+"-00000001", errors.New("restore refused by the test"))
+	defer undo()
+	clones, err := h.m.Fork(ctx, src, 2, manager.ForkOptions{IDs: ids})
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 clones failed to start ("+ids[1]+";") || !strings.Contains(err.Error(), ids[0]) {
+		t.Fatalf("fork with a failing clone: %v, want an error naming both clones", err)
+	}
+	if len(clones) != 2 || clones[0].State != sandbox.StateRunning || clones[1].State != sandbox.StateError {
+		t.Errorf("clones %+v, want the first running and the second in error", clones)
 	}
 }
 

@@ -1341,12 +1341,16 @@ func (m *Manager) restoresClone(ctx context.Context, s *metadata.Sandbox) bool {
 // latest snapshot. Each clone is a new sandbox with forked_from set and its own
 // generation. Fork returns once every clone has started (state running, or
 // error with its cause); with ForkOptions.First it returns once the first
-// clone runs, with the others in state creating: their starts go on in the
-// background (Wait waits for them), and a call about one of them waits until
-// it has started. Errors: sandbox.ErrInvalidArgument for count outside
-// 1..MaxForkCount; sandbox.ErrConflict for a source that is neither running
-// nor hibernated; with First, a clone that fails to start after the answer is
-// left in state error (its record says why).
+// clone runs (clone 0, or if it failed the next to run), with the others in
+// state creating or error: their starts go on in the background (Wait waits
+// for them), and a call about one of them waits until it has started.
+// Errors: sandbox.ErrInvalidArgument for count outside 1..MaxForkCount;
+// sandbox.ErrConflict for a source that is neither running nor hibernated;
+// clones that failed to start (without First, any; with First, all of them)
+// give an error that names them and every clone of the fork, returned with
+// the clones' views, the failed ones in state error with their cause. With
+// First, a clone that fails after the answer is left in state error and
+// logged.
 func (m *Manager) Fork(ctx context.Context, id string, count int, opts ...ForkOptions) ([]sandbox.Sandbox, error) {
 	if count == 0 {
 		count = 1
@@ -1528,7 +1532,11 @@ func (m *Manager) fork(ctx context.Context, id string, count int, answer func([]
 			default:
 				errs[i] = m.startCloneLocked(ctx, e, c, m.restoreFrom(ctx, e, c, rootfs, dir))
 			}
-			if i == 0 && errs[0] == nil && answer != nil {
+			if errs[i] != nil {
+				m.log.Warn("fork: a clone failed to start", "sandbox", id, "clone", c.ID, "err", errs[i])
+			} else if answer != nil {
+				// The first clone to run answers (clone 0, unless it
+				// failed); answer ignores the later calls.
 				answer(m.records(ctx, clones))
 			}
 		}()
@@ -1546,7 +1554,14 @@ func (m *Manager) fork(ctx context.Context, id string, count int, answer func([]
 		out[i] = m.view(ctx, c)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return out, fmt.Errorf("fork %s: %w", id, err)
+		var failed []string
+		for i, e := range errs {
+			if e != nil {
+				failed = append(failed, clones[i].ID)
+			}
+		}
+		return out, fmt.Errorf("fork %s: %d of %d clones failed to start (%s; each in state error with its cause; the fork's clones: %s): %w",
+			id, len(failed), count, strings.Join(failed, ", "), strings.Join(cloneIDsOf(clones), ", "), err)
 	}
 	m.cfg.Metrics.forked.Add(float64(count))
 	return out, nil
@@ -1581,6 +1596,15 @@ func (m *Manager) startCloneLocked(ctx context.Context, e engine.Engine, c *meta
 	t := time.Now().UTC()
 	c.LastResumeAt = &t
 	return m.setState(ctx, c, sandbox.StateRunning)
+}
+
+// cloneIDsOf returns the ids of ss.
+func cloneIDsOf(ss []*metadata.Sandbox) []string {
+	ids := make([]string, len(ss))
+	for i, s := range ss {
+		ids[i] = s.ID
+	}
+	return ids
 }
 
 // records returns the views of sandboxes ss as their records in the database

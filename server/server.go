@@ -681,15 +681,24 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 	case fatal = <-s.fatal:
 	}
+	t0 := time.Now()
+	s.log.Info("shutting down: no new calls; waiting for those in flight (up to 10 s) and for the starts of fork clones")
+	// No idle pause, hibernate or pool refill begins from now on.
+	if s.stopLC != nil {
+		s.stopLC()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	// Sandboxes keep running across a restart (the next server reattaches them);
-	// only when none is left does the engine release its host mounts.
+	// only when none is left does the engine release its host mounts, once
+	// the prepared containers are gone.
 	s.Manager.Wait()
-	s.CloseIdleEngines(sctx)
+	s.Manager.DiscardPrepared(context.Background())
+	s.CloseIdleEngines(context.Background())
+	s.log.Info("stopped", "shutdown_ms", time.Since(t0).Milliseconds())
 	return fatal
 }
 
