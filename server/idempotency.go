@@ -65,17 +65,18 @@ type idempotentCall struct {
 	view func(ctx context.Context, ids []string) any
 }
 
-// validIdempotencyKey: 1 to 255 printable ASCII characters.
-func validIdempotencyKey(k string) bool {
+// idempotencyKeyProblem says what is wrong with key k ("" when nothing): its
+// length (1 to 255 bytes) or its first byte that is not printable ASCII.
+func idempotencyKeyProblem(k string) string {
 	if len(k) == 0 || len(k) > 255 {
-		return false
+		return fmt.Sprintf("want 1 to 255 printable ASCII characters, got %d bytes", len(k))
 	}
 	for i := 0; i < len(k); i++ {
 		if k[i] < 0x20 || k[i] > 0x7e {
-			return false
+			return fmt.Sprintf("want printable ASCII characters only (a UUID or hex digits), byte %d is 0x%02x", i, k[i])
 		}
 	}
-	return true
+	return ""
 }
 
 // serveIdempotent answers call c of request r, whose body is body, as the
@@ -91,8 +92,8 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, body []
 		writeJSON(w, status, v)
 		return
 	}
-	if !validIdempotencyKey(key) {
-		s.fail(w, r, invalidArgument("%s: 1 to 255 printable ASCII characters, got %d bytes", apiv1.IdempotencyKeyHeader, len(key)))
+	if p := idempotencyKeyProblem(key); p != "" {
+		s.fail(w, r, invalidArgument("%s: %s", apiv1.IdempotencyKeyHeader, p))
 		return
 	}
 	h := sha256.New()

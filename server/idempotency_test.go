@@ -115,8 +115,11 @@ func TestIdempotentCreateAndFork(t *testing.T) {
 	if st, _, b = f.post(t, "/v1/sandboxes/"+first.ID+"/fork", "create-1", `{"count":1}`); st != http.StatusUnprocessableEntity {
 		t.Errorf("same key on another path: %d %s, want 422", st, b)
 	}
-	if validIdempotencyKey("bad\x01key") || validIdempotencyKey("") || !validIdempotencyKey("a b~") {
-		t.Error("validIdempotencyKey: control characters or an empty key accepted, or printable ASCII refused")
+	if idempotencyKeyProblem("bad\x01key") == "" || idempotencyKeyProblem("") == "" || idempotencyKeyProblem("a b~") != "" {
+		t.Error("idempotencyKeyProblem: control characters or an empty key accepted, or printable ASCII refused")
+	}
+	if p := idempotencyKeyProblem("clé"); p != "want printable ASCII characters only (a UUID or hex digits), byte 2 is 0xc3" {
+		t.Errorf("idempotencyKeyProblem of a non-ASCII key: %q", p)
 	}
 	if st, _, b = f.post(t, "/v1/sandboxes", strings.Repeat("k", 256), tinyCreate); st != http.StatusBadRequest {
 		t.Errorf("malformed key: %d %s, want 400", st, b)
