@@ -350,3 +350,7 @@ func (m *Manager) restoreTurn(ctx context.Context) (leave func(), err error) {
 	}
 	return func() { <-m.restoreGate }, nil
 }
+
+// Restores returns the bound on resumes restoring at once in effect
+// (LimitsConfig.Restores after its default; negative: none).
+func (m *Manager) Restores() int { return m.cfg.Limits.Restores }

@@ -217,7 +217,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	status, code := classify(err)
-	if status >= 500 && manager.RetryAfterSeconds(err) == 0 {
+	switch {
+	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
+		// The client went away (its connection closed): nothing failed here.
+		s.log.Info("request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500 && manager.RetryAfterSeconds(err) == 0:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	setRetryAfter(w, err)

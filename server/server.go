@@ -629,6 +629,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	var stopping time.Time // when the shutdown began
+	defer func() {         // after Close: the store, the database and the data directory's lock are released
+		if !stopping.IsZero() {
+			s.log.Info("stopped", "shutdown_ms", time.Since(stopping).Milliseconds())
+		}
+	}()
 	defer s.Close()
 	scope := ""
 	if hs, ok := s.Engine.(engine.HostScoper); ok {
@@ -645,7 +651,7 @@ func Run(ctx context.Context, cfg Config) error {
 		hs.TLSConfig = certs.TLSConfig()
 		hs.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){} // HTTP/1.1 only
 	}
-	s.log.Info("torpor serving", "addr", ln.Addr().String(), "scheme", scheme, "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth)
+	s.log.Info("torpor serving", "addr", ln.Addr().String(), "scheme", scheme, "data_dir", cfg.DataDir, "engine", s.Engine.Version(), "scope", scope, "store", s.StoreKind, "auth", auth, "restores", s.Manager.Restores())
 	errc := make(chan error, 1)
 	go func() {
 		if certs != nil {
@@ -681,7 +687,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 	case fatal = <-s.fatal:
 	}
-	t0 := time.Now()
+	stopping = time.Now()
 	s.log.Info("shutting down: no new calls; waiting for those in flight (up to 10 s) and for the starts of fork clones")
 	// No idle pause, hibernate or pool refill begins from now on.
 	if s.stopLC != nil {
@@ -698,7 +704,6 @@ func Run(ctx context.Context, cfg Config) error {
 	s.Manager.Wait()
 	s.Manager.DiscardPrepared(context.Background())
 	s.CloseIdleEngines(context.Background())
-	s.log.Info("stopped", "shutdown_ms", time.Since(t0).Milliseconds())
 	return fatal
 }
 
