@@ -390,3 +390,29 @@ func openedDeleted(id string) int {
 	}
 	return n
 }
+
+// TestPreparedAfterReattach: a sandbox reattached by a restarted server
+// (stopped cleanly with the sandbox running) is hibernated there: the
+// hibernate prepares a container of its shape, which its resume restores
+// into, with the workload's checksum right. A new-user trial found no
+// container prepared: the engine knew the shapes of the instances it had
+// launched only in memory.
+func TestPreparedAfterReattach(t *testing.T) {
+	p := &serveProc{t: t, bin: buildTorpor(t), addr: freeAddr(t), log: filepath.Join(t.TempDir(), "serve.log"),
+		args: []string{"--prepared-containers", "1"}}
+	p.start()
+	defer p.restartAndDeleteAll()
+	c := p.client()
+	ctx := ctxFor(t, 10*time.Minute)
+	id, first := checksummed(t, ctx, c)
+	count := first.Count
+	p.stop() // the sandbox keeps running
+	p.start()
+	wantState(t, c, id, apiv1.StateRunning)
+	hibernate(t, c, id)
+	claimed := readyPrepared(t)
+	checksumFirst(t, ctx, c, id, first, &count, "resume of the reattached sandbox")
+	if got := aliasOf(t, id); got != claimed {
+		t.Fatalf("the sandbox's instance runs in %q, want the prepared %s", got, claimed)
+	}
+}

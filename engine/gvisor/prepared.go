@@ -330,7 +330,10 @@ func (p *preparedPool) admitLocked(key string, spec engine.Spec, now time.Time, 
 }
 
 // launchedAs records the spec instance spec.ID now runs with (its rootfs and
-// limits as launch resolved them), for expect.
+// limits as launch resolved them), for expect: in memory, and in a file of
+// the engine's state directory (launchedFile) that the engine of a later
+// server reads when it checkpoints the instance it reattached. A file that
+// cannot be written only costs that later checkpoint its prepared container.
 func (e *Engine) launchedAs(spec engine.Spec) {
 	if e.cfg.PreparedContainers <= 0 {
 		return
@@ -338,18 +341,41 @@ func (e *Engine) launchedAs(spec engine.Spec) {
 	e.prep.mu.Lock()
 	e.prep.launched[spec.ID] = spec
 	e.prep.mu.Unlock()
+	if b, err := json.Marshal(spec); err == nil {
+		p := e.launchedFile(spec.ID)
+		if os.MkdirAll(filepath.Dir(p), 0o700) == nil && os.WriteFile(p+".tmp", b, 0o600) == nil {
+			_ = os.Rename(p+".tmp", p)
+		}
+	}
+}
+
+// launchedFile is where launchedAs keeps instance id's spec (its
+// environment, as in its bundle: mode 0600).
+func (e *Engine) launchedFile(id string) string {
+	return filepath.Join(e.cfg.StateDir, "launched", id+".json")
 }
 
 // expect prepares a container for the shape of instance id, which is being
-// checkpointed: the snapshot's restore will want it. Instances this engine
-// did not launch (reattached after a restart) are left alone.
+// checkpointed: the snapshot's restore will want it. An instance this engine
+// did not launch (reattached after a restart) has its shape read from the
+// file its launching engine wrote (launchedAs); one without is left alone.
 func (e *Engine) expect(id string) {
+	if e.cfg.PreparedContainers <= 0 {
+		return
+	}
 	e.prep.mu.Lock()
 	spec, ok := e.prep.launched[id]
 	e.prep.mu.Unlock()
-	if ok {
-		e.refill(spec)
+	if !ok {
+		b, err := os.ReadFile(e.launchedFile(id))
+		if err != nil || json.Unmarshal(b, &spec) != nil || spec.ID != id {
+			return
+		}
+		e.prep.mu.Lock()
+		e.prep.launched[id] = spec
+		e.prep.mu.Unlock()
 	}
+	e.refill(spec)
 }
 
 // forgetLaunched drops instance id's launch record (Stop).
@@ -357,6 +383,7 @@ func (e *Engine) forgetLaunched(id string) {
 	e.prep.mu.Lock()
 	delete(e.prep.launched, id)
 	e.prep.mu.Unlock()
+	_ = os.Remove(e.launchedFile(id))
 }
 
 // HeldShapes returns how many times a shape was turned away from the
