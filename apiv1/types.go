@@ -534,9 +534,10 @@ type ForkRequest struct {
 	// a sandbox that has volumes is a conflict: clones never share a read-write volume.
 	Volumes string `json:"volumes,omitempty"`
 	// Wait says when the call answers: "all" (the default) once every clone
-	// has started (state running, or error with its cause); "first" once the
-	// first clone runs, the others in state creating behind it. A call about a
-	// clone that is still starting waits until it has started.
+	// has started, with an error naming the clones if one failed; "first"
+	// once the first clone runs (if it fails, the next that runs), the others
+	// in state creating behind it, an error only if every clone failed. A
+	// call about a clone that is still starting waits until it has started.
 	Wait string `json:"wait,omitempty"`
 }
 
