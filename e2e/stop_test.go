@@ -63,11 +63,23 @@ func TestServeStopReleasesHost(t *testing.T) {
 // mounted reports whether path is a mount point in this process's mount
 // namespace.
 func mounted(path string) bool {
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, l := range strings.Split(string(mi), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
+	for _, m := range mountPoints() {
+		if m == path {
 			return true
 		}
 	}
 	return false
+}
+
+// mountPoints lists the mount points of this process's mount namespace
+// (/proc/self/mountinfo's fifth field).
+func mountPoints() []string {
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, l := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(l); len(f) > 4 {
+			out = append(out, f[4])
+		}
+	}
+	return out
 }

@@ -1515,6 +1515,7 @@ func (m *Manager) fork(ctx context.Context, id string, count int, answer func([]
 	launched = true
 	var wg sync.WaitGroup
 	gate := newCloneGate(answer != nil)
+	answerOnce := sync.OnceFunc(func() { answer(m.records(ctx, clones)) })
 	errs := make([]error, count)
 	for i, c := range clones {
 		unlock, _ := m.lock(ctx, c.ID) // ctx has no end: a new id's lock
@@ -1536,8 +1537,8 @@ func (m *Manager) fork(ctx context.Context, id string, count int, answer func([]
 				m.log.Warn("fork: a clone failed to start", "sandbox", id, "clone", c.ID, "err", errs[i])
 			} else if answer != nil {
 				// The first clone to run answers (clone 0, unless it
-				// failed); answer ignores the later calls.
-				answer(m.records(ctx, clones))
+				// failed); the clones' records are read once.
+				answerOnce()
 			}
 		}()
 	}
